@@ -1,0 +1,307 @@
+"""The ``timeslice`` config section: a structured-config schema and its validation.
+
+One schema serves every process: the trainer (the section arrives inside verl's config object),
+the agent daemon and the CLI (composed from the same Hydra group in ``conf/``), so a dotted
+override means the same thing everywhere. Unknown keys, wrong types and values outside a key's
+choices fail with :class:`ConfigError`, whose message starts with the full key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+SECTION = "timeslice"
+JOB_TAG_ENV = "TIMESLICE_JOB"
+"""Environment variable that tags a job's GPU worker processes (its value is the job name)."""
+NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
+"""What NCCL in trainer workers needs to survive CUDA checkpoint/restore."""
+
+_JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class ConfigError(ValueError):
+    """A bad ``timeslice`` setting. The message names the key."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"{key}: {message}")
+
+
+@dataclass
+class AgentSettings:
+    """The node's snapshot agent: where it listens and how it freezes trainer processes."""
+
+    socket: str = ""
+    """Unix socket path; empty: ``$XDG_RUNTIME_DIR/timeslice-verl/agent.sock`` or
+    ``/tmp/timeslice-verl-<uid>/agent.sock``."""
+    state_file: str = ""
+    """Where the agent persists its state machine; empty: beside the socket."""
+    backend: str = "cuda"
+    """Trainer backend: ``cuda`` (driver API), ``cuda-cli`` (the cuda-checkpoint binary) or
+    ``sigstop`` (CPU test backend: pauses processes, frees no GPU memory)."""
+    gpus: List[int] = field(default_factory=lambda: [0])
+    """GPU indices (NVML) this agent arbitrates."""
+    driver_timeout_s: float = 300.0
+    """Timeout of each CUDA driver call (lock, checkpoint, restore, unlock) per process."""
+    connect_timeout_s: float = 30.0
+    """How long a client retries reaching the agent (covers an agent restart)."""
+    autostart: bool = False
+    """Let the agent plugin start ``timeslice-verl agent`` when none answers on the socket."""
+    metrics_port: int = 0
+    """Prometheus endpoint port on ``metrics_host``; 0 turns it off."""
+    metrics_host: str = "127.0.0.1"
+    cuda_checkpoint_bin: str = "cuda-checkpoint"
+    """The binary the ``cuda-cli`` backend runs."""
+
+
+@dataclass
+class TenantSettings:
+    """The co-resident vLLM server that harvests the trainer's idle GPU time."""
+
+    url: str = ""
+    """Base URL, e.g. ``http://127.0.0.1:8000``; empty: no tenant (the GPU just idles)."""
+    sleep_level: int = 1
+    """vLLM sleep level: 1 keeps weights in host RAM (fast wake), 2 drops them."""
+    request_timeout_s: float = 30.0
+    """Timeout of each control request (pause, sleep, wake_up, resume)."""
+    drain_timeout_s: float = 600.0
+    """How long a pause may wait for in-flight requests to finish."""
+
+
+@dataclass
+class HandoffSettings:
+    """How the trainer side asks for the GPU."""
+
+    acquire_timeout_s: float = 0.0
+    """Give up an acquire after this long (0: wait as long as it takes)."""
+    prepare: bool = True
+    """Ask the agent to start restoring before the batch is complete."""
+    prepare_lead_s: float = 0.0
+    """How early to prepare; 0: the restore time the agent last measured for this job."""
+
+
+@dataclass
+class PluginSettings:
+    """Which hook plugins the trainer process loads."""
+
+    disabled: List[str] = field(default_factory=list)
+    """Names never loaded: bundled (``agent``, ``timeline``, ``metrics``) or entry-point names."""
+    enabled: Optional[List[str]] = None
+    """Entry-point plugins to load (group ``timeslice_verl``); null: all installed."""
+    modules: List[str] = field(default_factory=list)
+    """Extra plugins by import path, ``package.module`` or ``package.module:attr``."""
+    trace: bool = False
+    """Log every hook call (plugin, hook, duration) to the ``timeslice.trace`` logger."""
+
+
+@dataclass
+class TimelineSettings:
+    path: str = "timeslice-timeline.jsonl"
+    """JSONL file the timeline plugin appends events and agent transitions to."""
+
+
+@dataclass
+class MetricsSettings:
+    prefix: str = "timeslice/"
+    """Prefix of the keys the metrics plugin adds to the trainer's metrics dict."""
+
+
+@dataclass
+class TimesliceSettings:
+    """The whole ``timeslice`` section."""
+
+    enabled: bool = True
+    job: str = "timeslice"
+    """Job name; worker processes carry it in ``TIMESLICE_JOB`` (the option sets both)."""
+    adapter: str = "auto"
+    """How events are fired from verl: ``fork`` (lifecycle hooks), ``stock`` (PyPI verl) or ``auto``."""
+    agent: AgentSettings = field(default_factory=AgentSettings)
+    tenant: TenantSettings = field(default_factory=TenantSettings)
+    handoff: HandoffSettings = field(default_factory=HandoffSettings)
+    plugins: PluginSettings = field(default_factory=PluginSettings)
+    timeline: TimelineSettings = field(default_factory=TimelineSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
+
+
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "adapter": ("auto", "fork", "stock"),
+    "agent.backend": ("cuda", "cuda-cli", "sigstop"),
+    "tenant.sleep_level": (1, 2),
+}
+NON_NEGATIVE = (
+    "agent.driver_timeout_s",
+    "agent.connect_timeout_s",
+    "tenant.request_timeout_s",
+    "tenant.drain_timeout_s",
+    "handoff.acquire_timeout_s",
+    "handoff.prepare_lead_s",
+)
+
+
+def _full_key(key: Any) -> str:
+    key = str(key or "").strip(".")
+    if key.startswith(SECTION + ".") or key == SECTION:
+        return key
+    return f"{SECTION}.{key}" if key else SECTION
+
+
+def load_settings(section: Any = None) -> TimesliceSettings:
+    """Validate a ``timeslice`` section (DictConfig, dict or None) into :class:`TimesliceSettings`."""
+    schema = OmegaConf.structured(TimesliceSettings)
+    if section is None:
+        section = {}
+    if isinstance(section, TimesliceSettings):
+        return section
+    if not isinstance(section, (dict, DictConfig)):
+        raise ConfigError(SECTION, f"must be a mapping, got {type(section).__name__}")
+    try:
+        if isinstance(section, DictConfig):
+            section = OmegaConf.to_container(section, resolve=True)
+        merged = OmegaConf.merge(schema, section)
+        settings: TimesliceSettings = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", "") or getattr(exc, "key", "") or ""
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(_full_key(key), msg) from None
+    _check_values(settings)
+    return settings
+
+
+def _get(settings: TimesliceSettings, dotted: str) -> Any:
+    value: Any = settings
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _check_values(settings: TimesliceSettings) -> None:
+    for key, allowed in CHOICES.items():
+        value = _get(settings, key)
+        if value not in allowed:
+            raise ConfigError(_full_key(key), f"{value!r} is not one of {', '.join(map(repr, allowed))}")
+    for key in NON_NEGATIVE:
+        if _get(settings, key) < 0:
+            raise ConfigError(_full_key(key), f"must be >= 0, got {_get(settings, key)}")
+    if not _JOB_RE.match(settings.job):
+        raise ConfigError(
+            _full_key("job"), f"{settings.job!r} is not a job name (letters, digits, '.', '_', '-'; max 64)"
+        )
+    if not settings.agent.gpus:
+        raise ConfigError(_full_key("agent.gpus"), "must name at least one GPU index")
+    if any(g < 0 for g in settings.agent.gpus):
+        raise ConfigError(_full_key("agent.gpus"), f"GPU indices must be >= 0, got {settings.agent.gpus}")
+    if not 0 <= settings.agent.metrics_port <= 65535:
+        raise ConfigError(_full_key("agent.metrics_port"), f"not a TCP port: {settings.agent.metrics_port}")
+    url = settings.tenant.url
+    if url and not re.match(r"^https?://[^/\s]+", url):
+        raise ConfigError(_full_key("tenant.url"), f"{url!r} is not an http(s) URL")
+    for entry in settings.plugins.modules:
+        if not re.match(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$", entry):
+            raise ConfigError(_full_key("plugins.modules"), f"{entry!r} is not 'package.module[:attr]'")
+
+
+def section_of(config: Any) -> Any | None:
+    """The ``timeslice`` section of a verl config (DictConfig or dict), or None when absent."""
+    if config is None:
+        return None
+    try:
+        if isinstance(config, DictConfig):
+            return OmegaConf.select(config, SECTION, default=None)
+        if isinstance(config, dict):
+            return config.get(SECTION)
+    except OmegaConfBaseException:
+        return None
+    return None
+
+
+def enabled_settings(config: Any) -> TimesliceSettings | None:
+    """Validated settings when the section is present and enabled, else None (inert)."""
+    section = section_of(config)
+    if section is None:
+        return None
+    settings = load_settings(section)
+    return settings if settings.enabled else None
+
+
+def default_runtime_dir() -> Path:
+    """A directory only this user can reach: the socket and state file live there."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK):
+        return Path(xdg) / "timeslice-verl"
+    return Path(f"/tmp/timeslice-verl-{os.getuid()}")
+
+
+def socket_path(settings: TimesliceSettings) -> Path:
+    return Path(settings.agent.socket) if settings.agent.socket else default_runtime_dir() / "agent.sock"
+
+
+def state_path(settings: TimesliceSettings) -> Path:
+    if settings.agent.state_file:
+        return Path(settings.agent.state_file)
+    return socket_path(settings).with_name(socket_path(settings).stem + "-state.json")
+
+
+def register_schema() -> None:
+    """Put the schema into Hydra's ConfigStore as ``timeslice/schema`` (options extend it)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group=SECTION, name="schema", node=TimesliceSettings, package=SECTION)
+
+
+def conf_dir() -> Path:
+    """The shipped Hydra config directory (inside the wheel, or ``conf/`` of a source checkout)."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "conf"
+    if (packaged / SECTION).is_dir():
+        return packaged
+    source = here.parent.parent / "conf"
+    if (source / SECTION).is_dir():
+        return source
+    raise FileNotFoundError(f"timeslice-verl's Hydra config directory is missing (looked in {packaged} and {source})")
+
+
+def options() -> list[str]:
+    """The option names of the ``timeslice`` group (``+timeslice=<option>``)."""
+    return sorted(p.stem for p in (conf_dir() / SECTION).glob("*.yaml"))
+
+
+def compose(option: str = "interleave", overrides: list[str] | None = None) -> TimesliceSettings:
+    """Compose ``timeslice=<option>`` plus dotted overrides outside verl (agent, CLI), validated.
+
+    Keys outside ``timeslice.`` are accepted and ignored, so a user can paste the overrides of
+    their trainer command line.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides = list(overrides or [])
+    if option not in options():
+        raise ConfigError(SECTION, f"unknown option {option!r}; choose one of {', '.join(options())}")
+    ours = [o for o in overrides if o.lstrip("+~").startswith(SECTION + ".")]
+    for o in ours:
+        if "=" not in o:
+            raise ConfigError(o.lstrip("+~").split("=")[0], f"override {o!r} has no '=value'")
+    register_schema()
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = hydra_compose(config_name=None, overrides=[f"+{SECTION}={option}", *ours])
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_full_key(getattr(exc, "full_key", "")), str(exc).splitlines()[0]) from None
+    except Exception as exc:  # Hydra's own override / composition errors
+        if not type(exc).__module__.startswith("hydra"):
+            raise
+        cause = exc.__cause__
+        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", ""):
+            raise ConfigError(_full_key(cause.full_key), str(cause).splitlines()[0]) from None
+        raise ConfigError(SECTION, str(exc).splitlines()[0]) from None
+    return load_settings(cfg.get(SECTION))

@@ -1,0 +1,173 @@
+"""The dispatcher: how one trainer process calls its hook plugins.
+
+A :class:`Lifecycle` is built inside the process that fires events (the trainer actor), never
+pickled. It owns the plugin manager and applies DESIGN.md §3's rules:
+
+* ``timeslice_start`` fires once, before the first event; ``timeslice_stop`` once at the end;
+* hooks are called one plugin at a time; in a **gating** hook the first error propagates (an
+  acquire that failed must stop the trainer), in an **observing** hook a raising plugin is logged
+  with its name and the others still run;
+* :meth:`fire` runs the whole call in a worker thread (``asyncio.to_thread``) so a hook that
+  blocks for minutes never stalls the trainer actor's event loop;
+* ``trainer_exception`` fires once per exception object, however many seams it crosses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Callable, TypeVar
+
+from timeslice_verl.config import TimesliceSettings
+from timeslice_verl.events import Event, ExceptionEvent, RunEvent
+from timeslice_verl.hookspecs import GATING_HOOKS, hook_names
+from timeslice_verl.log import get_logger
+from timeslice_verl.manager import TimesliceManager
+
+log = get_logger("lifecycle")
+trace_log = get_logger("trace")
+
+E = TypeVar("E", bound=Event)
+_REPORTED_ATTR = "__timeslice_reported__"
+
+
+def _default_progress(trainer: Any) -> tuple[int, int]:
+    return int(getattr(trainer, "global_steps", 0) or 0), int(getattr(trainer, "current_param_version", 0) or 0)
+
+
+class Lifecycle:
+    """The plugin manager of one trainer process plus the rules for calling it."""
+
+    def __init__(
+        self,
+        settings: TimesliceSettings,
+        manager: TimesliceManager,
+        *,
+        trainer: Any = None,
+        adapter: str = "",
+        progress: Callable[[Any], tuple[int, int]] = _default_progress,
+    ) -> None:
+        self.settings = settings
+        self.manager = manager
+        self.trainer = trainer
+        self.adapter = adapter
+        self.job = settings.job
+        self._progress = progress
+        self._lock = threading.RLock()
+        self._started = False
+        self._stopped = False
+        self._reported: set[int] = set()
+
+    @classmethod
+    def build(cls, settings: TimesliceSettings, *, trainer: Any = None, adapter: str = "", **kwargs: Any) -> Lifecycle:
+        """Load the plugins ``settings.plugins`` asks for into a new manager (in this process)."""
+        manager = TimesliceManager().load(settings.plugins)
+        names = ", ".join(f"{p.name} ({p.source})" for p in manager.plugins())
+        log.info("job=%s adapter=%s plugins: %s", settings.job, adapter or "-", names or "none")
+        return cls(settings, manager, trainer=trainer, adapter=adapter, **kwargs)
+
+    # ------------------------------------------------------------------ events
+
+    def event(self, cls: type[E], **fields: Any) -> E:
+        """A record of ``cls`` stamped with the job, the trainer's step and param version, and now."""
+        step, version = self._progress(self.trainer)
+        fields.setdefault("step", step)
+        fields.setdefault("param_version", version)
+        return cls(job=self.job, **fields)
+
+    def call(self, hook: str, event: Event) -> list[Any]:
+        """Call ``hook`` on every plugin, on this thread. Returns the non-None results."""
+        with self._lock:
+            if hook != "timeslice_start":
+                self._ensure_started()
+            return self._call(hook, {"trainer": self.trainer, "event": event})
+
+    async def fire(self, hook: str, event: Event) -> list[Any]:
+        """:meth:`call` in a worker thread: the event loop keeps running while plugins block."""
+        return await asyncio.to_thread(self.call, hook, event)
+
+    def notify(self, hook: str, event: Event) -> None:
+        """For plugins that report events of their own (``handoff``): observing, never raises."""
+        if hook in GATING_HOOKS:
+            raise ValueError(f"notify() is for observing hooks; {hook!r} is gating")
+        self.call(hook, event)
+
+    # ------------------------------------------------------------------ start / stop / errors
+
+    def start(self) -> None:
+        with self._lock:
+            self._ensure_started()
+
+    def _ensure_started(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        event = self.event(RunEvent, adapter=self.adapter)
+        self._call("timeslice_start", {"trainer": self.trainer, "event": event, "lifecycle": self})
+
+    def stop(self, reason: str = "finished") -> None:
+        """Fire ``timeslice_stop`` once (only if time-slicing started)."""
+        with self._lock:
+            if self._stopped or not self._started:
+                self._stopped = True
+                return
+            self._stopped = True
+            self._call("timeslice_stop", {"trainer": self.trainer, "event": self.event(RunEvent, adapter=self.adapter, reason=reason)})
+
+    async def astop(self, reason: str = "finished") -> None:
+        await asyncio.to_thread(self.stop, reason)
+
+    def already_reported(self, exc: BaseException) -> bool:
+        if getattr(exc, _REPORTED_ATTR, False):
+            return True
+        return id(exc) in self._reported
+
+    def report_exception(self, point: str, exc: BaseException) -> bool:
+        """Fire ``trainer_exception`` for ``exc`` unless it was already reported. Never raises."""
+        with self._lock:
+            if self.already_reported(exc):
+                return False
+            try:
+                setattr(exc, _REPORTED_ATTR, True)
+            except Exception:  # exceptions without a __dict__
+                self._reported.add(id(exc))
+            event = self.event(
+                ExceptionEvent, point=point, error_type=type(exc).__name__, message=str(exc)[:2000], error=exc
+            )
+            try:
+                self.call("trainer_exception", event)
+            except BaseException as hook_exc:  # pragma: no cover - observing hooks do not raise
+                log.error("trainer_exception hooks failed: %r (original error: %r)", hook_exc, exc)
+            return True
+
+    async def areport_exception(self, point: str, exc: BaseException) -> bool:
+        return await asyncio.to_thread(self.report_exception, point, exc)
+
+    # ------------------------------------------------------------------ the call itself
+
+    def _call(self, hook: str, kwargs: dict[str, Any]) -> list[Any]:
+        gating = hook in GATING_HOOKS
+        results: list[Any] = []
+        for plugin_name, function, argnames in self.manager.implementations(hook):
+            args = [kwargs[a] for a in argnames]
+            t0 = time.perf_counter()
+            try:
+                result = function(*args)
+            except Exception as exc:
+                dt = (time.perf_counter() - t0) * 1e3
+                if gating:
+                    log.error("plugin %s failed in gating hook %s after %.1f ms: %r", plugin_name, hook, dt, exc)
+                    raise
+                log.error(
+                    "plugin %s raised in %s (reported, not fatal): %r", plugin_name, hook, exc, exc_info=exc
+                )
+                continue
+            if self.settings.plugins.trace:
+                trace_log.info("%s.%s -> %r (%.1f ms)", plugin_name, hook, result, (time.perf_counter() - t0) * 1e3)
+            if result is not None:
+                results.append(result)
+        return results
+
+
+__all__ = ["Lifecycle", "hook_names"]

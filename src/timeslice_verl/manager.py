@@ -1,0 +1,184 @@
+"""The plugin manager: a typed facade over pluggy, built in each process that fires events.
+
+Plugins come from three places, in this order (later registrations are called first, as in pluggy):
+
+1. bundled plugins (``agent``, ``timeline``, ``metrics``), unless listed in ``plugins.disabled``;
+2. installed distributions that publish an entry point in the group ``timeslice_verl``
+   (``name = "package.module"`` or ``"package.module:object"``), filtered by ``plugins.enabled``
+   and ``plugins.disabled``;
+3. ``plugins.modules`` from the config (``package.module`` or ``package.module:attr``).
+
+A plugin is a module, an instance, or a class with a no-argument constructor (instantiated here).
+After loading, :meth:`TimesliceManager.check` rejects hook implementations that match no hook —
+a misspelled hook fails at load with the name and the closest real hook, never silently at run time.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Callable, Iterable
+
+import pluggy
+
+from timeslice_verl import hookspecs
+from timeslice_verl.config import PluginSettings
+from timeslice_verl.log import get_logger
+
+log = get_logger("plugins")
+
+ENTRY_POINT_GROUP = hookspecs.PROJECT
+BUNDLED: dict[str, str] = {}
+
+
+class PluginLoadError(RuntimeError):
+    """A plugin could not be imported, built or validated. The message names the plugin."""
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    name: str
+    source: str
+    """``bundled``, ``entry point <dist>``, ``config`` or ``registered``."""
+    hooks: tuple[str, ...]
+
+
+def import_object(spec: str) -> Any:
+    """Import ``package.module`` or ``package.module:attr.sub`` (the config and entry-point form)."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise PluginLoadError(f"plugin {spec!r}: cannot import module {module_name!r}: {exc}") from exc
+    for part in filter(None, attr.split(".")):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise PluginLoadError(f"plugin {spec!r}: {module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def _instantiate(obj: Any, name: str) -> Any:
+    if not inspect.isclass(obj):
+        return obj
+    try:
+        return obj()
+    except Exception as exc:
+        raise PluginLoadError(f"plugin {name!r}: constructing {obj.__qualname__} failed: {exc}") from exc
+
+
+class TimesliceManager:
+    """pluggy's PluginManager with the timeslice hookspec, plugin sources and load-time checks."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        for spec in hookspecs.SPEC_CLASSES:
+            self.pm.add_hookspecs(spec)
+        self._sources: dict[str, str] = {}
+
+    @property
+    def hook(self) -> pluggy.HookRelay:
+        return self.pm.hook
+
+    def register(self, plugin: Any, name: str | None = None, *, source: str = "registered") -> str:
+        """Register one plugin object; a clear error if its hooks do not match the spec."""
+        try:
+            registered = self.pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:
+            raise PluginLoadError(f"plugin {name or plugin!r}: {exc}") from exc
+        except ValueError as exc:  # duplicate name or object
+            raise PluginLoadError(f"plugin {name or plugin!r}: {exc}") from exc
+        if registered is None:  # blocked name
+            return name or ""
+        self._sources[registered] = source
+        return registered
+
+    def load(
+        self,
+        settings: PluginSettings,
+        *,
+        bundled: Iterable[str] = tuple(BUNDLED),
+    ) -> TimesliceManager:
+        """Register bundled, entry-point and config plugins per ``settings``, then :meth:`check`."""
+        disabled = set(settings.disabled)
+        for name in disabled:
+            self.pm.set_blocked(name)
+        for name in bundled:
+            if name in disabled:
+                continue
+            obj = _instantiate(import_object(BUNDLED[name]), name)
+            self.register(obj, name, source="bundled")
+        self._load_entry_points(settings, disabled)
+        for spec in settings.modules:
+            obj = _instantiate(import_object(spec), spec)
+            self.register(obj, spec, source="config")
+        self.check()
+        return self
+
+    def _load_entry_points(self, settings: PluginSettings, disabled: set[str]) -> None:
+        wanted = None if settings.enabled is None else set(settings.enabled)
+        found: set[str] = set()
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            found.add(ep.name)
+            if ep.name in disabled or (wanted is not None and ep.name not in wanted):
+                continue
+            if self.pm.get_plugin(ep.name) is not None:
+                continue
+            try:
+                obj = ep.load()
+            except Exception as exc:
+                raise PluginLoadError(f"plugin {ep.name!r} (entry point {ep.value!r}): import failed: {exc}") from exc
+            dist = getattr(getattr(ep, "dist", None), "name", "?")
+            self.register(_instantiate(obj, ep.name), ep.name, source=f"entry point {dist}")
+        if wanted is not None and wanted - found:
+            missing = ", ".join(sorted(wanted - found))
+            raise PluginLoadError(
+                f"timeslice.plugins.enabled names {missing}, but no installed distribution publishes "
+                f"such an entry point in group {ENTRY_POINT_GROUP!r} (installed: {', '.join(sorted(found)) or 'none'})"
+            )
+
+    def check(self) -> None:
+        """Fail on hook implementations that match no hook (misspellings), naming the closest hook."""
+        known = hookspecs.hook_names()
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            bad = _unknown_hook_name(str(exc))
+            hint = difflib.get_close_matches(bad, known, n=1) if bad else []
+            plugin_name = self.pm.get_name(exc.plugin) or repr(exc.plugin)
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else f"; known hooks: {', '.join(known)}"
+            raise PluginLoadError(
+                f"plugin {plugin_name!r} implements unknown hook {bad!r}{suggestion}"
+            ) from exc
+        for name in known:
+            for impl in getattr(self.pm.hook, name).get_hookimpls():
+                if impl.hookwrapper or impl.wrapper:
+                    raise PluginLoadError(
+                        f"plugin {impl.plugin_name!r}: hook {name!r} is declared as a wrapper; timeslice "
+                        "hooks are called one plugin at a time, so wrappers are not supported"
+                    )
+
+    def plugins(self) -> list[PluginInfo]:
+        out = []
+        for name, plugin in self.pm.list_name_plugin():
+            hooks = tuple(sorted(h.name for h in self.pm.get_hookcallers(plugin) or []))
+            out.append(PluginInfo(name=name, source=self._sources.get(name, "registered"), hooks=hooks))
+        return out
+
+    def get(self, name: str) -> Any:
+        return self.pm.get_plugin(name)
+
+    def implementations(self, hook_name: str) -> list[tuple[str, Callable[..., Any], list[str]]]:
+        """``(plugin name, function, argnames)`` in call order (last registered first, as pluggy)."""
+        caller = getattr(self.pm.hook, hook_name)
+        return [(impl.plugin_name, impl.function, list(impl.argnames)) for impl in reversed(caller.get_hookimpls())]
+
+
+def _unknown_hook_name(message: str) -> str:
+    # pluggy: "unknown hook 'name' in plugin <...>"
+    start = message.find("'")
+    end = message.find("'", start + 1)
+    return message[start + 1 : end] if 0 <= start < end else ""

@@ -1,0 +1,111 @@
+"""The Hydra group and the schema, composed with verl's own fully-async config."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from timeslice_verl.config import ConfigError, compose, enabled_settings, load_settings, options
+
+
+def verl_config_dir() -> Path:
+    spec = importlib.util.find_spec("verl")
+    assert spec and spec.origin
+    return Path(spec.origin).parent / "experimental" / "fully_async_policy" / "config"
+
+
+def compose_verl(overrides: list[str]):
+    """verl's fully_async_ppo_trainer composed as its hydra.main would, via Hydra's compose API."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+        return hydra_compose(config_name="fully_async_ppo_trainer", overrides=overrides)
+
+
+@pytest.mark.verl
+def test_verl_fully_async_config_accepts_the_option_and_dotted_overrides():
+    cfg = compose_verl(
+        ["+timeslice=interleave", "timeslice.agent.socket=/run/ts/agent.sock", "timeslice.tenant.url=http://127.0.0.1:9000"]
+    )
+    assert cfg.timeslice.enabled is True
+    assert cfg.timeslice.agent.socket == "/run/ts/agent.sock"
+    assert cfg.timeslice.tenant.url == "http://127.0.0.1:9000"
+    # the option also sets the verl keys time-slicing needs
+    assert cfg.async_training.trigger_parameter_sync_step == 1
+    env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env.TIMESLICE_JOB == cfg.timeslice.job == "timeslice"
+    assert env.NCCL_CUMEM_ENABLE == "0" and env.NCCL_NVLS_ENABLE == "0"
+    # verl's own keys are untouched
+    assert cfg.async_training.require_batches == 1
+    settings = enabled_settings(cfg)
+    assert settings is not None and settings.tenant.url == "http://127.0.0.1:9000"
+
+
+@pytest.mark.verl
+def test_verl_config_without_the_option_has_no_section():
+    cfg = compose_verl([])
+    assert "timeslice" not in cfg
+    assert enabled_settings(cfg) is None
+    assert cfg.async_training.trigger_parameter_sync_step == 4
+
+
+@pytest.mark.verl
+def test_off_option_validates_but_is_disabled():
+    cfg = compose_verl(["+timeslice=off", "timeslice.job=other"])
+    assert cfg.timeslice.enabled is False
+    assert enabled_settings(cfg) is None
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("timeslice.agent.sockett=/x", "timeslice.agent.sockett"),
+        ("timeslice.agent.driver_timeout_s=soon", "timeslice.agent.driver_timeout_s"),
+        ("timeslice.tenant.sleep_level=deep", "timeslice.tenant.sleep_level"),
+    ],
+)
+def test_verl_compose_rejects_bad_keys_and_types_naming_the_key(override, key):
+    with pytest.raises(Exception) as err:
+        compose_verl(["+timeslice=interleave", override])
+    text = f"{err.value}\n{err.value.__cause__}"
+    assert key in text
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("timeslice.agent.sockett=/x", "timeslice.agent.sockett"),
+        ("timeslice.agent.gpus=abc", "timeslice.agent.gpus"),
+        ("timeslice.adapter=forked", "timeslice.adapter"),
+        ("timeslice.agent.backend=magic", "timeslice.agent.backend"),
+        ("timeslice.job=no/slashes", "timeslice.job"),
+        ("timeslice.tenant.url=localhost:8000", "timeslice.tenant.url"),
+        ("timeslice.handoff.acquire_timeout_s=-1", "timeslice.handoff.acquire_timeout_s"),
+    ],
+)
+def test_compose_outside_verl_names_the_bad_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        compose("interleave", [override])
+    assert err.value.key == key
+    assert str(err.value).startswith(key + ":")
+
+
+def test_load_settings_validates_plain_sections():
+    with pytest.raises(ConfigError, match=r"^timeslice\.tenant\.request_timeout_s:"):
+        load_settings({"tenant": {"request_timeout_s": "fast"}})
+    with pytest.raises(ConfigError, match=r"^timeslice\.unknown:"):
+        load_settings(OmegaConf.create({"unknown": 1}))
+    assert load_settings({"agent": {"gpus": [0, 1]}}).agent.gpus == [0, 1]
+
+
+def test_options_ship_with_the_package():
+    assert {"interleave", "off", "observe"} <= set(options())
+    assert compose("observe").plugins.disabled == ["agent"]
+    assert compose("interleave", ["timeslice.agent.backend=sigstop", "trainer.total_epochs=3"]).agent.backend == "sigstop"

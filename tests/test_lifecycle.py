@@ -1,0 +1,154 @@
+"""The dispatcher's rules: start once, gating vs observing errors, off-loop calls, fire-once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from timeslice_verl import hookimpl
+from timeslice_verl.config import TimesliceSettings
+from timeslice_verl.events import RolloutEvent, TrainStepEvent, WeightSyncEvent
+from timeslice_verl.lifecycle import Lifecycle
+from timeslice_verl.manager import TimesliceManager
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    @hookimpl
+    def timeslice_start(self, event, lifecycle):
+        self.calls.append(("start", event.adapter))
+        self.lifecycle = lifecycle
+
+    @hookimpl
+    def post_rollout(self, event):
+        self.calls.append(("post_rollout", event.samples))
+
+    @hookimpl
+    def pre_train_step(self, event):
+        self.calls.append(("pre_train_step", event.step))
+
+    @hookimpl
+    def trainer_exception(self, event):
+        self.calls.append(("exception", event.point, event.error_type))
+
+    @hookimpl
+    def timeslice_stop(self, event):
+        self.calls.append(("stop", event.reason))
+
+
+class FakeTrainer:
+    global_steps = 3
+    current_param_version = 2
+
+
+def build(*plugins, **settings_kw) -> Lifecycle:
+    manager = TimesliceManager()
+    for i, p in enumerate(plugins):
+        manager.register(p, f"p{i}")
+    manager.check()
+    return Lifecycle(TimesliceSettings(job="job-a", **settings_kw), manager, trainer=FakeTrainer(), adapter="stock")
+
+
+def test_start_fires_once_before_the_first_event_and_events_carry_progress():
+    rec = Recorder()
+    lc = build(rec)
+    lc.call("post_rollout", lc.event(RolloutEvent, samples=8))
+    lc.call("pre_train_step", lc.event(TrainStepEvent))
+    lc.stop()
+    lc.stop()
+    assert rec.calls == [("start", "stock"), ("post_rollout", 8), ("pre_train_step", 3), ("stop", "finished")]
+    event = lc.event(TrainStepEvent)
+    assert (event.job, event.step, event.param_version) == ("job-a", 3, 2)
+    assert rec.lifecycle is lc
+
+
+def test_observing_hook_error_is_reported_and_others_still_run(caplog):
+    class Broken:
+        @hookimpl
+        def post_rollout(self, event):
+            raise RuntimeError("observer bug")
+
+    rec = Recorder()
+    lc = build(rec, Broken())  # Broken registered last: called first
+    with caplog.at_level(logging.ERROR, logger="timeslice"):
+        lc.call("post_rollout", lc.event(RolloutEvent, samples=1))
+    assert ("post_rollout", 1) in rec.calls
+    assert "plugin p1 raised in post_rollout" in caplog.text
+
+
+def test_gating_hook_error_propagates_and_stops_the_chain():
+    class Denied:
+        @hookimpl
+        def pre_train_step(self, event):
+            raise TimeoutError("no GPU for you")
+
+    rec = Recorder()
+    lc = build(rec, Denied())
+    with pytest.raises(TimeoutError, match="no GPU"):
+        lc.call("pre_train_step", lc.event(TrainStepEvent))
+    assert not [c for c in rec.calls if c[0] == "pre_train_step"]
+
+
+def test_a_blocking_hook_does_not_stall_the_event_loop():
+    class Slow:
+        @hookimpl
+        def pre_train_step(self, event):
+            time.sleep(2.0)
+
+    lc = build(Slow())
+
+    async def scenario():
+        ticks = []
+
+        async def ticker():
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.05)
+
+        task = asyncio.create_task(ticker())
+        t0 = time.monotonic()
+        await lc.fire("pre_train_step", lc.event(TrainStepEvent))
+        elapsed = time.monotonic() - t0
+        task.cancel()
+        return elapsed, [t for t in ticks if t >= t0]
+
+    elapsed, ticks = asyncio.run(scenario())
+    assert elapsed >= 2.0
+    # The loop kept ticking the whole time: ~40 ticks in 2 s; a stalled loop gives 1.
+    assert len(ticks) >= 25, f"event loop stalled: {len(ticks)} ticks during a 2 s hook"
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert max(gaps) < 0.5
+
+
+def test_exception_fires_once_per_exception_object():
+    rec = Recorder()
+    lc = build(rec)
+    err = ValueError("boom")
+    assert lc.report_exception("update_weights", err) is True
+    assert lc.report_exception("fit", err) is False
+    assert lc.report_exception("fit", ValueError("another")) is True
+    assert [c for c in rec.calls if c[0] == "exception"] == [
+        ("exception", "update_weights", "ValueError"),
+        ("exception", "fit", "ValueError"),
+    ]
+
+
+def test_trace_logs_every_call(caplog):
+    rec = Recorder()
+    lc = build(rec)
+    lc.settings.plugins.trace = True
+    with caplog.at_level(logging.INFO, logger="timeslice.trace"):
+        lc.call("weight_sync_begin", lc.event(WeightSyncEvent))
+        lc.call("post_rollout", lc.event(RolloutEvent, samples=2))
+    assert "p0.post_rollout -> None" in caplog.text
+
+
+def test_notify_refuses_gating_hooks():
+    lc = build(Recorder())
+    with pytest.raises(ValueError, match="gating"):
+        lc.notify("pre_train_step", lc.event(TrainStepEvent))
