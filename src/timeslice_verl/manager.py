@@ -31,7 +31,9 @@ from timeslice_verl.log import get_logger
 log = get_logger("plugins")
 
 ENTRY_POINT_GROUP = hookspecs.PROJECT
-BUNDLED: dict[str, str] = {}
+BUNDLED: dict[str, str] = {
+    "timeline": "timeslice_verl.plugins.timeline:TimelinePlugin",
+}
 
 
 class PluginLoadError(RuntimeError):

@@ -1,0 +1,127 @@
+"""What both adapters share: the per-trainer Lifecycle, adapter choice, and events read off verl."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from timeslice_verl.config import JOB_TAG_ENV, ConfigError, TimesliceSettings, enabled_settings
+from timeslice_verl.events import RolloutEvent, TrainStepEvent
+from timeslice_verl.lifecycle import Lifecycle
+from timeslice_verl.log import get_logger
+
+log = get_logger("adapter")
+
+_ATTR = "_timeslice_lifecycle"
+_INERT = object()
+_announced: set[tuple[int, str]] = set()
+_lock = threading.Lock()
+
+FORK_MARKER = "__timeslice_fork_trainer__"
+"""Class attribute set on the trainer class the fork adapter registers."""
+
+
+def choose_adapter(setting: str, *, fork_registry: bool, is_fork_trainer: bool) -> str:
+    """Which adapter fires for this trainer: ``fork`` or ``stock`` (``timeslice.adapter``)."""
+    if setting == "stock":
+        return "stock"
+    if setting == "fork":
+        if not fork_registry:
+            raise ConfigError(
+                "timeslice.adapter",
+                "'fork' needs a verl with fully-async lifecycle hooks and a trainer registry "
+                "(register_trainer); this verl has none: use 'stock' or 'auto'",
+            )
+        if not is_fork_trainer:
+            raise ConfigError(
+                "timeslice.adapter",
+                "'fork' is set but the running trainer is not the one timeslice registered: "
+                "set async_training.trainer_name=timeslice (the interleave option does)",
+            )
+        return "fork"
+    return "fork" if (fork_registry and is_fork_trainer) else "stock"
+
+
+def _fork_registry_available(trainer: Any) -> bool:
+    module = __import__(type(trainer).__module__, fromlist=["_"])
+    base_module = __import__("sys").modules.get("verl.experimental.fully_async_policy.fully_async_trainer")
+    return any(callable(getattr(m, "register_trainer", None)) for m in (module, base_module) if m is not None)
+
+
+def lifecycle_for(trainer: Any, adapter: str) -> Lifecycle | None:
+    """The trainer's Lifecycle if ``adapter`` is the one that fires for it, else None (inert).
+
+    Built on first use inside the process that runs the trainer (a Ray actor), cached on the
+    instance, never pickled. A trainer without an enabled ``timeslice`` section is inert.
+    """
+    cached = trainer.__dict__.get(_ATTR)
+    if cached is _INERT:
+        return None
+    if cached is None:
+        with _lock:
+            cached = trainer.__dict__.get(_ATTR)
+            if cached is None:
+                cached = _bind(trainer)
+                trainer.__dict__[_ATTR] = cached
+    if cached is _INERT or cached.adapter != adapter:
+        return None
+    return cached
+
+
+def _bind(trainer: Any) -> Lifecycle | object:
+    settings = enabled_settings(getattr(trainer, "config", None))
+    if settings is None:
+        return _INERT
+    chosen = choose_adapter(
+        settings.adapter,
+        fork_registry=_fork_registry_available(trainer),
+        is_fork_trainer=bool(getattr(type(trainer), FORK_MARKER, False)),
+    )
+    _check_job_tag(settings)
+    key = (os.getpid(), chosen)
+    if key not in _announced:
+        _announced.add(key)
+        log.info("timeslice: %s adapter fires lifecycle events for job %s (pid %d)", chosen, settings.job, os.getpid())
+    return Lifecycle.build(settings, trainer=trainer, adapter=chosen, progress=verl_progress)
+
+
+def _check_job_tag(settings: TimesliceSettings) -> None:
+    tag = os.environ.get(JOB_TAG_ENV)
+    if tag is not None and tag != settings.job:
+        raise ConfigError(
+            "timeslice.job",
+            f"is {settings.job!r} but this process is tagged {JOB_TAG_ENV}={tag!r}; set "
+            f"ray_kwargs.ray_init.runtime_env.env_vars.{JOB_TAG_ENV}={settings.job} too (the agent finds "
+            "the job's GPU processes by that tag)",
+        )
+
+
+def verl_progress(trainer: Any) -> tuple[int, int]:
+    return int(getattr(trainer, "global_steps", 0) or 0), int(getattr(trainer, "current_param_version", 0) or 0)
+
+
+def rollout_event(lc: Lifecycle, trainer: Any, batch: Any = None) -> RolloutEvent:
+    """post-rollout, read off the trainer (and the assembled batch when the seam has it)."""
+    required = int(getattr(trainer, "required_samples", 0) or 0)
+    waits = getattr(trainer, "_step_wait_times", None) or []
+    wait = float(waits[-1]) if waits else 0.0
+    if not waits and batch is not None:
+        wait = float(getattr(batch, "meta_info", {}).get("fully_async/total_wait_time", 0.0))
+    return lc.event(RolloutEvent, samples=required, required_samples=required, queue_wait_s=round(wait, 6))
+
+
+def train_step_event(lc: Lifecycle, trainer: Any) -> TrainStepEvent:
+    return lc.event(
+        TrainStepEvent,
+        local_step=int(getattr(trainer, "local_trigger_step", 1) or 1),
+        samples=int(getattr(trainer, "required_samples", 0) or 0),
+    )
+
+
+def in_fit(trainer: Any) -> bool:
+    return bool(trainer.__dict__.get("_timeslice_in_fit", False))
+
+
+def set_in_fit(trainer: Any, value: bool) -> None:
+    trainer.__dict__["_timeslice_in_fit"] = value

@@ -1,0 +1,293 @@
+"""Stock adapter: fire the lifecycle events from PyPI verl's ``FullyAsyncTrainer``, which has no hooks.
+
+Wraps these seams of ``FullyAsyncTrainer.__ray_actor_class__`` (DESIGN.md §3), in place:
+
+=============================  =========================================================
+seam                           events
+=============================  =========================================================
+``init_workers``               init_workers_begin / init_workers_end
+``_get_samples_from_queue``    post_rollout (when it returned a batch)
+``_fit_generate``              pre_train_step (on return: the step touches the GPU next)
+``_fit_update_weights``        weight_sync_begin / weight_sync_end (synced = returned non-None);
+                               also the pre-fit call of ``fully_async_main`` (initial=True)
+``_fit_save_checkpoint``       remembers ``force`` for the save below
+``_save_checkpoint``           save_checkpoint_begin (may veto) / save_checkpoint_end
+``fit``                        trainer_exception on error; timeslice_stop at the end
+=============================  =========================================================
+
+Errors escaping ``init_workers``, ``_fit_update_weights`` or ``fit`` fire ``trainer_exception``
+once and propagate unchanged. Wrapping is idempotent, keeps each method's signature, docstring and
+async-ness (Ray inspects them), and is inert for a trainer without an enabled ``timeslice`` section.
+
+Each seam is written once, as a *plan*: a generator that yields what to do (fire a hook, call the
+original, report an error, stop) and gets the outcome back. A synchronous and an asynchronous
+driver run the same plan, so sync and async variants of a verl method behave identically.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Generator
+
+from timeslice_verl.adapters.binding import in_fit, lifecycle_for, rollout_event, set_in_fit, train_step_event
+from timeslice_verl.events import CheckpointEvent, Event, InitWorkersEvent, WeightSyncEvent
+from timeslice_verl.lifecycle import Lifecycle
+from timeslice_verl.log import get_logger
+
+log = get_logger("adapter.stock")
+
+NAME = "stock"
+WRAPPED_MARK = "__timeslice_wrapped__"
+
+
+@dataclass(frozen=True)
+class _Fire:
+    hook: str
+    event: Event
+
+
+@dataclass(frozen=True)
+class _Report:
+    point: str
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class _Stop:
+    reason: str
+
+
+_CALL = object()
+Plan = Generator[Any, Any, Any]
+
+
+# --------------------------------------------------------------------------- the plans
+
+
+def _plan_init_workers(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
+    t0 = time.monotonic()
+    try:
+        yield _Fire("init_workers_begin", lc.event(InitWorkersEvent))
+        result = yield _CALL
+    except BaseException as exc:
+        yield _Report("init_workers", exc)
+        raise
+    yield _Fire("init_workers_end", lc.event(InitWorkersEvent, elapsed_s=round(time.monotonic() - t0, 6)))
+    return result
+
+
+def _plan_get_samples(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
+    result = yield _CALL
+    if isinstance(result, tuple) and len(result) == 2 and result[1] is not None:
+        yield _Fire("post_rollout", rollout_event(lc, self, result[1]))
+    return result
+
+
+def _plan_fit_generate(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
+    batch = yield _CALL
+    if batch is not None:
+        yield _Fire("pre_train_step", train_step_event(lc, self))
+    return batch
+
+
+def _plan_update_weights(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
+    initial = not in_fit(self)
+    t0 = time.monotonic()
+    try:
+        yield _Fire("weight_sync_begin", lc.event(WeightSyncEvent, initial=initial))
+        result = yield _CALL
+    except BaseException as exc:
+        yield _Report("update_weights", exc)
+        raise
+    elapsed = round(time.monotonic() - t0, 6)
+    yield _Fire("weight_sync_end", lc.event(WeightSyncEvent, initial=initial, synced=result is not None, elapsed_s=elapsed))
+    return result
+
+
+def _plan_fit_save_checkpoint(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
+    self.__dict__["_timeslice_save_force"] = bool(kwargs.get("force", args[0] if args else False))
+    try:
+        return (yield _CALL)
+    finally:
+        self.__dict__.pop("_timeslice_save_force", None)
+
+
+def _plan_save_checkpoint(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
+    force = bool(self.__dict__.get("_timeslice_save_force", False))
+    results = yield _Fire("save_checkpoint_begin", lc.event(CheckpointEvent, force=force))
+    if False in results:
+        log.warning("checkpoint save at param version %s vetoed by a plugin", getattr(self, "current_param_version", "?"))
+        yield _Fire("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=False, elapsed_s=0.0))
+        return None
+    t0 = time.monotonic()
+    try:
+        return (yield _CALL)
+    finally:
+        elapsed = round(time.monotonic() - t0, 6)
+        yield _Fire("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=True, elapsed_s=elapsed))
+
+
+def _plan_fit(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
+    set_in_fit(self, True)
+    try:
+        result = yield _CALL
+    except BaseException as exc:
+        set_in_fit(self, False)
+        yield _Report("fit", exc)
+        yield _Stop("error")
+        raise
+    set_in_fit(self, False)
+    yield _Stop("finished")
+    return result
+
+
+PLANS: dict[str, Callable[..., Plan]] = {
+    "init_workers": _plan_init_workers,
+    "_get_samples_from_queue": _plan_get_samples,
+    "_fit_generate": _plan_fit_generate,
+    "_fit_update_weights": _plan_update_weights,
+    "_fit_save_checkpoint": _plan_fit_save_checkpoint,
+    "_save_checkpoint": _plan_save_checkpoint,
+    "fit": _plan_fit,
+}
+SEAMS = tuple(PLANS)
+
+
+# --------------------------------------------------------------------------- the drivers
+
+
+def _sync_step(lc: Lifecycle, step: Any, call: Callable[[], Any]) -> Any:
+    if step is _CALL:
+        return call()
+    if isinstance(step, _Fire):
+        return lc.call(step.hook, step.event)
+    if isinstance(step, _Report):
+        return lc.report_exception(step.point, step.error)
+    if isinstance(step, _Stop):
+        return lc.stop(step.reason)
+    raise TypeError(f"unknown plan step {step!r}")  # pragma: no cover
+
+
+async def _async_step(lc: Lifecycle, step: Any, call: Callable[[], Any]) -> Any:
+    if step is _CALL:
+        return await call()
+    if isinstance(step, _Fire):
+        return await lc.fire(step.hook, step.event)
+    if isinstance(step, _Report):
+        return await lc.areport_exception(step.point, step.error)
+    if isinstance(step, _Stop):
+        return await lc.astop(step.reason)
+    raise TypeError(f"unknown plan step {step!r}")  # pragma: no cover
+
+
+def _advance(plan: Plan, value: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """Feed the last outcome into the plan: ``(done, next step or return value)``."""
+    try:
+        return False, (plan.throw(error) if error is not None else plan.send(value))
+    except StopIteration as stop:
+        return True, stop.value
+
+
+def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    make_plan = PLANS[name]
+
+    if inspect.iscoroutinefunction(original):
+
+        async def seam(self: Any, *args: Any, **kwargs: Any) -> Any:
+            lc = lifecycle_for(self, NAME)
+            if lc is None:
+                return await original(self, *args, **kwargs)
+            plan = make_plan(self, lc, args, kwargs)
+            value, error = None, None
+            while True:
+                done, step = _advance(plan, value, error)
+                if done:
+                    return step
+                value, error = None, None
+                try:
+                    value = await _async_step(lc, step, lambda: original(self, *args, **kwargs))
+                except BaseException as exc:  # handed to the plan, which re-raises it
+                    error = exc
+
+    else:
+
+        def seam(self: Any, *args: Any, **kwargs: Any) -> Any:
+            lc = lifecycle_for(self, NAME)
+            if lc is None:
+                return original(self, *args, **kwargs)
+            plan = make_plan(self, lc, args, kwargs)
+            value, error = None, None
+            while True:
+                done, step = _advance(plan, value, error)
+                if done:
+                    return step
+                value, error = None, None
+                try:
+                    value = _sync_step(lc, step, lambda: original(self, *args, **kwargs))
+                except BaseException as exc:
+                    error = exc
+
+    wrapped = functools.wraps(original)(seam)
+    wrapped.__timeslice_seam__ = name  # type: ignore[attr-defined]
+    return wrapped
+
+
+# --------------------------------------------------------------------------- install
+
+
+def raw_class(cls: Any) -> type:
+    """The Python class behind a Ray ``ActorClass`` (or ``cls`` itself)."""
+    return getattr(cls, "__ray_actor_class__", cls)
+
+
+def _targets(trainer_cls: Any) -> list[type]:
+    """The raw class, and the subclass Ray instantiates for ``.remote()`` when there is one.
+
+    ``@ray.remote`` builds that subclass at decoration time and copies every method into it
+    (wrapped for tracing), so patching the raw class alone would not reach a Ray actor.
+    """
+    targets = [raw_class(trainer_cls)]
+    modified = getattr(getattr(trainer_cls, "__ray_metadata__", None), "modified_class", None)
+    if isinstance(modified, type) and modified is not targets[0]:
+        targets.append(modified)
+    return targets
+
+
+def is_installed(cls: Any) -> bool:
+    return bool(raw_class(cls).__dict__.get(WRAPPED_MARK, False))
+
+
+def install(trainer_cls: Any) -> type:
+    """Wrap the seams of ``trainer_cls`` (an ActorClass or its raw class) in place; idempotent."""
+    cls = raw_class(trainer_cls)
+    if cls.__dict__.get(WRAPPED_MARK):
+        return cls
+    missing = [name for name in SEAMS if not callable(getattr(cls, name, None))]
+    if missing:
+        raise RuntimeError(
+            f"timeslice stock adapter: {cls.__module__}.{cls.__qualname__} lacks {', '.join(missing)}; "
+            "this verl version is not supported (verl 0.9.x is)"
+        )
+    for target in _targets(trainer_cls):
+        for name in SEAMS:
+            if name in target.__dict__ and not hasattr(target.__dict__[name], "__timeslice_seam__"):
+                setattr(target, name, _wrap(name, target.__dict__[name]))
+        setattr(target, WRAPPED_MARK, True)
+    log.debug("wrapped %s.%s seams: %s", cls.__module__, cls.__qualname__, ", ".join(SEAMS))
+    return cls
+
+
+def uninstall(trainer_cls: Any) -> None:
+    """Put the original methods back (tests)."""
+    if not is_installed(trainer_cls):
+        return
+    for target in _targets(trainer_cls):
+        for name in SEAMS:
+            current = target.__dict__.get(name)
+            if current is not None and hasattr(current, "__timeslice_seam__"):
+                setattr(target, name, current.__wrapped__)
+        if WRAPPED_MARK in target.__dict__:
+            delattr(target, WRAPPED_MARK)
