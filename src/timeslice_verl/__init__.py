@@ -9,8 +9,7 @@ Importing this package is cheap: it needs neither verl, vLLM nor torch.
 """
 
 from importlib.metadata import PackageNotFoundError, version
-
-from timeslice_verl.hookspecs import hookimpl
+from typing import Any
 
 try:
     __version__ = version("timeslice-verl")
@@ -18,3 +17,12 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0.0.0+unknown"
 
 __all__ = ["__version__", "hookimpl"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so the agent (which must not import pluggy) can import the package's plain modules.
+    if name == "hookimpl":
+        from timeslice_verl.hookspecs import hookimpl
+
+        return hookimpl
+    raise AttributeError(f"module 'timeslice_verl' has no attribute {name!r}")

@@ -66,6 +66,47 @@ def plugins_cmd(option: str, overrides: tuple[str, ...]) -> None:
         click.echo(f"{info.name:20} {info.source:28} {', '.join(info.hooks)}")
 
 
+@main.command("agent", context_settings={"ignore_unknown_options": True})
+@click.option("--option", "option", default="interleave", show_default=True, help="Option of the timeslice group.")
+@click.argument("overrides", nargs=-1)
+def agent_cmd(option: str, overrides: tuple[str, ...]) -> None:
+    """Run the node's snapshot agent in the foreground (stop with SIGTERM or Ctrl-C).
+
+    Takes the same dotted overrides as the trainer, e.g.
+    ``timeslice-verl agent timeslice.tenant.url=http://127.0.0.1:8000 timeslice.agent.gpus=[0]``.
+    """
+    import asyncio
+
+    from timeslice_verl.agent.server import AgentStartError, run_agent
+
+    settings = _settings_from(option, overrides)
+    try:
+        asyncio.run(run_agent(settings))
+    except AgentStartError as exc:
+        raise click.ClickException(str(exc)) from None
+    except ValueError as exc:  # bad GPU index and the like, named by key
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command("status", context_settings={"ignore_unknown_options": True})
+@click.option("--option", "option", default="interleave", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the agent's raw status as JSON.")
+@click.argument("overrides", nargs=-1)
+def status_cmd(option: str, as_json: bool, overrides: tuple[str, ...]) -> None:
+    """Show who owns the GPU, the jobs, the tenant and the queue, as the agent sees them."""
+    from timeslice_verl.agent.client import AgentClient, AgentError
+    from timeslice_verl.config import socket_path
+    from timeslice_verl.status import render_status
+
+    settings = _settings_from(option, overrides)
+    try:
+        with AgentClient(socket_path(settings), connect_timeout_s=2.0, client="cli") as client:
+            status = client.status()
+    except AgentError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(status, indent=2) if as_json else render_status(status))
+
+
 @main.command("options")
 def options_cmd() -> None:
     """List the options of the Hydra group (``+timeslice=<option>``)."""

@@ -134,6 +134,8 @@ class Transition:
     ok: bool = True
     bytes: int = 0
     detail: str = ""
+    phases: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
+    """Seconds per step (``lock``, ``checkpoint``, ``restore``, ``unlock``…) where known."""
 
     @property
     def seconds(self) -> float:

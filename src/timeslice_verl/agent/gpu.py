@@ -1,0 +1,78 @@
+"""NVML view of the agent's GPUs: which processes use them, how much memory is used and free.
+
+Used to find a job's GPU processes (compute processes that carry its tag), to check there is room
+before a restore (a restore that runs out of memory leaves the process stuck), and to verify that a
+checkpoint really emptied the GPU and a restore really filled it again. Without NVML (a CPU-only
+machine) :func:`open_probe` returns None and those checks are skipped, which the agent logs.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from timeslice_verl.log import get_logger
+
+log = get_logger("agent.gpu")
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    total: int
+    used: int
+    free: int
+
+
+class NvmlProbe:
+    def __init__(self, indices: list[int]) -> None:
+        import pynvml
+
+        self._nvml = pynvml
+        self._lock = threading.Lock()
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        bad = [i for i in indices if i >= count]
+        if bad:
+            raise ValueError(f"timeslice.agent.gpus: GPU index {bad[0]} does not exist (NVML sees {count} GPU(s))")
+        self.indices = list(indices)
+        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        self.driver_version = driver.decode() if isinstance(driver, bytes) else str(driver)
+
+    def memory(self) -> GpuMemory:
+        with self._lock:
+            infos = [self._nvml.nvmlDeviceGetMemoryInfo(h) for h in self._handles]
+        return GpuMemory(
+            total=sum(int(i.total) for i in infos), used=sum(int(i.used) for i in infos), free=sum(int(i.free) for i in infos)
+        )
+
+    def process_memory(self) -> dict[int, int]:
+        """Bytes used per compute process on the agent's GPUs (summed over GPUs)."""
+        out: dict[int, int] = {}
+        with self._lock:
+            for handle in self._handles:
+                for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    used = proc.usedGpuMemory if isinstance(proc.usedGpuMemory, int) else 0
+                    out[int(proc.pid)] = out.get(int(proc.pid), 0) + int(used or 0)
+        return out
+
+    def used_by(self, pids: list[int]) -> int:
+        usage = self.process_memory()
+        return sum(usage.get(p, 0) for p in pids)
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception:  # pragma: no cover
+            pass
+
+
+def open_probe(indices: list[int]) -> NvmlProbe | None:
+    """An NVML probe of ``indices``, or None where NVML is unavailable (no driver, no GPU)."""
+    try:
+        return NvmlProbe(indices)
+    except ValueError:
+        raise
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError…
+        log.info("NVML unavailable (%s): GPU memory checks are off", exc)
+        return None

@@ -1,0 +1,99 @@
+"""What the agent reads about processes from ``/proc``: tags, owners, identity, liveness.
+
+The agent only ever touches processes tagged for one of its jobs (``TIMESLICE_JOB=<job>`` in
+``/proc/<pid>/environ``) or registered explicitly by a client of the same user. A process is
+identified by ``(pid, start time)`` so a recycled PID is never mistaken for a job's process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from timeslice_verl.config import JOB_TAG_ENV
+
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class ProcId:
+    pid: int
+    start: int
+    """Start time in clock ticks since boot (field 22 of ``/proc/<pid>/stat``)."""
+
+    def to_dict(self) -> dict[str, int]:
+        return {"pid": self.pid, "start": self.start}
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # comm (field 2) may contain spaces and parentheses: split after the last ')'
+    rest = raw[raw.rfind(")") + 2 :].split()
+    return rest  # rest[0] is field 3 (state)
+
+
+def state_char(pid: int) -> str | None:
+    """Kernel state letter (R, S, T, Z…) or None when the process is gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def start_time(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
+def identify(pid: int) -> ProcId | None:
+    start = start_time(pid)
+    return ProcId(pid, start) if start is not None else None
+
+
+def alive(proc: ProcId) -> bool:
+    """Still the same process (and not a zombie)."""
+    state = state_char(proc.pid)
+    return state is not None and state not in ("Z", "X") and start_time(proc.pid) == proc.start
+
+
+def uid_of(pid: int) -> int | None:
+    try:
+        for line in (PROC / str(pid) / "status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def is_thread_group_leader(pid: int) -> bool:
+    try:
+        for line in (PROC / str(pid) / "status").read_text().splitlines():
+            if line.startswith("Tgid:"):
+                return int(line.split()[1]) == pid
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
+def job_tag(pid: int) -> str | None:
+    """The process's ``TIMESLICE_JOB`` value, or None (untagged, gone, or not readable by us)."""
+    try:
+        environ = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None
+    prefix = JOB_TAG_ENV.encode() + b"="
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode(errors="replace")
+    return None
+
+
+def tagged_processes(job: str, candidates: list[int] | None = None) -> list[int]:
+    """Thread-group leaders among ``candidates`` (default: every process we can read) tagged ``job``."""
+    if candidates is None:
+        candidates = [int(p.name) for p in PROC.iterdir() if p.name.isdigit()]
+    me = os.getpid()
+    return sorted(p for p in set(candidates) if p != me and is_thread_group_leader(p) and job_tag(p) == job)

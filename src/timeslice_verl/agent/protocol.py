@@ -1,0 +1,157 @@
+"""The agent's wire protocol: newline-delimited JSON over a Unix socket, versioned and validated.
+
+Request:  ``{"v": 1, "id": 7, "op": "acquire", "job": "grpo-a", "timeout_s": 600}``
+Response: ``{"v": 1, "id": 7, "ok": true, "result": {...}}`` or
+          ``{"v": 1, "id": 7, "ok": false, "error": {"code": "bad_request", "message": "..."}}``
+
+One request per line, at most :data:`MAX_REQUEST_BYTES`. A connection may have several requests in
+flight (responses carry the request ``id``). Every field of every operation is checked here, before
+the agent acts, and a bad one is answered with an error that names it; the connection stays usable
+(except after an over-long line, which cannot be resynchronised).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+PROTOCOL_VERSION = 1
+MAX_REQUEST_BYTES = 64 * 1024
+JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+URL_RE = re.compile(r"^https?://[^/\s]+(/[^\s]*)?$")
+MAX_PIDS = 4096
+
+
+class ErrorCode:
+    BAD_JSON = "bad_json"
+    BAD_REQUEST = "bad_request"
+    TOO_LARGE = "too_large"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    UNKNOWN_OP = "unknown_op"
+    TIMEOUT = "timeout"
+    BUSY = "busy"
+    FAULT = "fault"
+    PERMISSION = "permission"
+    SHUTTING_DOWN = "shutting_down"
+    NO_TENANT = "no_tenant"
+    TENANT = "tenant"
+    INTERNAL = "internal"
+
+
+class ProtocolError(Exception):
+    """A request the agent refuses; ``code`` is one of :class:`ErrorCode`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        self.message = message
+        super().__init__(f"{code}: {message}")
+
+
+@dataclass(frozen=True)
+class Field:
+    kind: str  # job | number | bool | pids | url | level | str
+    required: bool = False
+
+
+OPS: dict[str, dict[str, Field]] = {
+    "hello": {"client": Field("str")},
+    "acquire": {"job": Field("job", True), "timeout_s": Field("number"), "pids": Field("pids")},
+    "release": {"job": Field("job", True), "wait": Field("bool")},
+    "prepare": {"job": Field("job", True), "ttl_s": Field("number")},
+    "register_pids": {"job": Field("job", True), "pids": Field("pids", True)},
+    "status": {},
+    "register_tenant": {"url": Field("url", True), "sleep_level": Field("level")},
+    "unregister_tenant": {},
+}
+
+
+def _check(name: str, field: Field, value: Any) -> Any:
+    kind = field.kind
+    if kind == "job":
+        if not isinstance(value, str) or not JOB_RE.match(value):
+            raise ProtocolError(
+                ErrorCode.BAD_REQUEST, f"field {name!r}: {value!r} is not a job name (letters, digits, '.', '_', '-'; max 64)"
+            )
+    elif kind == "number":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected a number >= 0, got {value!r}")
+    elif kind == "bool":
+        if not isinstance(value, bool):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected true or false, got {value!r}")
+    elif kind == "pids":
+        if (
+            not isinstance(value, list)
+            or len(value) > MAX_PIDS
+            or not all(isinstance(p, int) and not isinstance(p, bool) and 1 < p < 2**31 for p in value)
+        ):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected a list of process ids, got {value!r:.200}")
+    elif kind == "url":
+        if not isinstance(value, str) or not URL_RE.match(value):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: {value!r:.200} is not an http(s) URL")
+    elif kind == "level":
+        if value not in (1, 2) or isinstance(value, bool):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: vLLM sleep level must be 1 or 2, got {value!r}")
+    elif kind == "str":
+        if not isinstance(value, str) or len(value) > 200:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected a short string")
+    return value
+
+
+def parse_request(line: bytes) -> tuple[Any, str, dict[str, Any]]:
+    """Decode and validate one request line: ``(id, op, args)``. Raises :class:`ProtocolError`."""
+    if len(line) > MAX_REQUEST_BYTES:
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"request is {len(line)} bytes; the limit is {MAX_REQUEST_BYTES}")
+    try:
+        msg = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(ErrorCode.BAD_JSON, f"not a JSON object: {exc}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError(ErrorCode.BAD_JSON, f"expected a JSON object, got {type(msg).__name__}")
+    req_id = msg.get("id")
+    if req_id is not None and (isinstance(req_id, bool) or not isinstance(req_id, (int, str))):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "field 'id': expected an integer or a string")
+    version = msg.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_VERSION, f"protocol version {version!r} is not supported; this agent speaks v{PROTOCOL_VERSION}"
+        )
+    op = msg.get("op")
+    if not isinstance(op, str) or op not in OPS:
+        raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r}; known: {', '.join(sorted(OPS))}")
+    spec = OPS[op]
+    unknown = set(msg) - set(spec) - {"v", "id", "op"}
+    if unknown:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"op {op!r} takes no field(s) {', '.join(sorted(unknown))}")
+    args: dict[str, Any] = {}
+    for name, field in spec.items():
+        if name not in msg:
+            if field.required:
+                raise ProtocolError(ErrorCode.BAD_REQUEST, f"op {op!r} needs field {name!r}")
+            continue
+        args[name] = _check(name, field, msg[name])
+    return req_id, op, args
+
+
+def request_id_of(line: bytes) -> Any:
+    """Best-effort ``id`` of a line that failed validation, so the error can be matched."""
+    try:
+        msg = json.loads(line)
+        req_id = msg.get("id") if isinstance(msg, dict) else None
+        return req_id if isinstance(req_id, (int, str)) and not isinstance(req_id, bool) else None
+    except Exception:
+        return None
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return (json.dumps(message, separators=(",", ":"), default=str) + "\n").encode()
+
+
+def ok(req_id: Any, result: dict[str, Any]) -> bytes:
+    return encode({"v": PROTOCOL_VERSION, "id": req_id, "ok": True, "result": result})
+
+
+def error(req_id: Any, code: str, message: str) -> bytes:
+    return encode({"v": PROTOCOL_VERSION, "id": req_id, "ok": False, "error": {"code": code, "message": message}})

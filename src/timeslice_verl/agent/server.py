@@ -1,0 +1,265 @@
+"""The agent daemon: a Unix-socket server in front of the arbiter.
+
+The socket lives in a directory only its user can enter (0700) and is itself 0600; each connection's
+peer credentials (``SO_PEERCRED``) are checked against the agent's user. A connection carries one
+client (a trainer's agent plugin, the CLI); what it holds is released when it closes. SIGTERM and
+SIGINT stop the agent cleanly: no new requests, frozen jobs thawed, vLLM woken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import socket
+import struct
+from pathlib import Path
+from typing import Any
+
+from timeslice_verl import __version__
+from timeslice_verl.agent import protocol
+from timeslice_verl.agent.arbiter import Arbiter
+from timeslice_verl.agent.gpu import open_probe
+from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
+from timeslice_verl.agent.state import StateStore
+from timeslice_verl.agent.trainer import BackendUnavailable, make_backend
+from timeslice_verl.config import TimesliceSettings, socket_path, state_path
+from timeslice_verl.log import get_logger
+
+log = get_logger("agent")
+
+
+class AgentStartError(RuntimeError):
+    """The agent cannot start (socket in use, backend unavailable…). The message says what to do."""
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int | None, int | None]:
+    """``(pid, uid)`` of the process at the other end of a Unix socket."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _gid = struct.unpack("3i", raw)
+        return pid, uid
+    except (OSError, AttributeError):
+        return None, None
+
+
+class AgentServer:
+    def __init__(self, settings: TimesliceSettings, arbiter: Arbiter, path: Path) -> None:
+        self.settings = settings
+        self.arbiter = arbiter
+        self.path = path
+        self._ids = itertools.count(1)
+        self._stop = asyncio.Event()
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task] = set()
+
+    def info(self) -> dict[str, Any]:
+        backend = self.arbiter.backend
+        return {
+            "agent_version": __version__,
+            "protocol": protocol.PROTOCOL_VERSION,
+            "pid": os.getpid(),
+            "backend": backend.name,
+            "backend_description": backend.description,
+            "frees_gpu_memory": backend.frees_gpu_memory,
+            "gpus": list(self.settings.agent.gpus),
+            "socket": str(self.path),
+            "started": self.arbiter.started,
+        }
+
+    # ------------------------------------------------------------------ socket
+
+    def claim_path(self) -> None:
+        """Fail early if another agent serves this socket; remove a stale one."""
+        parent = self.path.parent
+        parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = parent.stat()
+        if st.st_uid != os.getuid():
+            raise AgentStartError(f"timeslice.agent.socket: directory {parent} belongs to uid {st.st_uid}, not to you")
+        if st.st_mode & 0o022:
+            raise AgentStartError(f"timeslice.agent.socket: directory {parent} is writable by others; use a private directory")
+        if self.path.exists() or self.path.is_symlink():
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(self.path))
+            except OSError:
+                self.path.unlink()  # a stale socket of a dead agent
+            else:
+                raise AgentStartError(f"another agent is already listening on {self.path} (see `timeslice-verl status`)")
+            finally:
+                probe.close()
+
+    async def start(self) -> None:
+        self.claim_path()
+        old = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(self._handle, path=str(self.path), limit=protocol.MAX_REQUEST_BYTES)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+
+    async def serve_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        await self._stop.wait()
+        await self.close()
+
+    def _on_signal(self, sig: int) -> None:
+        log.info("%s: shutting down (thawing frozen jobs, waking the tenant)", signal.Signals(sig).name)
+        self._stop.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        await self.arbiter.shutdown()
+        for writer in list(self._writers):  # end client connections so their handlers finish
+            writer.close()
+        if self._handlers:
+            await asyncio.wait(self._handlers, timeout=5)
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        log.info("agent stopped")
+
+    # ------------------------------------------------------------------ connections
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = next(self._ids)
+        peer_pid, peer_uid = peer_credentials(writer.get_extra_info("socket"))
+        lock = asyncio.Lock()
+
+        async def send(data: bytes) -> None:
+            async with lock:
+                writer.write(data)
+                await writer.drain()
+
+        if peer_uid is not None and peer_uid not in (os.getuid(), 0):
+            await send(protocol.error(None, ErrorCode.PERMISSION, f"uid {peer_uid} may not use this agent"))
+            writer.close()
+            return
+        self.arbiter.connection_opened(conn, peer_pid)
+        tasks: set[asyncio.Task] = set()
+        me = asyncio.current_task()
+        if me is not None:
+            self._handlers.add(me)
+            me.add_done_callback(self._handlers.discard)
+        self._writers.add(writer)
+        try:
+            while True:
+                try:
+                    line = await reader.readline()
+                except (ValueError, asyncio.LimitOverrunError):
+                    await send(protocol.error(None, ErrorCode.TOO_LARGE, f"request longer than {protocol.MAX_REQUEST_BYTES} bytes; closing"))
+                    break
+                if not line:
+                    break
+                if not line.strip():
+                    continue
+                task = asyncio.create_task(self._serve_one(line, conn, peer_uid, send))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            for task in tasks:
+                task.cancel()
+            self.arbiter.disconnect(conn)
+            try:
+                writer.close()
+            except Exception:  # pragma: no cover
+                pass
+
+    async def _serve_one(self, line: bytes, conn: int, peer_uid: int | None, send) -> None:
+        req_id = None
+        try:
+            req_id, op, args = protocol.parse_request(line.rstrip(b"\n"))
+            result = await self._dispatch(op, args, conn, peer_uid)
+            reply = protocol.ok(req_id, result)
+        except ProtocolError as exc:
+            reply = protocol.error(req_id if req_id is not None else protocol.request_id_of(line), exc.code, exc.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("request failed")
+            reply = protocol.error(req_id, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+        try:
+            await send(reply)
+        except (ConnectionError, RuntimeError):
+            pass
+
+    async def _dispatch(self, op: str, args: dict[str, Any], conn: int, peer_uid: int | None) -> dict[str, Any]:
+        a = self.arbiter
+        if op == "hello":
+            return self.info()
+        if op == "status":
+            return {"agent": self.info(), **a.snapshot()}
+        if op == "acquire":
+            return await a.acquire(args["job"], conn, timeout_s=args.get("timeout_s"), pids=args.get("pids"), peer_uid=peer_uid)
+        if op == "release":
+            return await a.release(args["job"], conn, wait=args.get("wait", False))
+        if op == "prepare":
+            return a.prepare(args["job"], conn, args.get("ttl_s"))
+        if op == "register_pids":
+            return a.register_pids(args["job"], args["pids"], conn, peer_uid)
+        if op == "register_tenant":
+            return await a.register_tenant(args["url"], args.get("sleep_level", 1))
+        if op == "unregister_tenant":
+            return await a.unregister_tenant()
+        raise ProtocolError(ErrorCode.UNKNOWN_OP, op)  # pragma: no cover - parse_request checked it
+
+
+async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None = None) -> None:
+    """Build the backend, the arbiter and the server from ``settings``; serve until SIGTERM/SIGINT."""
+    path = socket_path(settings)
+    probe = open_probe(settings.agent.gpus)
+    try:
+        backend = make_backend(
+            settings.agent.backend,
+            probe=probe,
+            driver_timeout_s=settings.agent.driver_timeout_s,
+            cuda_checkpoint_bin=settings.agent.cuda_checkpoint_bin,
+        )
+    except BackendUnavailable as exc:
+        raise AgentStartError(f"timeslice.agent.backend={settings.agent.backend}: {exc}") from None
+    if not backend.frees_gpu_memory:
+        log.warning("backend %s: %s", backend.name, backend.description)
+    arbiter = Arbiter(
+        backend,
+        StateStore(state_path(settings)),
+        probe=probe,
+        tenant_request_timeout_s=settings.tenant.request_timeout_s,
+        tenant_drain_timeout_s=settings.tenant.drain_timeout_s,
+    )
+    server = AgentServer(settings, arbiter, path)
+    server.claim_path()
+    # Reconcile recorded state with what the driver reports before serving anyone.
+    await arbiter.start(settings.tenant.url, settings.tenant.sleep_level)
+    try:
+        await server.start()
+    except BaseException:
+        await arbiter.shutdown()
+        raise
+    exporter = None
+    if settings.agent.metrics_port:
+        from timeslice_verl.agent.metrics import start_exporter
+
+        exporter = start_exporter(arbiter, settings.agent.metrics_host, settings.agent.metrics_port)
+    log.info(
+        "agent %s listening on %s (backend %s, GPUs %s, tenant %s, state %s)",
+        __version__, path, backend.name, settings.agent.gpus, settings.tenant.url or "none", state_path(settings),
+    )
+    if ready is not None:
+        ready.set()
+    try:
+        await server.serve_forever()
+    finally:
+        if exporter is not None:
+            exporter.close()

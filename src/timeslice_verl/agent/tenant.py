@@ -1,0 +1,181 @@
+"""The vLLM tenant: the batch server that borrows the GPU while no trainer job holds it.
+
+Contract (DESIGN.md §5), server started with ``VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode``:
+
+* yield   = ``POST /pause?mode=wait`` (vLLM ≥ 0.17: finishes in-flight requests, queues new ones;
+  older: wait until ``/metrics`` shows no running or waiting request) → ``POST /sleep?level=N``;
+* reclaim = ``POST /wake_up`` → ``POST /resume``;
+* state   = ``GET /is_sleeping``, ``GET /is_paused``, ``GET /health``.
+
+A serving engine is never put to sleep: the sleep is only sent after the pause (or drain) is
+confirmed. Response bodies are ignored except the two state flags; non-2xx is an error. A server
+that stops answering is :class:`TenantDead`, which the arbiter treats as "not holding the GPU".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from timeslice_verl.log import get_logger
+
+log = get_logger("agent.tenant")
+
+AWAKE, ASLEEP, DEAD = "awake", "asleep", "dead"
+
+
+class TenantError(RuntimeError):
+    """vLLM answered, but not as the contract says (dev mode off, non-2xx, wrong state)."""
+
+
+class TenantDead(TenantError):
+    """vLLM does not answer at all."""
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    nums = re.findall(r"\d+", text.split("+")[0])[:3]
+    return tuple(int(n) for n in nums) if nums else (0,)
+
+
+def _flag(payload: Any, key: str) -> bool:
+    if isinstance(payload, bool):
+        return payload
+    if isinstance(payload, dict) and key in payload:
+        return bool(payload[key])
+    raise TenantError(f"unexpected /{key} answer: {payload!r:.200}")
+
+
+@dataclass
+class TenantInfo:
+    url: str
+    version: str = "?"
+    pause: str = "wait"
+    """How requests are held: ``wait`` (/pause?mode=wait, ≥ 0.17) or ``drain`` (older: poll /metrics)."""
+    sleep_level: int = 1
+
+
+class VllmTenant:
+    def __init__(self, url: str, *, sleep_level: int = 1, request_timeout_s: float = 30.0, drain_timeout_s: float = 600.0) -> None:
+        self.info = TenantInfo(url=url.rstrip("/"), sleep_level=sleep_level)
+        self.request_timeout_s = request_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self.state = AWAKE
+        self.last_error = ""
+        self._client = httpx.AsyncClient(base_url=self.info.url, timeout=request_timeout_s)
+
+    @property
+    def url(self) -> str:
+        return self.info.url
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def _request(self, method: str, path: str, *, timeout: float | None = None, **params: Any) -> httpx.Response:
+        try:
+            resp = await self._client.request(method, path, params=params or None, timeout=timeout or self.request_timeout_s)
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            raise TenantDead(f"vLLM at {self.url} does not answer ({method} {path}: {exc.__class__.__name__}: {exc})") from None
+        except httpx.TimeoutException:
+            raise TenantError(f"vLLM at {self.url}: {method} {path} timed out") from None
+        if resp.status_code == 404 and path in ("/sleep", "/wake_up", "/is_sleeping"):
+            raise TenantError(
+                f"vLLM at {self.url} has no {path}: start it with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode"
+            )
+        if not resp.is_success:
+            raise TenantError(f"vLLM at {self.url}: {method} {path} answered HTTP {resp.status_code}: {resp.text[:300]}")
+        return resp
+
+    async def _get_flag(self, path: str) -> bool:
+        resp = await self._request("GET", path)
+        try:
+            payload = resp.json()
+        except ValueError:
+            raise TenantError(f"vLLM at {self.url}: GET {path} did not answer JSON") from None
+        return _flag(payload, path.strip("/"))
+
+    # ------------------------------------------------------------------ registration
+
+    async def register(self) -> TenantInfo:
+        """Check the server follows the contract and read its current state."""
+        await self._request("GET", "/health")
+        try:
+            version_resp = await self._request("GET", "/version")
+            self.info.version = str(version_resp.json().get("version", "?"))
+        except (TenantError, ValueError, AttributeError):
+            self.info.version = "?"
+        sleeping = await self._get_flag("/is_sleeping")  # 404 here: dev mode or sleep mode is off
+        paused_supported = True
+        try:
+            await self._get_flag("/is_paused")
+        except TenantError:
+            paused_supported = False
+        version = _version_tuple(self.info.version)
+        self.info.pause = "wait" if paused_supported and (version >= (0, 17) or self.info.version == "?") else "drain"
+        self.state = ASLEEP if sleeping else AWAKE
+        log.info(
+            "tenant vLLM %s at %s: %s, holds requests by %s, sleep level %d",
+            self.info.version, self.url, self.state, self.info.pause, self.info.sleep_level,
+        )
+        return self.info
+
+    async def alive(self) -> bool:
+        try:
+            await self._request("GET", "/health", timeout=min(5.0, self.request_timeout_s))
+            return True
+        except TenantError:
+            return False
+
+    # ------------------------------------------------------------------ yield / reclaim
+
+    async def yield_gpu(self) -> float:
+        """Hold requests, then sleep. Returns seconds spent; never sleeps a serving engine."""
+        t0 = time.perf_counter()
+        if await self._get_flag("/is_sleeping"):
+            self.state = ASLEEP
+            return time.perf_counter() - t0
+        if self.info.pause == "wait":
+            await self._request("POST", "/pause", timeout=self.drain_timeout_s + self.request_timeout_s, mode="wait")
+            if not await self._get_flag("/is_paused"):
+                raise TenantError(f"vLLM at {self.url} accepted /pause but reports is_paused=false: not sleeping it")
+        else:
+            await self._drain()
+        await self._request("POST", "/sleep", level=self.info.sleep_level)
+        if not await self._get_flag("/is_sleeping"):
+            raise TenantError(f"vLLM at {self.url} accepted /sleep but reports is_sleeping=false")
+        self.state = ASLEEP
+        return time.perf_counter() - t0
+
+    async def _drain(self) -> None:
+        """vLLM < 0.17: wait until nothing runs or waits (two quiet reads in a row)."""
+        deadline = time.monotonic() + self.drain_timeout_s
+        quiet = 0
+        while time.monotonic() < deadline:
+            resp = await self._request("GET", "/metrics")
+            busy = 0.0
+            for line in resp.text.splitlines():
+                if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
+                    try:
+                        busy += float(line.rsplit(" ", 1)[1])
+                    except ValueError:
+                        continue
+            quiet = quiet + 1 if busy == 0 else 0
+            if quiet >= 2:
+                return
+            await asyncio.sleep(0.05)
+        raise TenantError(f"vLLM at {self.url} did not drain within {self.drain_timeout_s:g} s: not sleeping it")
+
+    async def reclaim(self) -> float:
+        """Wake up, then resume admitting requests. Returns seconds spent."""
+        t0 = time.perf_counter()
+        await self._request("POST", "/wake_up")
+        if await self._get_flag("/is_sleeping"):
+            raise TenantError(f"vLLM at {self.url} accepted /wake_up but still reports is_sleeping=true")
+        if self.info.pause == "wait":
+            await self._request("POST", "/resume")
+        self.state = AWAKE
+        return time.perf_counter() - t0

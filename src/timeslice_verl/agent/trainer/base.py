@@ -1,0 +1,250 @@
+"""Freeze/thaw of a job's processes on top of four per-process primitives.
+
+The order follows the CUDA checkpoint API's rules: **lock all, then checkpoint all** (no process
+of the job makes CUDA calls while another one is being checkpointed, so NCCL peers do not wait on
+a frozen partner) and **restore all, then unlock all**. Every primitive call has a timeout. A
+failure part-way is unwound — restore what was checkpointed, unlock what was locked — so the job
+ends either fully frozen or fully running; only when unwinding fails too is the error marked as
+leaving the job inconsistent. GPU memory is read through NVML before and after each freeze/thaw
+when available, to record what was parked and to verify it left and came back.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from timeslice_verl.agent import procfs
+from timeslice_verl.agent.gpu import NvmlProbe
+from timeslice_verl.log import get_logger
+
+log = get_logger("agent.trainer")
+
+RESIDUAL_OK_BYTES = 512 * 1024**2
+"""What a checkpointed process may still show in NVML without it counting as 'not freed'."""
+
+
+class ProcState(str, enum.Enum):
+    RUNNING = "running"
+    LOCKED = "locked"
+    CHECKPOINTED = "checkpointed"
+    FAILED = "failed"
+    GONE = "gone"
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run here (no driver, driver too old, binary missing)."""
+
+
+class DriverTimeout(RuntimeError):
+    pass
+
+
+class FreezeError(RuntimeError):
+    def __init__(self, message: str, *, unwound: bool) -> None:
+        super().__init__(message)
+        self.unwound = unwound
+
+
+class ThawError(RuntimeError):
+    def __init__(self, message: str, *, still_frozen: bool) -> None:
+        super().__init__(message)
+        self.still_frozen = still_frozen
+
+
+class Primitives(Protocol):
+    """Per-process operations a backend provides. Each may block; each raises on failure."""
+
+    name: str
+    frees_gpu_memory: bool
+    description: str
+
+    def lock(self, pid: int, timeout_s: float) -> None: ...
+
+    def checkpoint(self, pid: int) -> None: ...
+
+    def restore(self, pid: int) -> None: ...
+
+    def unlock(self, pid: int) -> None: ...
+
+    def state(self, pid: int) -> ProcState: ...
+
+
+@dataclass
+class FreezeReport:
+    pids: list[int]
+    bytes: int = 0
+    """GPU bytes the processes used before the freeze (NVML; 0 without it)."""
+    residual_bytes: int = 0
+    lock_s: float = 0.0
+    checkpoint_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes / 1e9 / self.checkpoint_s if self.checkpoint_s > 0 and self.bytes else 0.0
+
+
+@dataclass
+class ThawReport:
+    pids: list[int]
+    bytes: int = 0
+    """GPU bytes the processes use after the thaw (NVML; 0 without it)."""
+    restore_s: float = 0.0
+    unlock_s: float = 0.0
+    total_s: float = 0.0
+    restored: list[int] = field(default_factory=list)
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes / 1e9 / self.restore_s if self.restore_s > 0 and self.bytes else 0.0
+
+
+class TrainerBackend:
+    """Freeze and thaw a job's processes with ``primitives``; find them by tag (and NVML)."""
+
+    def __init__(self, primitives: Primitives, *, probe: NvmlProbe | None, driver_timeout_s: float) -> None:
+        self.primitives = primitives
+        self.probe = probe
+        self.timeout_s = driver_timeout_s if driver_timeout_s > 0 else None
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ts-driver")
+        self._warned_namespace = False
+
+    @property
+    def name(self) -> str:
+        return self.primitives.name
+
+    @property
+    def frees_gpu_memory(self) -> bool:
+        return self.primitives.frees_gpu_memory
+
+    @property
+    def description(self) -> str:
+        return self.primitives.description
+
+    # ------------------------------------------------------------------ discovery
+
+    def discover(self, job: str, registered: list[int], exclude: set[int] = frozenset()) -> list[int]:
+        """The job's processes to freeze: tagged GPU processes plus registered ones, leaders only."""
+        tagged = procfs.tagged_processes(job)
+        if self.probe is not None and self.primitives.frees_gpu_memory:
+            gpu_pids = set(self.probe.process_memory())
+            visible = {p for p in gpu_pids if procfs.identify(p) is not None}
+            if gpu_pids and not visible:
+                if not self._warned_namespace:
+                    self._warned_namespace = True
+                    log.warning("NVML reports PIDs this agent cannot see (PID namespace?): using tagged processes")
+            else:
+                tagged = [p for p in tagged if p in gpu_pids]
+        found = set(tagged) | {p for p in registered if procfs.identify(p) is not None and procfs.is_thread_group_leader(p)}
+        return sorted(found - set(exclude))
+
+    # ------------------------------------------------------------------ the sequences
+
+    def _timed(self, what: str, pid: int, fn: Callable[[], None]) -> None:
+        future = self._pool.submit(fn)
+        try:
+            future.result(timeout=self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise DriverTimeout(f"{self.name} {what} of pid {pid} did not return within {self.timeout_s:g} s") from None
+
+    def _used(self, pids: list[int]) -> int:
+        try:
+            return self.probe.used_by(pids) if self.probe is not None else 0
+        except Exception as exc:  # pragma: no cover - NVML hiccup
+            log.warning("NVML query failed: %s", exc)
+            return 0
+
+    def freeze(self, pids: list[int]) -> FreezeReport:
+        """Lock all, then checkpoint all. On failure, unwind and raise :class:`FreezeError`."""
+        report = FreezeReport(pids=list(pids), bytes=self._used(pids))
+        t0 = time.perf_counter()
+        locked: list[int] = []
+        checkpointed: list[int] = []
+        lock_timeout = self.timeout_s or 0.0
+        try:
+            for pid in pids:
+                self._timed("lock", pid, lambda pid=pid: self.primitives.lock(pid, lock_timeout))
+                locked.append(pid)
+            t1 = time.perf_counter()
+            report.lock_s = t1 - t0
+            for pid in pids:
+                self._timed("checkpoint", pid, lambda pid=pid: self.primitives.checkpoint(pid))
+                checkpointed.append(pid)
+            report.checkpoint_s = time.perf_counter() - t1
+        except Exception as exc:
+            problems = self._unwind(locked, checkpointed)
+            if problems:
+                raise FreezeError(f"{exc}; unwinding failed too: {'; '.join(problems)}", unwound=False) from exc
+            raise FreezeError(f"{exc} (unwound: the job's processes run again)", unwound=True) from exc
+        report.total_s = time.perf_counter() - t0
+        report.residual_bytes = self._used(pids)
+        if self.probe is not None and self.frees_gpu_memory and report.residual_bytes > RESIDUAL_OK_BYTES:
+            log.warning(
+                "after checkpoint NVML still shows %.2f GiB for pids %s (was %.2f GiB)",
+                report.residual_bytes / 2**30, pids, report.bytes / 2**30,
+            )
+        return report
+
+    def _unwind(self, locked: list[int], checkpointed: list[int]) -> list[str]:
+        problems = []
+        for pid in reversed(checkpointed):
+            try:
+                self._timed("restore", pid, lambda pid=pid: self.primitives.restore(pid))
+            except Exception as exc:
+                problems.append(f"restore of pid {pid}: {exc}")
+        for pid in reversed(locked):
+            try:
+                self._timed("unlock", pid, lambda pid=pid: self.primitives.unlock(pid))
+            except Exception as exc:
+                problems.append(f"unlock of pid {pid}: {exc}")
+        return problems
+
+    def thaw(self, pids: list[int]) -> ThawReport:
+        """Restore all checkpointed, then unlock all locked. Gone processes are skipped."""
+        report = ThawReport(pids=list(pids))
+        t0 = time.perf_counter()
+        states = self.states(pids)
+        try:
+            for pid in pids:
+                if states[pid] == ProcState.CHECKPOINTED:
+                    self._timed("restore", pid, lambda pid=pid: self.primitives.restore(pid))
+                    report.restored.append(pid)
+            t1 = time.perf_counter()
+            report.restore_s = t1 - t0
+            for pid in pids:
+                if states[pid] in (ProcState.CHECKPOINTED, ProcState.LOCKED):
+                    self._timed("unlock", pid, lambda pid=pid: self.primitives.unlock(pid))
+            report.unlock_s = time.perf_counter() - t1
+        except Exception as exc:
+            # Put the restored ones back, so the job is consistently frozen (its memory is parked).
+            rewound = True
+            for pid in reversed(report.restored):
+                try:
+                    self._timed("checkpoint", pid, lambda pid=pid: self.primitives.checkpoint(pid))
+                except Exception as again:
+                    rewound = False
+                    log.error("could not re-checkpoint pid %d after a failed thaw: %s", pid, again)
+            raise ThawError(f"{exc}", still_frozen=rewound) from exc
+        report.total_s = time.perf_counter() - t0
+        report.bytes = self._used(pids)
+        return report
+
+    def states(self, pids: list[int]) -> dict[int, ProcState]:
+        out = {}
+        for pid in pids:
+            if procfs.state_char(pid) is None:
+                out[pid] = ProcState.GONE
+                continue
+            try:
+                out[pid] = self.primitives.state(pid)
+            except Exception as exc:
+                log.warning("state of pid %d: %s", pid, exc)
+                out[pid] = ProcState.FAILED
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,142 @@
+"""Real processes for agent tests: the agent daemon, tagged job workers, the stand-in vLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+from timeslice_verl.agent.client import AgentClient, wait_for_agent
+
+PY = sys.executable
+
+
+def eventually(check: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"{what} not reached within {timeout} s (last: {last!r})")
+
+
+def proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def stopped(pid: int) -> bool:
+    return proc_state(pid) in ("T", "t")
+
+
+def spawn_worker(job: str | None) -> subprocess.Popen:
+    """A stand-in GPU worker: a busy process, tagged TIMESLICE_JOB=<job> (or untagged for None)."""
+    env = {k: v for k, v in os.environ.items() if k != "TIMESLICE_JOB"}
+    if job is not None:
+        env["TIMESLICE_JOB"] = job
+    code = "import time\nwhile True:\n    time.sleep(0.005)\n"
+    return subprocess.Popen([PY, "-c", code], env=env)
+
+
+class AgentProc:
+    def __init__(self, tmp: Path, *, tenant_url: str = "", extra: tuple[str, ...] = ()) -> None:
+        run = tmp / "run"
+        run.mkdir(mode=0o700, exist_ok=True)
+        self.socket = run / "agent.sock"
+        self.state_file = run / "agent-state.json"
+        self.log_path = tmp / f"agent-{int(time.time() * 1000)}.log"
+        self.tenant_url = tenant_url
+        self.extra = extra
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> AgentProc:
+        args = [
+            PY, "-m", "timeslice_verl.cli", "--log-level", "DEBUG", "agent",
+            f"timeslice.agent.socket={self.socket}",
+            "timeslice.agent.backend=sigstop",
+            f"timeslice.tenant.url={self.tenant_url}",
+            *self.extra,
+        ]
+        self.log_path = self.log_path.with_name(f"agent-{int(time.time() * 1000)}.log")
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        wait_for_agent(self.socket, timeout)
+        return self
+
+    def client(self, **kwargs: Any) -> AgentClient:
+        kwargs.setdefault("connect_timeout_s", 10.0)
+        return AgentClient(self.socket, **kwargs)
+
+    def status(self) -> dict[str, Any]:
+        with self.client() as c:
+            return c.status()
+
+    def job(self, name: str) -> dict[str, Any] | None:
+        return next((j for j in self.status()["jobs"] if j["name"] == name), None)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        return self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self.proc is not None:
+            self._log.close()
+
+
+class FakeVllmProc:
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", "0", *args], stdout=subprocess.PIPE, text=True
+        )
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("listening on "), line
+        self.url = line.split()[-1]
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def stats(self) -> dict[str, Any]:
+        return self.get("/_fake/stats")
+
+    def sleeping(self) -> bool:
+        return bool(self.get("/is_sleeping")["is_sleeping"])
+
+    def complete(self, max_tokens: int, timeout: float = 60) -> dict[str, Any]:
+        req = urllib.request.Request(
+            self.url + "/v1/completions",
+            data=json.dumps({"prompt": "hi", "max_tokens": max_tokens}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        if self.proc.stdout:
+            self.proc.stdout.close()

@@ -1,0 +1,151 @@
+"""The vLLM tenant contract, against the stand-in server (its failure modes included)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker
+from timeslice_verl.agent.client import AgentError
+from timeslice_verl.agent.tenant import ASLEEP, AWAKE, TenantDead, TenantError, VllmTenant
+from timeslice_verl.testing.fake_vllm import FakeVllmServer
+
+
+@pytest.fixture
+def server():
+    s = FakeVllmServer(sleep_in_flight="abort", token_s=0.01).start()
+    yield s
+    s.stop()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _with_tenant(url, fn):
+    tenant = VllmTenant(url, drain_timeout_s=10)
+    try:
+        return await fn(tenant)
+    finally:
+        await tenant.close()
+
+
+def test_register_yield_reclaim_round_trip(server):
+    async def scenario(t: VllmTenant):
+        info = await t.register()
+        assert (info.version, info.pause, t.state) == ("0.24.0", "wait", AWAKE)
+        await t.yield_gpu()
+        assert t.state == ASLEEP and server.engine.sleeping and server.engine.paused
+        await t.yield_gpu()  # idempotent
+        await t.reclaim()
+        assert t.state == AWAKE and not server.engine.sleeping and not server.engine.paused
+
+    run(_with_tenant(server.url, scenario))
+
+
+def test_yield_waits_for_in_flight_requests_instead_of_aborting_them(server):
+    results = []
+    t = threading.Thread(target=lambda: results.append(server.engine.generate(50)))
+    t.start()
+    eventually(lambda: server.engine.stats()["running"] == 1)
+
+    async def scenario(tenant: VllmTenant):
+        await tenant.register()
+        t0 = time.monotonic()
+        await tenant.yield_gpu()
+        return time.monotonic() - t0
+
+    waited = run(_with_tenant(server.url, scenario))
+    t.join(5)
+    assert results == [(50, "length")] and server.engine.aborted == 0
+    assert waited > 0.2
+
+
+def test_old_vllm_without_pause_is_drained_through_metrics():
+    old = FakeVllmServer(version="0.13.0", sleep_in_flight="abort", token_s=0.01).start()
+    try:
+        results = []
+        t = threading.Thread(target=lambda: results.append(old.engine.generate(40)))
+        t.start()
+        eventually(lambda: old.engine.stats()["running"] == 1)
+
+        async def scenario(tenant: VllmTenant):
+            info = await tenant.register()
+            assert info.pause == "drain"
+            await tenant.yield_gpu()
+            assert tenant.state == ASLEEP
+            await tenant.reclaim()
+
+        run(_with_tenant(old.url, scenario))
+        t.join(5)
+        assert results == [(40, "length")] and old.engine.aborted == 0
+    finally:
+        old.stop()
+
+
+def test_dev_mode_off_is_a_clear_error():
+    plain = FakeVllmServer(dev_mode=False).start()
+    try:
+        with pytest.raises(TenantError, match="VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode"):
+            run(_with_tenant(plain.url, lambda t: t.register()))
+    finally:
+        plain.stop()
+
+
+def test_unreachable_server_is_dead():
+    with pytest.raises(TenantDead, match="does not answer"):
+        run(_with_tenant("http://127.0.0.1:9", lambda t: t.register()))
+
+
+def test_agent_with_an_old_crash_prone_vllm_never_crashes_it(tmp_path):
+    vllm = FakeVllmProc("--version", "0.13.0", "--sleep-in-flight", "crash")
+    agent = AgentProc(tmp_path, tenant_url=vllm.url).start()
+    w = spawn_worker("job-a")
+    try:
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("r", vllm.complete(60)))
+        t.start()
+        eventually(lambda: vllm.stats()["running"] == 1)
+        with agent.client() as c:
+            c.acquire("job-a")
+            assert vllm.alive() and vllm.sleeping()
+            t.join(10)
+            assert out["r"]["choices"][0]["finish_reason"] == "length"
+            c.release("job-a", wait=True)
+        assert not vllm.sleeping()
+    finally:
+        w.kill()
+        agent.stop()
+        vllm.stop()
+
+
+def test_agent_refuses_a_tenant_without_dev_mode(tmp_path):
+    plain = FakeVllmProc("--no-dev-mode")
+    agent = AgentProc(tmp_path).start()
+    try:
+        with agent.client() as c:
+            with pytest.raises(AgentError) as err:
+                c.register_tenant(plain.url)
+            assert err.value.code == "tenant" and "VLLM_SERVER_DEV_MODE=1" in err.value.message
+            assert c.status()["tenant"] is None
+            good = FakeVllmProc()
+            try:
+                assert c.register_tenant(good.url)["state"] == "awake"
+                with pytest.raises(AgentError, match="already registered"):
+                    c.register_tenant(plain.url)
+                w = spawn_worker("job-a")
+                c.acquire("job-a")
+                assert good.sleeping()
+                # unregistering a sleeping tenant wakes it first
+                assert c.unregister_tenant()["unregistered"]
+                assert not good.sleeping()
+                c.release("job-a")
+                w.kill()
+            finally:
+                good.stop()
+    finally:
+        agent.stop()
+        plain.stop()
