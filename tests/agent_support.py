@@ -65,7 +65,7 @@ class AgentProc:
             f"timeslice.agent.socket={self.socket}",
             "timeslice.agent.backend=sigstop",
             f"timeslice.tenant.url={self.tenant_url}",
-            *self.extra,
+            *self.extra,  # later overrides win (e.g. timeslice.agent.backend=cuda)
         ]
         self.log_path = self.log_path.with_name(f"agent-{int(time.time() * 1000)}.log")
         self._log = open(self.log_path, "w")

@@ -38,3 +38,52 @@ def test_cuda_backend_checkpoints_and_restores_a_torch_process_through_the_agent
         assert cycle["step_after_restore"].startswith("done"), "the worker computes again after restore"
         assert cycle["lock_s"] > 0 and cycle["checkpoint_s"] > 0 and cycle["restore_s"] > 0 and cycle["unlock_s"] > 0
     assert results["agent_exit"] == 0 and results["checksum_after_agent_stop"]
+
+
+def test_real_vllm_tenant_sleeps_and_wakes_through_the_agent(tmp_path):
+    """With a real vLLM (TIMESLICE_VLLM_URL; started with VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode)."""
+    url = os.environ.get("TIMESLICE_VLLM_URL")
+    if not url:
+        pytest.skip("set TIMESLICE_VLLM_URL to a vLLM started with VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode")
+    import threading
+    import time
+
+    import httpx
+
+    from agent_support import AgentProc, spawn_worker
+
+    model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    body = {"model": model, "prompt": "def f(x):", "max_tokens": 200, "temperature": 0.0, "ignore_eos": True}
+    agent = AgentProc(tmp_path, tenant_url=url, extra=("timeslice.agent.backend=cuda",)).start()
+    worker = spawn_worker("vllm-job")
+    try:
+        free_awake = agent.status()["gpu"]["free"]
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("r", httpx.post(f"{url}/v1/completions", json=body, timeout=300).json()))
+        t.start()
+        time.sleep(0.5)  # the request is being generated
+        with agent.client() as c:
+            t0 = time.monotonic()
+            res = c.acquire("vllm-job")
+            acquire_s = time.monotonic() - t0
+            t.join(120)
+            assert out["r"]["choices"][0]["finish_reason"] != "abort", "the in-flight request completed"
+            assert httpx.get(f"{url}/is_sleeping", timeout=30).json()["is_sleeping"] is True
+            free_asleep = agent.status()["gpu"]["free"]
+            assert free_asleep - free_awake > 10 * GIB, "vLLM's memory came free while asleep"
+            late = {}
+            t2 = threading.Thread(target=lambda: late.setdefault("r", httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 8}, timeout=300).json()))
+            t2.start()
+            time.sleep(1.0)
+            assert "r" not in late, "requests wait while the trainer holds the GPU"
+            rel = c.release("vllm-job", wait=True)
+            t2.join(120)
+            assert late["r"]["choices"][0]["finish_reason"] != "abort"
+        yields = [t for t in res["transitions"] if t["action"] == "tenant_yield"]
+        reclaims = [t for t in rel["transitions"] if t["action"] == "tenant_reclaim"]
+        print(f"\nreal vLLM: acquire with a request in flight {acquire_s:.2f} s; yield {yields[0]['end'] - yields[0]['start']:.3f} s; "
+              f"reclaim {reclaims[0]['end'] - reclaims[0]['start']:.3f} s; freed {(free_asleep - free_awake) / GIB:.1f} GiB")
+        assert httpx.get(f"{url}/is_sleeping", timeout=30).json()["is_sleeping"] is False
+    finally:
+        worker.kill()
+        agent.stop()

@@ -107,6 +107,81 @@ def status_cmd(option: str, as_json: bool, overrides: tuple[str, ...]) -> None:
     click.echo(json.dumps(status, indent=2) if as_json else render_status(status))
 
 
+@main.command("doctor", context_settings={"ignore_unknown_options": True})
+@click.option("--option", "option", default="interleave", show_default=True)
+@click.argument("overrides", nargs=-1)
+def doctor_cmd(option: str, overrides: tuple[str, ...]) -> None:
+    """Check this node: driver, NVML, NCCL env, vLLM, agent, host RAM. Exits 1 on any FAIL."""
+    from timeslice_verl.doctor import render, run_checks
+
+    settings = _settings_from(option, overrides)
+    checks = run_checks(settings)
+    click.echo(render(checks))
+    if not all(c.ok for c in checks):
+        sys.exit(1)
+
+
+@main.group("timeline")
+def timeline_group() -> None:
+    """Look at a timeline recorded by the timeline plugin."""
+
+
+@timeline_group.command("plot")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="PNG to write (default: PATH with .png).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the summary as JSON.")
+def timeline_plot(path: str, output: str | None, json_out: str | None) -> None:
+    """Draw GPU ownership over time from PATH (JSONL) and print the summary."""
+    from pathlib import Path
+
+    from timeslice_verl import analysis
+
+    try:
+        records = analysis.load(path)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    out = Path(output) if output else Path(path).with_suffix(".png")
+    analysis.plot(records, out)
+    summary = analysis.summary(records)
+    if json_out:
+        Path(json_out).write_text(json.dumps(summary, indent=1))
+    click.echo(analysis.render_summary(summary))
+    click.echo(f"wrote {out}")
+
+
+@main.command("demo")
+@click.option("--out", type=click.Path(file_okay=False), default="timeslice-demo", show_default=True)
+@click.option("--steps", default=8, show_default=True, help="Training steps.")
+@click.option("--rollout-s", default=1.5, show_default=True, help="Seconds the trainer waits for each batch.")
+@click.option("--train-s", default=0.5, show_default=True, help="Seconds of GPU work per step.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--gib", default=8.0, show_default=True, help="GPU memory the trainer worker holds (cuda).")
+@click.option("--vllm-url", default="", help="A running vLLM (VLLM_SERVER_DEV_MODE=1, --enable-sleep-mode).")
+@click.option("--vllm-model", default="", help="Start vLLM on this model instead.")
+@click.option("--clients", default=4, show_default=True, help="Concurrent batch clients against vLLM.")
+def demo_cmd(out: str, steps: int, rollout_s: float, train_s: float, device: str, gib: float, vllm_url: str,
+             vllm_model: str, clients: int) -> None:
+    """Run the whole chain on this machine and draw the timeline (a dry run without a GPU)."""
+    from pathlib import Path
+
+    from timeslice_verl import analysis
+    from timeslice_verl.demo.run import DemoOptions, run_demo
+
+    if steps < 1 or rollout_s < 0 or train_s < 0 or gib <= 0 or clients < 0:
+        raise click.UsageError("--steps must be >= 1; --rollout-s, --train-s, --clients >= 0; --gib > 0")
+    opts = DemoOptions(out=Path(out), steps=steps, rollout_s=rollout_s, train_s=train_s, device=device, gib=gib,
+                       vllm_url=vllm_url, vllm_model=vllm_model, clients=clients)
+    summary = run_demo(opts)
+    click.echo("")
+    click.echo(summary["mode"]["label"])
+    click.echo(analysis.render_summary(summary))
+    b = summary["batch"]
+    click.echo(f"  vLLM served {b.get('completed', 0)} requests ({b.get('tokens', 0)} tokens), aborted {b.get('aborted', 0)}; "
+               f"worker data intact: {summary['worker_data_intact']}")
+    for name, path in summary["files"].items():
+        click.echo(f"  {name:10} {path}")
+
+
 @main.command("options")
 def options_cmd() -> None:
     """List the options of the Hydra group (``+timeslice=<option>``)."""

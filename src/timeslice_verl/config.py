@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -99,6 +99,8 @@ class PluginSettings:
     """Extra plugins by import path, ``package.module`` or ``package.module:attr``."""
     trace: bool = False
     """Log every hook call (plugin, hook, duration) to the ``timeslice.trace`` logger."""
+    options: Dict[str, Any] = field(default_factory=dict)
+    """Free-form settings for third-party plugins, one mapping per plugin name."""
 
 
 @dataclass

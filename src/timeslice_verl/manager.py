@@ -32,7 +32,9 @@ log = get_logger("plugins")
 
 ENTRY_POINT_GROUP = hookspecs.PROJECT
 BUNDLED: dict[str, str] = {
+    "agent": "timeslice_verl.plugins.agent:AgentPlugin",
     "timeline": "timeslice_verl.plugins.timeline:TimelinePlugin",
+    "metrics": "timeslice_verl.plugins.metrics:MetricsPlugin",
 }
 
 

@@ -1,0 +1,229 @@
+"""Read a timeline JSONL: who owned the GPU when, a summary, and a picture.
+
+Everything here is computed from the file alone (``timeslice-verl timeline plot run.jsonl``):
+
+* **trainer** — the job holds the GPU (from a granted acquire to its release);
+* **vLLM** — the tenant is awake (from a reclaim's end to the next yield's start);
+* **swapping** — a transition is running (freeze, thaw, tenant yield or reclaim);
+* **idle** — none of these (e.g. a released trainer not yet frozen, or no tenant).
+
+Fractions are of the wall time between the first and the last record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+CLASSES = ("trainer", "vLLM", "swapping", "idle")
+COLORS = {"trainer": "#1f77b4", "vLLM": "#2ca02c", "swapping": "#ff7f0e", "idle": "#d9d9d9"}
+
+
+def load(path: str | Path) -> list[dict[str, Any]]:
+    records = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not a JSON line ({exc})") from None
+    if not records:
+        raise ValueError(f"{path}: no records")
+    return records
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    data = sorted(values)
+    if not data:
+        return None
+    pos = (len(data) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def transitions(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Agent transitions, each once, in time order."""
+    seen, out = set(), []
+    for r in records:
+        if r.get("hook") != "transition":
+            continue
+        key = (r["action"], r["subject"], round(r["start"], 6))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return sorted(out, key=lambda r: r["start"])
+
+
+def holding_intervals(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """When the trainer held the GPU: granted acquire → next release."""
+    out, start = [], None
+    handoffs = sorted((r for r in records if r.get("hook") == "handoff" and r.get("ok", True)), key=lambda r: r["time"])
+    for r in handoffs:
+        if r["action"] == "acquire" and start is None:
+            start = r["time"]
+        elif r["action"] in ("release", "crash_release") and start is not None:
+            out.append((start, r["time"] - r.get("waited_s", 0.0)))
+            start = None
+    if start is not None:
+        out.append((start, max(r["time"] for r in records)))
+    return out
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def vllm_intervals(trans: list[dict[str, Any]], t0: float, t1: float) -> list[tuple[float, float]]:
+    tenant = [t for t in trans if t["action"] in ("tenant_yield", "tenant_reclaim") and t.get("ok", True)]
+    if not tenant:
+        return []
+    out, on_since = [], (t0 if tenant[0]["action"] == "tenant_yield" else None)
+    for t in tenant:
+        if t["action"] == "tenant_yield" and on_since is not None:
+            out.append((on_since, t["start"]))
+            on_since = None
+        elif t["action"] == "tenant_reclaim" and on_since is None:
+            on_since = t["end"]
+    if on_since is not None:
+        out.append((on_since, t1))
+    return out
+
+
+@dataclass
+class Segment:
+    start: float
+    end: float
+    cls: str
+
+
+def ownership(records: list[dict[str, Any]]) -> list[Segment]:
+    """Consecutive segments of GPU ownership (priority: swapping > trainer > vLLM > idle)."""
+    t0 = min(r["time"] for r in records if "time" in r)
+    t1 = max(r["time"] for r in records if "time" in r)
+    trans = transitions(records)
+    swapping = _union([(t["start"], t["end"]) for t in trans])
+    trainer = _union(holding_intervals(records))
+    vllm = _union(vllm_intervals(trans, t0, t1))
+    cuts = sorted({t0, t1, *[x for iv in swapping + trainer + vllm for x in iv if t0 <= x <= t1]})
+
+    def inside(t: float, ivs: list[tuple[float, float]]) -> bool:
+        return any(a <= t < b for a, b in ivs)
+
+    segments: list[Segment] = []
+    for a, b in zip(cuts, cuts[1:]):
+        if b <= a:
+            continue
+        mid = (a + b) / 2
+        cls = "swapping" if inside(mid, swapping) else "trainer" if inside(mid, trainer) else "vLLM" if inside(mid, vllm) else "idle"
+        if segments and segments[-1].cls == cls and abs(segments[-1].end - a) < 1e-9:
+            segments[-1].end = b
+        else:
+            segments.append(Segment(a, b, cls))
+    return segments
+
+
+def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    segs = ownership(records)
+    t0 = min(r["time"] for r in records if "time" in r)
+    t1 = max(r["time"] for r in records if "time" in r)
+    wall = max(t1 - t0, 1e-9)
+    seconds = {c: sum(s.end - s.start for s in segs if s.cls == c) for c in CLASSES}
+    trans = transitions(records)
+    waits = [r["waited_s"] for r in records if r.get("hook") == "handoff" and r.get("action") == "acquire" and r.get("ok", True)]
+    restores = [t["end"] - t["start"] for t in trans if t["action"] == "thaw" and t.get("ok", True) and t.get("subject") == _job(records)]
+    freezes = [t["end"] - t["start"] for t in trans if t["action"] == "freeze" and t.get("ok", True) and t.get("subject") == _job(records)]
+    valley = wall - seconds["trainer"]
+
+    def ms(v: float | None) -> float | None:
+        return None if v is None else round(v * 1e3, 3)
+
+    return {
+        "job": _job(records),
+        "wall_s": round(wall, 3),
+        "steps": sum(1 for r in records if r.get("hook") == "pre_train_step"),
+        "seconds": {c: round(v, 3) for c, v in seconds.items()},
+        "trainer_busy_fraction": round(seconds["trainer"] / wall, 4),
+        "trainer_idle_fraction": round(1 - seconds["trainer"] / wall, 4),
+        "harvested_fraction": round(seconds["vLLM"] / wall, 4),
+        "harvest_of_idle": round(seconds["vLLM"] / valley, 4) if valley > 0 else 0.0,
+        "swapping_fraction": round(seconds["swapping"] / wall, 4),
+        "handoffs": {
+            a: sum(1 for r in records if r.get("hook") == "handoff" and r.get("action") == a)
+            for a in ("acquire", "release", "prepare", "crash_release")
+        },
+        "transitions": {a: sum(1 for t in trans if t["action"] == a) for a in ("freeze", "thaw", "tenant_yield", "tenant_reclaim")},
+        "failed_transitions": sum(1 for t in trans if not t.get("ok", True)),
+        "acquire_wait_ms": {f"p{q}": ms(percentile(waits, q)) for q in (50, 90, 99)} | {"max": ms(max(waits) if waits else None)},
+        "restore_ms": {"p50": ms(percentile(restores, 50)), "max": ms(max(restores) if restores else None)},
+        "freeze_ms": {"p50": ms(percentile(freezes, 50)), "max": ms(max(freezes) if freezes else None)},
+        "parked_gib_max": round(max((t.get("bytes", 0) for t in trans if t["action"] == "freeze"), default=0) / 2**30, 3),
+    }
+
+
+def _job(records: list[dict[str, Any]]) -> str:
+    return next((r["job"] for r in records if r.get("job") and r.get("hook") != "transition"), "")
+
+
+def render_summary(s: dict[str, Any]) -> str:
+    w = s["acquire_wait_ms"]
+    fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    return "\n".join([
+        f"job {s['job']}: {s['steps']} steps in {s['wall_s']:.1f} s",
+        f"  trainer held the GPU   {s['trainer_busy_fraction'] * 100:5.1f} %   (idle valleys: {s['trainer_idle_fraction'] * 100:.1f} %)",
+        f"  vLLM harvested         {s['harvested_fraction'] * 100:5.1f} %   ({s['harvest_of_idle'] * 100:.1f} % of the valleys)",
+        f"  swapping               {s['swapping_fraction'] * 100:5.1f} %",
+        f"  acquire wait ms        p50 {fmt(w['p50'])}  p90 {fmt(w['p90'])}  p99 {fmt(w['p99'])}  max {fmt(w['max'])}",
+        f"  restore ms p50 {fmt(s['restore_ms']['p50'])} · freeze ms p50 {fmt(s['freeze_ms']['p50'])} · "
+        f"parked up to {s['parked_gib_max']:.2f} GiB",
+        f"  handoffs {s['handoffs']} · transitions {s['transitions']} · failed {s['failed_transitions']}",
+    ])
+
+
+def plot(records: list[dict[str, Any]], out: str | Path, title: str = "") -> Path:
+    """Draw GPU ownership over time (and the trainer's step marks) to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    segs = ownership(records)
+    s = summary(records)
+    t0 = min(r["time"] for r in records if "time" in r)
+    fig, ax = plt.subplots(figsize=(12, 3.2), dpi=110)
+    for cls in CLASSES:
+        bars = [(seg.start - t0, seg.end - seg.start) for seg in segs if seg.cls == cls]
+        if bars:
+            ax.broken_barh(bars, (1.0, 0.8), facecolors=COLORS[cls])
+    holds = holding_intervals(records)
+    ax.broken_barh([(a - t0, b - a) for a, b in holds], (0.2, 0.5), facecolors=COLORS["trainer"], alpha=0.45)
+    for r in records:
+        if r.get("hook") == "post_rollout":
+            ax.plot([r["time"] - t0], [0.45], marker="v", color="black", markersize=5)
+    ax.set_yticks([0.45, 1.4])
+    ax.set_yticklabels(["trainer holds\n(▼ batch ready)", "GPU owner"])
+    ax.set_xlabel("seconds")
+    ax.set_ylim(0, 2.0)
+    ax.set_xlim(0, s["wall_s"])
+    ax.legend(handles=[Patch(color=COLORS[c], label=c) for c in CLASSES], loc="upper right", ncol=4, fontsize=8, frameon=False)
+    ax.set_title(
+        (title + " — " if title else "")
+        + f"job {s['job']}: trainer {s['trainer_busy_fraction'] * 100:.0f} %, vLLM harvested {s['harvested_fraction'] * 100:.0f} %, "
+        f"swapping {s['swapping_fraction'] * 100:.0f} %, acquire wait p50 {s['acquire_wait_ms']['p50'] or 0:.0f} ms",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

@@ -1,0 +1,145 @@
+"""``timeslice-verl doctor``: is this node ready to time-slice? Each check PASS/FAIL with the fix."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from timeslice_verl.config import NCCL_ENV, TimesliceSettings, socket_path
+
+MIN_DRIVER = 570
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _nvml() -> tuple[object | None, str]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml, ""
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def check_nvml() -> Check:
+    nvml, err = _nvml()
+    if nvml is None:
+        return Check("NVML reachable", False, err or "NVML did not initialise",
+                     "install the NVIDIA driver (NVML ships with it) and run on a machine with a GPU")
+    count = nvml.nvmlDeviceGetCount()  # type: ignore[attr-defined]
+    return Check("NVML reachable", count > 0, f"{count} GPU(s)", "" if count else "no GPU is visible (CUDA_VISIBLE_DEVICES?)")
+
+
+def check_driver() -> Check:
+    nvml, err = _nvml()
+    if nvml is None:
+        return Check("driver supports CUDA checkpoint (r570+)", False, f"cannot read the driver version: {err}",
+                     f"install NVIDIA driver {MIN_DRIVER} or newer")
+    version = nvml.nvmlSystemGetDriverVersion()  # type: ignore[attr-defined]
+    version = version.decode() if isinstance(version, bytes) else str(version)
+    major = int(version.split(".")[0])
+    ok = major >= MIN_DRIVER
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        api = all(hasattr(lib, f) for f in ("cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint",
+                                            "cuCheckpointProcessRestore", "cuCheckpointProcessUnlock"))
+    except OSError:
+        api = False
+    return Check("driver supports CUDA checkpoint (r570+)", ok and api,
+                 f"driver {version}; cuCheckpointProcess* {'present' if api else 'missing'} in libcuda.so.1",
+                 "" if ok and api else f"upgrade the NVIDIA driver to {MIN_DRIVER} or newer")
+
+
+def check_nccl_env() -> list[Check]:
+    out = []
+    for key, want in NCCL_ENV.items():
+        have = os.environ.get(key)
+        out.append(Check(
+            f"{key}={want}", have == want, f"{key}={have!r}" if have is not None else f"{key} is not set",
+            f"export {key}={want} (the interleave option also sets it for verl's workers through "
+            f"ray_kwargs.ray_init.runtime_env.env_vars)",
+        ))
+    return out
+
+
+def check_vllm(settings: TimesliceSettings) -> Check:
+    url = settings.tenant.url
+    name = "vLLM reachable with dev mode + sleep mode"
+    if not url:
+        return Check(name, False, "timeslice.tenant.url is empty", "start vLLM and pass timeslice.tenant.url=http://HOST:PORT")
+    fix = ("start vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode, e.g. "
+           "VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --enable-sleep-mode --port 8000")
+    try:
+        with httpx.Client(base_url=url, timeout=5) as client:
+            client.get("/health").raise_for_status()
+            sleeping = client.get("/is_sleeping")
+            if sleeping.status_code == 404:
+                return Check(name, False, f"{url} answers but has no /is_sleeping (dev mode or sleep mode off)", fix)
+            sleeping.raise_for_status()
+            version = client.get("/version")
+            v = version.json().get("version", "?") if version.is_success else "?"
+    except httpx.HTTPError as exc:
+        return Check(name, False, f"{url}: {type(exc).__name__}: {exc}", fix)
+    return Check(name, True, f"vLLM {v} at {url}, is_sleeping={sleeping.json()}")
+
+
+def check_agent(settings: TimesliceSettings) -> Check:
+    from timeslice_verl.agent.client import AgentClient, AgentError
+
+    path = socket_path(settings)
+    try:
+        with AgentClient(path, connect_timeout_s=1.0) as client:
+            hello = client.hello()
+    except AgentError as exc:
+        return Check("agent socket reachable", False, exc.message,
+                     f"start the agent: timeslice-verl agent timeslice.agent.socket={path}")
+    return Check("agent socket reachable", True, f"agent {hello['agent_version']} pid {hello['pid']} backend {hello['backend']}")
+
+
+def mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def check_host_ram(settings: TimesliceSettings) -> Check:
+    name = "host RAM >= GPU bytes to park"
+    nvml, err = _nvml()
+    if nvml is None:
+        return Check(name, False, f"cannot read GPU memory ({err})", "run on the GPU node")
+    total = 0
+    for i in settings.agent.gpus:
+        try:
+            total += int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).total)  # type: ignore[attr-defined]
+        except Exception as exc:
+            return Check(name, False, f"GPU {i}: {exc}", "fix timeslice.agent.gpus")
+    avail = mem_available()
+    return Check(name, avail >= total, f"{avail / 2**30:.1f} GiB available for {total / 2**30:.1f} GiB of GPU memory",
+                 "a frozen trainer's GPU memory lives in host RAM: free RAM or park fewer GPUs per node")
+
+
+def run_checks(settings: TimesliceSettings) -> list[Check]:
+    return [check_driver(), check_nvml(), *check_nccl_env(), check_vllm(settings), check_agent(settings), check_host_ram(settings)]
+
+
+def render(checks: list[Check]) -> str:
+    lines = []
+    for c in checks:
+        lines.append(f"{'PASS' if c.ok else 'FAIL'}  {c.name} — {c.detail}")
+        if not c.ok and c.fix:
+            lines.append(f"      fix: {c.fix}")
+    failed = sum(not c.ok for c in checks)
+    lines.append(f"{len(checks) - failed}/{len(checks)} checks passed" + (f", {failed} failed" if failed else ""))
+    return "\n".join(lines)

@@ -1,0 +1,316 @@
+"""The agent plugin: turns lifecycle events into GPU handoffs through the node's snapshot agent.
+
+=========================  ==================================================================
+event                      handoff
+=========================  ==================================================================
+init_workers_begin         acquire (model loading needs the GPU)
+init_workers_end           release (the trainer waits for samples next)
+post_rollout               learn the queue rhythm; a timer sends ``prepare`` early next time
+pre_train_step             acquire — blocks until the trainer's processes are restored
+weight_sync_begin          make sure the GPU is held (a real acquire only before the pre-fit sync)
+weight_sync_end            release, when weights were actually synced
+save_checkpoint_begin      make sure the GPU is held, and allow the save
+save_checkpoint_end        release what was taken only for the save
+trainer_exception          crash-release (never leave the GPU pinned to a dead job)
+timeslice_stop             release, close the connection
+=========================  ==================================================================
+
+An acquire that fails raises (gating hooks stop the trainer: it never trains without its GPU); a
+release that fails is logged and swallowed (the agent also releases when the connection drops).
+One log line per handoff: ``[timeslice] job=… ACQUIRE waited=…ms restored=…`` / ``RELEASE …``.
+Each handoff is reported through the ``handoff`` hook for the timeline and metrics plugins.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from timeslice_verl.agent.client import AgentClient, AgentError
+from timeslice_verl.config import TimesliceSettings, socket_path
+from timeslice_verl.events import Event, HandoffEvent, RolloutEvent, Transition
+from timeslice_verl.hookspecs import hookimpl
+from timeslice_verl.log import get_logger
+
+log = get_logger("handoff")
+
+
+class PreparePlanner:
+    """When to send ``prepare`` after a release, so the restore overlaps the end of the queue wait.
+
+    The next batch is expected after the shortest of the recent queue waits (conservative: the
+    trainer must not wait for its restore); the restore is expected to take ``lead_s`` if set,
+    else the last measured restore (plus the tenant's yield) with a 20 % margin. Prepare fires at
+    ``expected wait - expected restore`` after the release; with no history, not at all.
+    """
+
+    def __init__(self, lead_s: float = 0.0, history: int = 5) -> None:
+        self.lead_s = lead_s
+        self.waits: deque[float] = deque(maxlen=history)
+        self.restore_s: float | None = None
+
+    def observe_wait(self, seconds: float) -> None:
+        if seconds >= 0:
+            self.waits.append(seconds)
+
+    def observe_restore(self, seconds: float) -> None:
+        if seconds > 0:
+            self.restore_s = seconds
+
+    def lead(self) -> float | None:
+        if self.lead_s > 0:
+            return self.lead_s
+        return None if self.restore_s is None else self.restore_s * 1.2
+
+    def delay(self) -> float | None:
+        """Seconds from a release to the prepare; None when there is nothing to go on yet."""
+        lead = self.lead()
+        if lead is None or not self.waits:
+            return None
+        return max(0.0, min(self.waits) - lead)
+
+
+def _whoami(_actor: Any) -> tuple[str, int]:
+    return socket.gethostname(), os.getpid()
+
+
+def local_worker_pids(trainer: Any) -> list[int]:
+    """PIDs of the trainer's Ray worker processes on this node (verl worker groups), best effort.
+
+    Complements the ``TIMESLICE_JOB`` tag: the agent then also knows the job's processes when a
+    tag did not reach them. Workers on other nodes are left to their own node's agent.
+    """
+    groups = [getattr(trainer, name, None) for name in ("actor_wg", "actor_rollout_wg", "critic_wg", "ref_policy_wg")]
+    handles = {id(w): w for g in groups if g is not None for w in (getattr(g, "workers", None) or [])}
+    if not handles:
+        return []
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return []
+        answers = ray.get([w.__ray_call__.remote(_whoami) for w in handles.values()], timeout=30)
+    except Exception as exc:  # not a Ray worker group, Ray too old, worker gone…
+        log.debug("worker pid lookup failed: %s", exc)
+        return []
+    here = socket.gethostname()
+    return sorted({pid for host, pid in answers if host == here})
+
+
+class AgentPlugin:
+    name = "agent"
+
+    def __init__(self) -> None:
+        self.client: AgentClient | None = None
+        self.settings: TimesliceSettings | None = None
+        self.lifecycle: Any = None
+        self.job = ""
+        self.held = False
+        self.held_for_save = False
+        self.planner = PreparePlanner()
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ set-up
+
+    @hookimpl
+    def timeslice_start(self, trainer: Any, event: Event, lifecycle: Any) -> None:
+        self.settings = lifecycle.settings
+        self.lifecycle = lifecycle
+        self.job = lifecycle.job
+        self.planner = PreparePlanner(lead_s=self.settings.handoff.prepare_lead_s)
+        path = socket_path(self.settings)
+        self.client = AgentClient(path, connect_timeout_s=self.settings.agent.connect_timeout_s, client=f"trainer:{self.job}")
+        try:
+            hello = self.client.hello()
+        except AgentError as exc:
+            if not self.settings.agent.autostart:
+                raise AgentError(exc.code, f"{exc.message} (or set timeslice.agent.autostart=true)") from None
+            hello = self._autostart()
+        log.info(
+            "[timeslice] job=%s agent pid %s on %s, backend %s%s",
+            self.job, hello.get("pid"), path, hello.get("backend"),
+            "" if hello.get("frees_gpu_memory") else " (CPU TEST BACKEND: GPU memory is not freed)",
+        )
+        self._ensure_tenant()
+
+    def _autostart(self) -> dict[str, Any]:
+        s = self.settings
+        assert s is not None and self.client is not None
+        args = [
+            sys.executable, "-m", "timeslice_verl.cli", "agent",
+            f"timeslice.agent.socket={socket_path(s)}",
+            f"timeslice.agent.backend={s.agent.backend}",
+            f"timeslice.agent.gpus=[{','.join(map(str, s.agent.gpus))}]",
+            f"timeslice.tenant.url={s.tenant.url}",
+        ]
+        log_path = socket_path(s).with_name("agent.log")
+        socket_path(s).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(log_path, "a") as out:
+            subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        log.info("[timeslice] started an agent (log %s)", log_path)
+        return self.client.hello()
+
+    def _ensure_tenant(self) -> None:
+        assert self.client is not None and self.settings is not None
+        url = self.settings.tenant.url
+        if not url:
+            return
+        status = self.client.status()
+        if status.get("tenant") is None:
+            try:
+                self.client.register_tenant(url, sleep_level=self.settings.tenant.sleep_level)
+            except AgentError as exc:
+                log.error("[timeslice] job=%s could not register tenant %s: %s (training goes on)", self.job, url, exc)
+
+    # ------------------------------------------------------------------ handoffs
+
+    def _report(self, action: str, point: str, waited: float, result: dict[str, Any], ok: bool = True, detail: str = "") -> None:
+        if self.lifecycle is None:
+            return
+        transitions = tuple(Transition.from_dict(t) for t in result.get("transitions", []))
+        event = self.lifecycle.event(HandoffEvent, action=action, point=point, waited_s=round(waited, 6), ok=ok,
+                                     detail=detail, transitions=transitions)
+        self.lifecycle.notify("handoff", event)
+
+    def acquire(self, point: str) -> None:
+        """Block until the trainer owns the GPU. Errors propagate."""
+        assert self.client is not None and self.settings is not None
+        self._cancel_timer()
+        if self.held:
+            return
+        t0 = time.perf_counter()
+        timeout = self.settings.handoff.acquire_timeout_s or None
+        result = self.client.acquire(self.job, timeout_s=timeout)
+        waited = time.perf_counter() - t0
+        self.held = True
+        restore = float(result.get("restore_s", 0.0))
+        yield_s = sum(t["end"] - t["start"] for t in result.get("transitions", []) if t["action"] == "tenant_yield")
+        if result.get("restored"):
+            self.planner.observe_restore(restore + yield_s)
+        log.info(
+            "[timeslice] job=%s ACQUIRE at=%s waited=%.0fms restored=%s restore=%.0fms parked=%.2fGiB",
+            self.job, point, waited * 1e3, bool(result.get("restored")), restore * 1e3, result.get("bytes", 0) / 2**30,
+        )
+        self._report("acquire", point, waited, result)
+
+    def release(self, point: str, *, crash: bool = False, force: bool = False) -> None:
+        """Give the GPU back (``force``: also when not held, to cancel a prepare). Never raises."""
+        if self.client is None or (not self.held and not crash and not force):
+            return
+        t0 = time.perf_counter()
+        self.held = False
+        self.held_for_save = False
+        try:
+            result = self.client.release(self.job)
+        except Exception as exc:  # the agent also releases when our connection drops
+            log.error("[timeslice] job=%s RELEASE at=%s failed (ignored): %s", self.job, point, exc)
+            self._report("crash_release" if crash else "release", point, time.perf_counter() - t0, {}, ok=False, detail=str(exc))
+            return
+        waited = time.perf_counter() - t0
+        log.info("[timeslice] job=%s %s at=%s took=%.1fms", self.job, "CRASH-RELEASE" if crash else "RELEASE", point, waited * 1e3)
+        self._report("crash_release" if crash else "release", point, waited, result)
+        if not crash and not force:
+            self._schedule_prepare()
+
+    def _schedule_prepare(self) -> None:
+        assert self.settings is not None
+        if not self.settings.handoff.prepare:
+            return
+        delay = self.planner.delay()
+        if delay is None:
+            return
+        with self._lock:
+            self._cancel_timer_locked()
+            self._timer = threading.Timer(delay, self._send_prepare)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _send_prepare(self) -> None:
+        if self.held or self.client is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            result = self.client.prepare(self.job)
+        except AgentError as exc:
+            log.warning("[timeslice] job=%s PREPARE failed: %s", self.job, exc)
+            return
+        log.info("[timeslice] job=%s PREPARE (restore started early) lead=%.0fms", self.job, (self.planner.lead() or 0) * 1e3)
+        self._report("prepare", "timer", time.perf_counter() - t0, result)
+
+    def _cancel_timer(self) -> None:
+        with self._lock:
+            self._cancel_timer_locked()
+
+    def _cancel_timer_locked(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # ------------------------------------------------------------------ hooks
+
+    @hookimpl
+    def init_workers_begin(self) -> None:
+        self.acquire("init_workers_begin")
+
+    @hookimpl
+    def init_workers_end(self, trainer: Any) -> None:
+        pids = local_worker_pids(trainer)
+        if pids and self.client is not None:
+            try:
+                self.client.register_pids(self.job, pids)
+                log.info("[timeslice] job=%s registered worker pids %s", self.job, pids)
+            except AgentError as exc:
+                log.warning("[timeslice] job=%s could not register worker pids %s: %s (tag discovery still applies)", self.job, pids, exc)
+        self.release("init_workers_end")
+
+    @hookimpl
+    def post_rollout(self, event: RolloutEvent) -> None:
+        self.planner.observe_wait(event.queue_wait_s)
+
+    @hookimpl
+    def pre_train_step(self) -> None:
+        self.acquire("pre_train_step")
+
+    @hookimpl
+    def weight_sync_begin(self) -> None:
+        self.acquire("weight_sync_begin")  # no-op when already held
+
+    @hookimpl
+    def weight_sync_end(self, event: Any) -> None:
+        if event.synced:
+            self.release("weight_sync_end")
+
+    @hookimpl
+    def save_checkpoint_begin(self) -> bool:
+        if not self.held:
+            self.acquire("save_checkpoint_begin")
+            self.held_for_save = True
+        return True  # the save always runs: the trainer holds the GPU for it
+
+    @hookimpl
+    def save_checkpoint_end(self) -> None:
+        if self.held_for_save:
+            self.release("save_checkpoint_end")
+
+    @hookimpl
+    def trainer_exception(self, event: Any) -> None:
+        self._cancel_timer()
+        self.release(f"exception:{event.point}", crash=True)
+
+    @hookimpl
+    def timeslice_stop(self) -> None:
+        self._cancel_timer()
+        self.release("timeslice_stop", force=True)  # also withdraws a prepare sent for a step that never comes
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+
+__all__ = ["AgentPlugin", "PreparePlanner", "local_worker_pids"]

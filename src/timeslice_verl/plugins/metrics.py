@@ -1,0 +1,57 @@
+"""The metrics plugin: handoff figures into the trainer's metrics dict, per training step.
+
+verl's fully-async trainer collects ``trainer.metrics`` during a step and hands it to its tracking
+backends (console, wandb, tensorboard…), so these keys show up next to verl's own. The agent's
+Prometheus endpoint (``timeslice.agent.metrics_port``) covers the node-level view.
+
+Keys (prefix ``timeslice.metrics.prefix``, default ``timeslice/``): ``acquire_wait_s``,
+``restore_s``, ``restore_gbps``, ``freeze_s``, ``freeze_gbps``, ``parked_gib``,
+``tenant_yield_s``, ``tenant_reclaim_s``, ``handoffs``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from timeslice_verl.events import HandoffEvent
+from timeslice_verl.hookspecs import hookimpl
+
+
+class MetricsPlugin:
+    name = "metrics"
+
+    def __init__(self) -> None:
+        self.prefix = "timeslice/"
+        self.handoffs = 0
+
+    @hookimpl
+    def timeslice_start(self, lifecycle: Any) -> None:
+        self.prefix = lifecycle.settings.metrics.prefix
+
+    @staticmethod
+    def figures(event: HandoffEvent) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if event.action == "acquire":
+            out["acquire_wait_s"] = event.waited_s
+        for t in event.transitions:
+            if not t.ok:
+                continue
+            key = {"thaw": "restore", "freeze": "freeze", "tenant_yield": "tenant_yield", "tenant_reclaim": "tenant_reclaim"}.get(t.action)
+            if key is None:
+                continue
+            out[f"{key}_s"] = out.get(f"{key}_s", 0.0) + t.seconds
+            if t.action in ("thaw", "freeze") and t.bytes and t.seconds > 0:
+                out[f"{key}_gbps"] = t.bytes / 1e9 / t.seconds
+            if t.action == "freeze":
+                out["parked_gib"] = t.bytes / 2**30
+        return out
+
+    @hookimpl
+    def handoff(self, trainer: Any, event: HandoffEvent) -> None:
+        self.handoffs += 1
+        metrics = getattr(trainer, "metrics", None)
+        if not isinstance(metrics, dict):
+            return
+        for key, value in self.figures(event).items():
+            metrics[self.prefix + key] = round(float(value), 6)
+        metrics[self.prefix + "handoffs"] = self.handoffs

@@ -1,0 +1,153 @@
+"""The bundled agent plugin against a real agent process (CPU test backend), and its prepare rule."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker, stopped
+from timeslice_verl import hookimpl
+from timeslice_verl.config import compose
+from timeslice_verl.plugins.agent import PreparePlanner
+from timeslice_verl.testing import RecordingPlugin, fake_event_sequence, make_lifecycle, play
+
+
+class Observer:
+    """Runs after the agent plugin (trylast) and records what the GPU looked like then."""
+
+    name = "observer"
+
+    def __init__(self, agent: AgentProc, vllm: FakeVllmProc, worker_pid: int) -> None:
+        self.agent, self.vllm, self.pid = agent, vllm, worker_pid
+        self.seen: list[tuple[str, str, bool, bool]] = []
+
+    def _look(self, hook: str) -> None:
+        status = self.agent.status()
+        self.seen.append((hook, status["owner"], stopped(self.pid), self.vllm.sleeping()))
+
+    @hookimpl(trylast=True)
+    def pre_train_step(self) -> None:
+        self._look("pre_train_step")
+
+    @hookimpl(trylast=True)
+    def save_checkpoint_begin(self) -> None:
+        self._look("save_checkpoint_begin")
+
+    @hookimpl(trylast=True)
+    def init_workers_begin(self) -> None:
+        self._look("init_workers_begin")
+
+
+@pytest.fixture
+def setup(tmp_path):
+    vllm = FakeVllmProc()
+    agent = AgentProc(tmp_path, tenant_url=vllm.url).start()
+    worker = spawn_worker("plugin-job")
+    yield tmp_path, agent, vllm, worker
+    worker.kill()
+    agent.stop()
+    vllm.stop()
+
+
+def lifecycle_for(tmp_path, agent, *plugins, prepare: bool = False):
+    settings = compose("interleave", [
+        "timeslice.job=plugin-job", f"timeslice.agent.socket={agent.socket}", "timeslice.tenant.url=",
+        f"timeslice.timeline.path={tmp_path / 'run.jsonl'}", f"timeslice.handoff.prepare={str(prepare).lower()}",
+    ])
+    return make_lifecycle(*plugins, settings=settings, load_installed=True)
+
+
+def test_full_event_sequence_with_a_save_drives_the_agent(setup):
+    tmp_path, agent, vllm, worker = setup
+    recorder = RecordingPlugin()
+    observer = Observer(agent, vllm, worker.pid)
+    lc = lifecycle_for(tmp_path, agent, recorder, observer)
+    play(lc, fake_event_sequence(3, save_at=(2,)))
+
+    handoffs = [(e.action, e.point) for e in recorder.events("handoff")]
+    assert handoffs == [
+        ("acquire", "init_workers_begin"), ("release", "init_workers_end"),
+        ("acquire", "weight_sync_begin"), ("release", "weight_sync_end"),  # the pre-fit sync
+        ("acquire", "pre_train_step"), ("release", "weight_sync_end"),
+        ("acquire", "pre_train_step"), ("release", "weight_sync_end"),
+        ("acquire", "save_checkpoint_begin"), ("release", "save_checkpoint_end"),  # held for the save
+        ("acquire", "pre_train_step"), ("release", "weight_sync_end"),
+        ("release", "timeslice_stop"),
+    ]
+    # whenever a gating hook returned, the trainer owned the GPU: worker running, vLLM asleep
+    assert observer.seen and all(owner == "job:plugin-job" and not frozen and asleep for _, owner, frozen, asleep in observer.seen)
+    # the save was allowed; after the run the job is parked and vLLM serves again
+    saves = recorder.events("save_checkpoint_end")
+    assert len(saves) == 1 and saves[0].saved
+    eventually(lambda: stopped(worker.pid) and not vllm.sleeping(), what="parked after the run")
+    # restores after the first one are reported with their transitions
+    acquires = [e for e in recorder.events("handoff") if e.action == "acquire"]
+    assert any(t.action == "thaw" for e in acquires for t in e.transitions)
+    assert all(e.ok for e in recorder.events("handoff"))
+
+
+def test_an_exception_crash_releases(setup):
+    tmp_path, agent, vllm, worker = setup
+    recorder = RecordingPlugin()
+    lc = lifecycle_for(tmp_path, agent, recorder)
+    play(lc, fake_event_sequence(3, crash_at=2))
+    actions = [(e.action, e.point) for e in recorder.events("handoff")]
+    assert actions[-2] == ("crash_release", "exception:fit")
+    assert recorder.names.count("trainer_exception") == 1
+    eventually(lambda: stopped(worker.pid) and not vllm.sleeping(), what="crash-release parked the job and woke vLLM")
+
+
+def test_acquire_failure_stops_the_trainer(tmp_path):
+    settings = compose("interleave", ["timeslice.job=x", f"timeslice.agent.socket={tmp_path / 'none.sock'}",
+                                      "timeslice.agent.connect_timeout_s=0.2", "timeslice.tenant.url="])
+    lc = make_lifecycle(settings=settings, load_installed=True)
+    with pytest.raises(Exception, match="no timeslice agent answers"):
+        lc.start()
+
+
+def test_prepare_is_sent_so_the_restore_overlaps_the_wait(setup):
+    tmp_path, agent, vllm, worker = setup
+    recorder = RecordingPlugin()
+    lc = lifecycle_for(tmp_path, agent, recorder, prepare=True)
+    plugin = lc.manager.get("agent")
+    lc.start()
+    from timeslice_verl.events import RolloutEvent, TrainStepEvent, WeightSyncEvent
+
+    for step in range(1, 4):
+        lc.trainer.global_steps = step
+        lc.call("post_rollout", lc.event(RolloutEvent, samples=8, queue_wait_s=1.0))
+        lc.call("pre_train_step", lc.event(TrainStepEvent))
+        lc.call("weight_sync_end", lc.event(WeightSyncEvent, synced=True))
+        if step == 1:
+            time.sleep(0.3)  # let the first freeze happen so the next acquire measures a restore
+    # now the planner knows: waits of 1.0 s, a restore of a few ms -> prepare ~1 s after release
+    delay = plugin.planner.delay()
+    assert delay is not None and 0.8 < delay < 1.0
+    released = time.monotonic()
+    eventually(lambda: any(e.action == "prepare" for e in recorder.events("handoff")), timeout=3, what="prepare sent")
+    assert time.monotonic() - released >= 0.75
+    eventually(lambda: not stopped(worker.pid) and vllm.sleeping(), what="restored before the acquire")
+    lc.call("pre_train_step", lc.event(TrainStepEvent))
+    last = [e for e in recorder.events("handoff") if e.action == "acquire"][-1]
+    assert not any(t.action == "thaw" for t in last.transitions if t.start > released + 0.5) or last.waited_s < 0.1
+    lc.stop()
+
+
+def test_prepare_planner_rule():
+    p = PreparePlanner()
+    assert p.delay() is None, "no history: no prepare"
+    p.observe_wait(2.0)
+    assert p.delay() is None, "no restore measured yet"
+    p.observe_restore(0.5)
+    assert p.delay() == pytest.approx(2.0 - 0.6)  # lead = restore + 20 %
+    p.observe_wait(1.0)
+    assert p.delay() == pytest.approx(1.0 - 0.6), "conservative: the shortest recent wait"
+    p.observe_restore(5.0)
+    assert p.delay() == 0.0, "restore longer than the wait: prepare right at release"
+    fixed = PreparePlanner(lead_s=0.25)
+    fixed.observe_wait(1.0)
+    assert fixed.delay() == pytest.approx(0.75), "a configured lead needs no measured restore"
+    for w in (9, 9, 9, 9, 9):
+        p.observe_wait(w)
+    assert min(p.waits) == 9, "only recent waits count"
