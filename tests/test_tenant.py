@@ -149,3 +149,56 @@ def test_agent_refuses_a_tenant_without_dev_mode(tmp_path):
     finally:
         agent.stop()
         plain.stop()
+
+
+def test_requests_queued_during_the_pause_survive_the_sleep(server):
+    """/sleep pauses again with its own mode (abort by default): the tenant must ask for keep."""
+    results = []
+    first = threading.Thread(target=lambda: results.append(("first", server.engine.generate(40))))
+    first.start()
+    eventually(lambda: server.engine.stats()["running"] == 1)
+
+    async def scenario(tenant: VllmTenant):
+        await tenant.register()
+        task = asyncio.create_task(tenant.yield_gpu())  # pause(mode=wait) waits for `first`
+        await asyncio.sleep(0.1)
+        second = threading.Thread(target=lambda: results.append(("second", server.engine.generate(5))))
+        second.start()  # arrives while paused: queued
+        await task
+        assert server.engine.stats()["waiting"] == 1, "queued across the sleep"
+        await tenant.reclaim()
+        second.join(5)
+
+    run(_with_tenant(server.url, scenario))
+    first.join(5)
+    assert sorted(results) == [("first", (40, "length")), ("second", (5, "length"))]
+    assert server.engine.aborted == 0
+
+
+def test_keep_mode_hands_over_without_waiting_for_long_generations():
+    srv = FakeVllmServer(token_s=0.01).start()
+    try:
+        results = []
+        t = threading.Thread(target=lambda: results.append(srv.engine.generate(100)))  # ~1 s
+        t.start()
+        eventually(lambda: srv.engine.stats()["running"] == 1)
+
+        async def scenario():
+            tenant = VllmTenant(srv.url, pause_mode="keep")
+            try:
+                await tenant.register()
+                t0 = time.monotonic()
+                await tenant.yield_gpu()
+                took = time.monotonic() - t0
+                await asyncio.sleep(0.3)
+                await tenant.reclaim()
+                return took
+            finally:
+                await tenant.close()
+
+        took = run(scenario())
+        t.join(10)
+        assert took < 0.3, "keep does not wait for the in-flight request"
+        assert results == [(100, "length")], "the frozen request resumed and finished after wake-up"
+    finally:
+        srv.stop()

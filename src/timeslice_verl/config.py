@@ -69,6 +69,10 @@ class TenantSettings:
     """Base URL, e.g. ``http://127.0.0.1:8000``; empty: no tenant (the GPU just idles)."""
     sleep_level: int = 1
     """vLLM sleep level: 1 keeps weights in host RAM (fast wake), 2 drops them."""
+    pause_mode: str = "wait"
+    """How vLLM ≥ 0.17 hands over: ``wait`` lets in-flight requests finish first (no work lost;
+    the trainer waits for them), ``keep`` freezes them at once and resumes them after wake-up
+    (the trainer gets the GPU without waiting for long generations)."""
     request_timeout_s: float = 30.0
     """Timeout of each control request (pause, sleep, wake_up, resume)."""
     drain_timeout_s: float = 600.0
@@ -136,6 +140,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "adapter": ("auto", "fork", "stock"),
     "agent.backend": ("cuda", "cuda-cli", "sigstop"),
     "tenant.sleep_level": (1, 2),
+    "tenant.pause_mode": ("wait", "keep"),
 }
 NON_NEGATIVE = (
     "agent.driver_timeout_s",

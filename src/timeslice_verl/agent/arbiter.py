@@ -48,6 +48,7 @@ class Arbiter:
         probe: NvmlProbe | None = None,
         tenant_request_timeout_s: float = 30.0,
         tenant_drain_timeout_s: float = 600.0,
+        tenant_pause_mode: str = "wait",
         prepare_ttl_s: float = 60.0,
         watch_interval_s: float = 0.2,
     ) -> None:
@@ -56,6 +57,7 @@ class Arbiter:
         self.probe = probe
         self.tenant_request_timeout_s = tenant_request_timeout_s
         self.tenant_drain_timeout_s = tenant_drain_timeout_s
+        self.tenant_pause_mode = tenant_pause_mode
         self.prepare_ttl_s = prepare_ttl_s
         self.watch_interval_s = watch_interval_s
         self.jobs: dict[str, Job] = {}
@@ -326,7 +328,8 @@ class Arbiter:
 
     def _make_tenant(self, url: str, sleep_level: int) -> VllmTenant:
         return VllmTenant(
-            url, sleep_level=sleep_level, request_timeout_s=self.tenant_request_timeout_s, drain_timeout_s=self.tenant_drain_timeout_s
+            url, sleep_level=sleep_level, request_timeout_s=self.tenant_request_timeout_s,
+            drain_timeout_s=self.tenant_drain_timeout_s, pause_mode=self.tenant_pause_mode,
         )
 
     async def unregister_tenant(self) -> dict[str, Any]:

@@ -237,6 +237,7 @@ async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None 
         probe=probe,
         tenant_request_timeout_s=settings.tenant.request_timeout_s,
         tenant_drain_timeout_s=settings.tenant.drain_timeout_s,
+        tenant_pause_mode=settings.tenant.pause_mode,
     )
     server = AgentServer(settings, arbiter, path)
     server.claim_path()

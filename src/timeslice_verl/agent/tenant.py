@@ -3,7 +3,9 @@
 Contract (DESIGN.md §5), server started with ``VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode``:
 
 * yield   = ``POST /pause?mode=wait`` (vLLM ≥ 0.17: finishes in-flight requests, queues new ones;
-  older: wait until ``/metrics`` shows no running or waiting request) → ``POST /sleep?level=N``;
+  older: wait until ``/metrics`` shows no running or waiting request) → ``POST /sleep?level=N&mode=keep``
+  (``/sleep`` pauses again with its own mode, ``abort`` by default, which would fail the requests
+  queued since the pause: ``keep`` holds them until ``/resume``);
 * reclaim = ``POST /wake_up`` → ``POST /resume``;
 * state   = ``GET /is_sleeping``, ``GET /is_paused``, ``GET /health``.
 
@@ -60,8 +62,12 @@ class TenantInfo:
 
 
 class VllmTenant:
-    def __init__(self, url: str, *, sleep_level: int = 1, request_timeout_s: float = 30.0, drain_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, url: str, *, sleep_level: int = 1, request_timeout_s: float = 30.0, drain_timeout_s: float = 600.0,
+        pause_mode: str = "wait",
+    ) -> None:
         self.info = TenantInfo(url=url.rstrip("/"), sleep_level=sleep_level)
+        self.pause_mode = pause_mode
         self.request_timeout_s = request_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self.state = AWAKE
@@ -139,12 +145,12 @@ class VllmTenant:
             self.state = ASLEEP
             return time.perf_counter() - t0
         if self.info.pause == "wait":
-            await self._request("POST", "/pause", timeout=self.drain_timeout_s + self.request_timeout_s, mode="wait")
+            await self._request("POST", "/pause", timeout=self.drain_timeout_s + self.request_timeout_s, mode=self.pause_mode)
             if not await self._get_flag("/is_paused"):
                 raise TenantError(f"vLLM at {self.url} accepted /pause but reports is_paused=false: not sleeping it")
         else:
             await self._drain()
-        await self._request("POST", "/sleep", level=self.info.sleep_level)
+        await self._request("POST", "/sleep", level=self.info.sleep_level, mode="keep")
         if not await self._get_flag("/is_sleeping"):
             raise TenantError(f"vLLM at {self.url} accepted /sleep but reports is_sleeping=false")
         self.state = ASLEEP

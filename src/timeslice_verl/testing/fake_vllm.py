@@ -3,10 +3,12 @@
 It follows the contract the agent relies on (DESIGN.md §5) including vLLM's failure modes:
 
 * ``/pause?mode=wait`` holds new requests and returns once in-flight ones finished; ``mode=abort``
-  ends them with ``finish_reason: "abort"``; ``/resume`` admits again;
-* ``/sleep`` with requests in flight **kills the server** (``--sleep-in-flight crash``, older vLLM,
-  vllm#28714) or aborts them (``abort``, vLLM 0.24 without ``mode=wait``) — the bug the agent
-  must never trigger;
+  ends them with ``finish_reason: "abort"``; ``mode=keep`` freezes them; ``/resume`` admits again;
+* ``/sleep?mode=…`` (vLLM ≥ 0.17) pauses with its own mode first — ``abort`` by default, which also
+  fails the requests queued while paused; ``keep`` holds them for after ``/resume``;
+* older vLLM (``--version`` < 0.17): ``/sleep`` with requests in flight **kills the server**
+  (``--sleep-in-flight crash``, vllm#28714) or aborts them (``abort``) — the bug the agent must
+  never trigger;
 * requests that arrive while paused or asleep wait and are served after ``/wake_up`` + ``/resume``;
 * ``--no-dev-mode`` answers 404 on the dev endpoints; ``--version`` < 0.17 has no ``/pause``
   (the agent then drains through ``/metrics``).
@@ -43,6 +45,8 @@ class FakeVllm:
         self.paused = False
         self.running: set[int] = set()
         self.aborting: set[int] = set()
+        self.frozen = False  # pause mode=keep or asleep: running requests make no progress
+        self.abort_epoch = 0  # bumped by an aborting sleep: fails the requests queued before it
         self.waiting = 0
         self.completed = 0
         self.aborted = 0
@@ -59,9 +63,14 @@ class FakeVllm:
     def generate(self, max_tokens: int) -> tuple[int, str]:
         with self.cond:
             self.waiting += 1
-            while self.paused or self.sleeping:
+            epoch = self.abort_epoch
+            while (self.paused or self.sleeping) and epoch == self.abort_epoch:
                 self.cond.wait()
             self.waiting -= 1
+            if epoch != self.abort_epoch:
+                self.aborted += 1
+                self.cond.notify_all()
+                return 0, "abort"
             self._ids += 1
             rid = self._ids
             self.running.add(rid)
@@ -69,6 +78,8 @@ class FakeVllm:
         for _ in range(max_tokens):
             time.sleep(self.token_s)
             with self.cond:
+                while self.frozen and rid not in self.aborting:
+                    self.cond.wait()
                 if rid in self.aborting:
                     reason = "abort"
                     break
@@ -85,6 +96,7 @@ class FakeVllm:
 
     def _abort_all(self) -> None:
         self.aborting |= self.running
+        self.cond.notify_all()
         while self.running:
             self.cond.wait()
 
@@ -96,25 +108,38 @@ class FakeVllm:
             elif mode == "wait":
                 while self.running:
                     self.cond.wait()
+            elif mode == "keep":
+                self.frozen = True
 
-    def sleep(self) -> None:
+    def sleep(self, mode: str | None) -> None:
         with self.cond:
-            if self.running:
-                if self.sleep_in_flight == "crash":
-                    print(f"CRASH: /sleep with {len(self.running)} request(s) in flight (vllm#28714)", flush=True)
-                    os._exit(70)
+            if not self.has_pause or mode is None:  # older vLLM: no modes on /sleep
+                if self.running:
+                    if self.sleep_in_flight == "crash":
+                        print(f"CRASH: /sleep with {len(self.running)} request(s) in flight (vllm#28714)", flush=True)
+                        os._exit(70)
+                    self._abort_all()
+            elif mode == "abort":
+                self.abort_epoch += 1
                 self._abort_all()
+            elif mode == "wait":
+                while self.running:
+                    self.cond.wait()
+            self.frozen = True
             self.sleeping = True
             self.sleeps += 1
+            self.cond.notify_all()
 
     def wake(self) -> None:
         with self.cond:
             self.sleeping = False
+            self.frozen = self.paused and self.frozen
             self.cond.notify_all()
 
     def resume(self) -> None:
         with self.cond:
             self.paused = False
+            self.frozen = self.sleeping
             self.cond.notify_all()
 
 
@@ -197,7 +222,7 @@ def make_handler(engine: FakeVllm) -> type[BaseHTTPRequestHandler]:
                 engine.resume()
                 self._send(200, {})
             elif url.path == "/sleep":
-                engine.sleep()
+                engine.sleep(query.get("mode", ["abort"])[0] if engine.has_pause else None)
                 self._send(200, {})
             elif url.path == "/wake_up":
                 engine.wake()
