@@ -53,7 +53,7 @@ def test_real_vllm_tenant_sleeps_and_wakes_through_the_agent(tmp_path):
     from agent_support import AgentProc, spawn_worker
 
     model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
-    body = {"model": model, "prompt": "def f(x):", "max_tokens": 200, "temperature": 0.0, "ignore_eos": True}
+    body = {"model": model, "prompt": "def f(x):", "max_tokens": 400, "temperature": 0.0, "ignore_eos": True}
     agent = AgentProc(tmp_path, tenant_url=url, extra=("timeslice.agent.backend=cuda",)).start()
     worker = spawn_worker("vllm-job")
     try:
@@ -62,8 +62,16 @@ def test_real_vllm_tenant_sleeps_and_wakes_through_the_agent(tmp_path):
         t = threading.Thread(target=lambda: out.setdefault("r", httpx.post(f"{url}/v1/completions", json=body, timeout=300).json()))
         t.start()
         time.sleep(0.5)  # the request is being generated
+        queued = {}
+
+        def during_pause():  # arrives while the agent waits for the in-flight request: queued across the sleep
+            time.sleep(0.3)
+            queued["r"] = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 16}, timeout=300).json()
+
+        t3 = threading.Thread(target=during_pause)
         with agent.client() as c:
             t0 = time.monotonic()
+            t3.start()
             res = c.acquire("vllm-job")
             acquire_s = time.monotonic() - t0
             t.join(120)
@@ -78,7 +86,9 @@ def test_real_vllm_tenant_sleeps_and_wakes_through_the_agent(tmp_path):
             assert "r" not in late, "requests wait while the trainer holds the GPU"
             rel = c.release("vllm-job", wait=True)
             t2.join(120)
+            t3.join(120)
             assert late["r"]["choices"][0]["finish_reason"] != "abort"
+            assert queued["r"]["choices"][0]["finish_reason"] != "abort", "a request queued during the pause survives the sleep"
         yields = [t for t in res["transitions"] if t["action"] == "tenant_yield"]
         reclaims = [t for t in rel["transitions"] if t["action"] == "tenant_reclaim"]
         print(f"\nreal vLLM: acquire with a request in flight {acquire_s:.2f} s; yield {yields[0]['end'] - yields[0]['start']:.3f} s; "

@@ -150,7 +150,13 @@ class VllmTenant:
                 raise TenantError(f"vLLM at {self.url} accepted /pause but reports is_paused=false: not sleeping it")
         else:
             await self._drain()
-        await self._request("POST", "/sleep", level=self.info.sleep_level, mode="keep")
+        try:
+            await self._request("POST", "/sleep", level=self.info.sleep_level, mode="keep")
+        except TenantError as exc:
+            if "HTTP 422" not in str(exc):
+                raise
+            log.warning("vLLM at %s does not take /sleep?mode=keep: requests queued while paused may be aborted", self.url)
+            await self._request("POST", "/sleep", level=self.info.sleep_level)
         if not await self._get_flag("/is_sleeping"):
             raise TenantError(f"vLLM at {self.url} accepted /sleep but reports is_sleeping=false")
         self.state = ASLEEP
