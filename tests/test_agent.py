@@ -19,7 +19,7 @@ import time
 import pytest
 
 from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker, stopped
-from timeslice_verl.agent.client import AgentClient, AgentError
+from timeslice_verl.agent.client import AgentError
 
 
 @pytest.fixture

@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from omegaconf import OmegaConf
 
 from timeslice_verl.config import ConfigError, compose, enabled_settings, load_settings, options
 
 
-def verl_config_dir() -> Path:
-    spec = importlib.util.find_spec("verl")
-    assert spec and spec.origin
-    return Path(spec.origin).parent / "experimental" / "fully_async_policy" / "config"
-
-
 def compose_verl(overrides: list[str]):
     """verl's fully_async_ppo_trainer composed as its hydra.main would, via Hydra's compose API."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from verl_harness import compose as compose_with_verl
 
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
-        return hydra_compose(config_name="fully_async_ppo_trainer", overrides=overrides)
+    return compose_with_verl(overrides)
 
 
 @pytest.mark.verl

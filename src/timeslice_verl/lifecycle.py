@@ -21,7 +21,7 @@ from typing import Any, Callable, TypeVar
 
 from timeslice_verl.config import TimesliceSettings
 from timeslice_verl.events import Event, ExceptionEvent, RunEvent
-from timeslice_verl.hookspecs import GATING_HOOKS, hook_names
+from timeslice_verl.hookspecs import GATING_HOOKS
 from timeslice_verl.log import get_logger
 from timeslice_verl.manager import TimesliceManager
 
@@ -170,4 +170,4 @@ class Lifecycle:
         return results
 
 
-__all__ = ["Lifecycle", "hook_names"]
+__all__ = ["Lifecycle"]

@@ -148,7 +148,7 @@ class Arbiter:
     async def shutdown(self) -> None:
         """Stop serving; thaw every frozen job and wake the tenant, so nothing is left parked."""
         self.shutting_down = True
-        for name, fut in list(self.waiters.items()):
+        for _name, fut in list(self.waiters.items()):
             if not fut.done():
                 fut.set_exception(ProtocolError(ErrorCode.SHUTTING_DOWN, "the agent is shutting down"))
         self.queue.clear()
@@ -199,7 +199,6 @@ class Arbiter:
 
     def register_pids(self, name: str, pids: list[int], conn: int | None, peer_uid: int | None) -> dict[str, Any]:
         job = self._job(name, conn)
-        accepted = []
         for pid in pids:
             proc = procfs.identify(pid)
             if proc is None:
@@ -213,7 +212,6 @@ class Arbiter:
                 raise ProtocolError(ErrorCode.BAD_REQUEST, f"pid {pid} is a thread, not a process (thread-group leader)")
             if proc not in job.registered:
                 job.registered.append(proc)
-            accepted.append(pid)
         self._persist()
         return {"job": name, "pids": sorted(p.pid for p in job.registered)}
 
@@ -567,24 +565,31 @@ class Arbiter:
                 )
             await asyncio.sleep(0.1)
 
+    async def _tenant_move(self, action: str, move: Callable[[], Any]) -> float | None:
+        """Run a tenant yield/reclaim; on failure record it, mark the tenant dead or faulted, return None."""
+        assert self.tenant is not None and self.tenant_rec is not None
+        start = time.time()
+        self.current = action.replace("_", " ")
+        try:
+            return await move()
+        except TenantError as exc:
+            dead = isinstance(exc, TenantDead)
+            self.tenant_rec.state, self.tenant_rec.error = (DEAD if dead else TENANT_FAULTED), str(exc)
+            self._record(action, self.tenant.url, start, False, detail=str(exc))
+            log.error("%s failed: %s%s", action, exc, " (the trainer is unaffected)" if dead else "")
+            self._next_tenant_probe = time.monotonic() + 5.0
+            self._persist()
+            return None
+        finally:
+            self.current = ""
+
     async def _tenant_yield(self) -> None:
         assert self.tenant is not None and self.tenant_rec is not None
         start = time.time()
         free_before = self.probe.memory().free if self.probe else 0
-        self.current = "tenant yield"
-        try:
-            seconds = await self.tenant.yield_gpu()
-        except TenantDead as exc:
-            self._tenant_dead(exc, start, "tenant_yield")
+        seconds = await self._tenant_move("tenant_yield", self.tenant.yield_gpu)
+        if seconds is None:
             return
-        except TenantError as exc:
-            self.tenant_rec.state, self.tenant_rec.error = TENANT_FAULTED, str(exc)
-            self._record("tenant_yield", self.tenant.url, start, False, detail=str(exc))
-            log.error("tenant yield failed: %s", exc)
-            self._persist()
-            return
-        finally:
-            self.current = ""
         if self.probe is not None:
             self.tenant_bytes = max(0, self.probe.memory().free - free_before)
         self.tenant_rec.state, self.tenant_rec.error = ASLEEP, ""
@@ -595,34 +600,16 @@ class Arbiter:
     async def _tenant_reclaim(self, *, check_memory: bool) -> None:
         assert self.tenant is not None and self.tenant_rec is not None
         if check_memory and not self._room_for_tenant():
-            log.warning("not waking vLLM: %.2f GiB free, it needs %.2f GiB", self.probe.memory().free / 2**30, self.tenant_bytes / 2**30)  # type: ignore[union-attr]
+            free = self.probe.memory().free if self.probe else 0
+            log.warning("not waking vLLM: %.2f GiB free, it needs %.2f GiB", free / 2**30, self.tenant_bytes / 2**30)
             return
         start = time.time()
-        self.current = "tenant reclaim"
-        try:
-            seconds = await self.tenant.reclaim()
-        except TenantDead as exc:
-            self._tenant_dead(exc, start, "tenant_reclaim")
+        seconds = await self._tenant_move("tenant_reclaim", self.tenant.reclaim)
+        if seconds is None:
             return
-        except TenantError as exc:
-            self.tenant_rec.state, self.tenant_rec.error = TENANT_FAULTED, str(exc)
-            self._record("tenant_reclaim", self.tenant.url, start, False, detail=str(exc))
-            log.error("tenant reclaim failed: %s", exc)
-            self._persist()
-            self._next_tenant_probe = time.monotonic() + 5.0
-            return
-        finally:
-            self.current = ""
         self.tenant_rec.state, self.tenant_rec.error = AWAKE, ""
         self._record("tenant_reclaim", self.tenant.url, start, True, self.tenant_bytes, f"wake+resume in {seconds:.3f} s")
         log.info("tenant reclaim: vLLM awake and serving in %.3f s", seconds)
-        self._persist()
-
-    def _tenant_dead(self, exc: Exception, start: float, action: str) -> None:
-        assert self.tenant_rec is not None
-        self.tenant_rec.state, self.tenant_rec.error = DEAD, str(exc)
-        self._record(action, self.tenant_rec.url, start, False, detail=str(exc))
-        log.error("tenant is dead: %s (the trainer is unaffected)", exc)
         self._persist()
 
     # ================================================================== watchdog

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from timeslice_verl.config import PluginSettings, TimesliceSettings
+from timeslice_verl.config import TimesliceSettings
 from timeslice_verl.events import (
     CheckpointEvent,
     Event,
@@ -145,4 +145,4 @@ def play(lifecycle: Lifecycle, sequence: Iterable[tuple[str, type[Event], dict[s
     lifecycle.stop(reason)
 
 
-__all__ = ["FakeTrainer", "PluginSettings", "RecordingPlugin", "fake_event_sequence", "make_lifecycle", "play"]
+__all__ = ["FakeTrainer", "RecordingPlugin", "fake_event_sequence", "make_lifecycle", "play"]
