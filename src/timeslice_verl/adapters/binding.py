@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
@@ -18,6 +19,7 @@ _INERT = object()
 _announced: set[tuple[int, str]] = set()
 _lock = threading.Lock()
 
+TRAINER_MODULE = "verl.experimental.fully_async_policy.fully_async_trainer"
 FORK_MARKER = "__timeslice_fork_trainer__"
 """Class attribute set on the trainer class the fork adapter registers."""
 
@@ -44,9 +46,9 @@ def choose_adapter(setting: str, *, fork_registry: bool, is_fork_trainer: bool) 
 
 
 def _fork_registry_available(trainer: Any) -> bool:
-    module = __import__(type(trainer).__module__, fromlist=["_"])
-    base_module = __import__("sys").modules.get("verl.experimental.fully_async_policy.fully_async_trainer")
-    return any(callable(getattr(m, "register_trainer", None)) for m in (module, base_module) if m is not None)
+    """verl's trainer module (or the trainer's own) has the fork's ``register_trainer``."""
+    modules = (sys.modules.get(type(trainer).__module__), sys.modules.get(TRAINER_MODULE))
+    return any(callable(getattr(m, "register_trainer", None)) for m in modules if m is not None)
 
 
 def lifecycle_for(trainer: Any, adapter: str) -> Lifecycle | None:

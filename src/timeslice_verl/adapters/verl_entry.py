@@ -16,7 +16,7 @@ from timeslice_verl.log import get_logger
 
 log = get_logger("adapter")
 
-TRAINER_MODULE = "verl.experimental.fully_async_policy.fully_async_trainer"
+TRAINER_MODULE = "verl.experimental.fully_async_policy.fully_async_trainer"  # also in adapters.binding
 
 
 def install_adapters(module: ModuleType) -> None:
