@@ -73,6 +73,10 @@ class Primitives(Protocol):
     def state(self, pid: int) -> ProcState: ...
 
 
+def _gb_per_s(nbytes: int, seconds: float) -> float:
+    return nbytes / 1e9 / seconds if seconds > 0 and nbytes else 0.0
+
+
 @dataclass
 class FreezeReport:
     pids: list[int]
@@ -85,7 +89,7 @@ class FreezeReport:
 
     @property
     def gb_per_s(self) -> float:
-        return self.bytes / 1e9 / self.checkpoint_s if self.checkpoint_s > 0 and self.bytes else 0.0
+        return _gb_per_s(self.bytes, self.checkpoint_s)
 
 
 @dataclass
@@ -100,7 +104,7 @@ class ThawReport:
 
     @property
     def gb_per_s(self) -> float:
-        return self.bytes / 1e9 / self.restore_s if self.restore_s > 0 and self.bytes else 0.0
+        return _gb_per_s(self.bytes, self.restore_s)
 
 
 class TrainerBackend:
