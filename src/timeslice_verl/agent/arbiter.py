@@ -495,6 +495,7 @@ class Arbiter:
             job.state, job.direction, job.fault = FAULTED, "", f"freeze failed: {exc}"
             self._record("freeze", job.name, start, False, detail=str(exc))
             log.error("freeze of job %s failed: %s", job.name, exc)
+            self._persist()
             return
         finally:
             self.current = ""
