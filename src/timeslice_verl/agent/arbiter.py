@@ -264,13 +264,15 @@ class Arbiter:
             pass
         self.wake()
 
-    async def release(self, name: str, conn: int | None, *, wait: bool = False) -> dict[str, Any]:
+    async def release(self, name: str, conn: int | None, *, wait: bool = False, done: bool = False) -> dict[str, Any]:
         job = self.jobs.get(name)
         if job is None:
             return {"job": name, "released": False, "transitions": []}
         self._job(name, conn)
         was_holding = job.holding
         job.holding = False
+        job.ending = job.ending or done
+        job.refused = ""  # a new valley: try the freeze again
         job.prepared_until = 0.0
         if name in self.queue:
             self._drop_waiter(name, ProtocolError(ErrorCode.BUSY, f"job {name!r} was released while waiting"))
@@ -388,6 +390,18 @@ class Arbiter:
         return min(prepared, key=lambda j: j.prepared_until) if prepared else None
 
     async def _step(self) -> bool:
+        for job in list(self.jobs.values()):
+            if job.ending and not job.holding and job.name not in self.queue:
+                if job.state in (SAVED, FAULTED) and job.pids():
+                    try:
+                        await self._thaw(job, reason="job ended")  # never leave an ended job's processes frozen
+                    except ThawError:
+                        job.ending = False  # handled like any frozen job: retried on acquire, at shutdown
+                        return True
+                log.info("job %s ended: forgotten without a freeze", job.name)
+                del self.jobs[job.name]
+                self._persist()
+                return True
         target = self._desired()
         tenant_state = self.tenant_rec.state if (self.tenant is not None and self.tenant_rec) else ""
         if target is not None:
@@ -395,7 +409,7 @@ class Arbiter:
                 await self._tenant_yield()
                 return True
             for other in self.jobs.values():
-                if other is not target and other.state == RUNNING and not other.holding:
+                if other is not target and other.state == RUNNING and not other.holding and not other.refused:
                     await self._freeze(other)
                     return True
             waiting = bool(self.queue) and self.queue[0] == target.name
@@ -409,9 +423,11 @@ class Arbiter:
                 return True
             return False
         for job in self.jobs.values():
-            if job.state == RUNNING and not job.holding:
+            if job.state == RUNNING and not job.holding and not job.refused:
                 await self._freeze(job)
                 return True
+        if any(job.refused and job.state == RUNNING for job in self.jobs.values()):
+            return False  # a job that could not be frozen is still on the GPU: the tenant sleeps on
         if tenant_state in (ASLEEP, TENANT_FAULTED) and self._room_for_tenant():
             await self._tenant_reclaim(check_memory=False)
             return True
@@ -492,6 +508,12 @@ class Arbiter:
         try:
             report = await asyncio.to_thread(self.backend.freeze, pids)
         except FreezeError as exc:
+            if exc.refused:  # nothing was touched: the job keeps the GPU for this valley, the tenant sleeps on
+                job.state, job.direction, job.refused = RUNNING, "", str(exc)
+                self._record("freeze", job.name, start, False, detail=str(exc))
+                log.error("freeze of job %s refused: %s (the job keeps the GPU; the tenant stays asleep)", job.name, exc)
+                self._persist()
+                return
             job.state, job.direction, job.fault = FAULTED, "", f"freeze failed: {exc}"
             self._record("freeze", job.name, start, False, detail=str(exc))
             log.error("freeze of job %s failed: %s", job.name, exc)
@@ -688,6 +710,7 @@ class Arbiter:
             d["attached"] = job.attached is not None
             d["prepared"] = job.prepared_until > now
             d["queued"] = job.name in self.queue
+            d["refused"] = job.refused
             del d["procs"], d["registered"]
             jobs.append(d)
         snap: dict[str, Any] = {

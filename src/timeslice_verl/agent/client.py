@@ -143,8 +143,12 @@ class AgentClient:
             args["pids"] = list(pids)
         return self.call("acquire", reply_timeout_s=(timeout_s + 30) if timeout_s else None, **args)
 
-    def release(self, job: str, *, wait: bool = False) -> dict[str, Any]:
-        return self.call("release", job=job, wait=wait, reply_timeout_s=None if wait else 30)
+    def release(self, job: str, *, wait: bool = False, done: bool = False) -> dict[str, Any]:
+        """Give the GPU back; ``done``: the job has ended, so forget it instead of freezing its exiting processes."""
+        args: dict[str, Any] = {"job": job, "wait": wait}
+        if done:
+            args["done"] = True
+        return self.call("release", reply_timeout_s=None if wait else 30, **args)
 
     def prepare(self, job: str, *, ttl_s: float | None = None) -> dict[str, Any]:
         args: dict[str, Any] = {"job": job}

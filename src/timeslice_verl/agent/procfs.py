@@ -91,6 +91,55 @@ def job_tag(pid: int) -> str | None:
     return None
 
 
+def environ(pid: int) -> dict[str, str] | None:
+    """The process's initial environment, or None (gone or not readable by us)."""
+    try:
+        raw = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None
+    out = {}
+    for entry in raw.split(b"\0"):
+        key, sep, value = entry.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def mapped_files(pid: int) -> set[str] | None:
+    """Paths of the files mapped into the process (shared libraries included), or None."""
+    try:
+        lines = (PROC / str(pid) / "maps").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return {parts[5] for parts in (line.split(maxsplit=5) for line in lines) if len(parts) == 6 and parts[5].startswith("/")}
+
+
+P2P_OFF = ("1", "true", "yes", "on")
+
+
+def nccl_p2p_hazard(pid: int) -> str | None:
+    """Why a CUDA driver checkpoint of ``pid`` might not be restorable, or None.
+
+    A live NCCL communicator whose peer-to-peer transport maps another process's GPU memory makes
+    ``cuCheckpointProcessRestore`` fail (CUDA_ERROR_OPERATING_SYSTEM), leaving the process
+    checkpointed for good. Which communicators a process holds cannot be read from outside, so any
+    process that has NCCL loaded must have the P2P transport off (``NCCL_P2P_DISABLE=1`` in its
+    environment) before the agent checkpoints it.
+    """
+    files = mapped_files(pid)
+    if not files or not any("libnccl" in os.path.basename(f) for f in files):
+        return None
+    env = environ(pid) or {}
+    if env.get("NCCL_P2P_DISABLE", "").strip().lower() in P2P_OFF:
+        return None
+    return (
+        f"pid {pid} has NCCL loaded with its peer-to-peer transport on: the CUDA driver cannot restore a "
+        "process whose communicator maps another GPU's memory (restore fails with error 304 and the "
+        "process stays checkpointed). Set NCCL_P2P_DISABLE=1 for the job's processes (the interleave "
+        'option does: ray_kwargs.ray_init.runtime_env.env_vars.NCCL_P2P_DISABLE="1")'
+    )
+
+
 def tagged_processes(job: str, candidates: list[int] | None = None) -> list[int]:
     """Thread-group leaders among ``candidates`` (default: every process we can read) tagged ``job``."""
     if candidates is None:

@@ -59,7 +59,7 @@ class Field:
 OPS: dict[str, dict[str, Field]] = {
     "hello": {"client": Field("str")},
     "acquire": {"job": Field("job", True), "timeout_s": Field("number"), "pids": Field("pids")},
-    "release": {"job": Field("job", True), "wait": Field("bool")},
+    "release": {"job": Field("job", True), "wait": Field("bool"), "done": Field("bool")},
     "prepare": {"job": Field("job", True), "ttl_s": Field("number")},
     "register_pids": {"job": Field("job", True), "pids": Field("pids", True)},
     "status": {},

@@ -204,7 +204,7 @@ class AgentServer:
         if op == "acquire":
             return await a.acquire(args["job"], conn, timeout_s=args.get("timeout_s"), pids=args.get("pids"), peer_uid=peer_uid)
         if op == "release":
-            return await a.release(args["job"], conn, wait=args.get("wait", False))
+            return await a.release(args["job"], conn, wait=args.get("wait", False), done=args.get("done", False))
         if op == "prepare":
             return a.prepare(args["job"], conn, args.get("ttl_s"))
         if op == "register_pids":

@@ -41,6 +41,10 @@ class Job:
     direction: str = ""
     """While TRANSITIONING: ``freeze`` or ``thaw``."""
     # not persisted
+    ending: bool = False
+    """The client said the job has ended (release with ``done``): forget it, never freeze it."""
+    refused: str = ""
+    """Why the last freeze was refused (nothing touched); no new freeze until the job's next release."""
     attached: int | None = None
     prepared_until: float = 0.0
     cursor: int = 0

@@ -44,9 +44,12 @@ class DriverTimeout(RuntimeError):
 
 
 class FreezeError(RuntimeError):
-    def __init__(self, message: str, *, unwound: bool) -> None:
+    """A freeze that did not happen. ``refused``: nothing was touched (the precheck said no)."""
+
+    def __init__(self, message: str, *, unwound: bool, refused: bool = False) -> None:
         super().__init__(message)
         self.unwound = unwound
+        self.refused = refused
 
 
 class ThawError(RuntimeError):
@@ -60,6 +63,8 @@ class Primitives(Protocol):
 
     name: str
     frees_gpu_memory: bool
+    checkpoints_cuda: bool
+    """Whether ``checkpoint`` moves CUDA state (the driver's restore rules apply)."""
     description: str
 
     def lock(self, pid: int, timeout_s: float) -> None: ...
@@ -162,8 +167,27 @@ class TrainerBackend:
             log.warning("NVML query failed: %s", exc)
             return 0
 
+    def precheck(self, pids: list[int]) -> list[int]:
+        """The live ``pids``, or :class:`FreezeError` (``refused``, nothing touched) for any process a
+        freeze could not undo: one the driver does not report as running (already locked or
+        checkpointed by someone else, or failed), or one whose NCCL could block its restore."""
+        states = self.states(pids)
+        live = [p for p in pids if states[p] != ProcState.GONE]
+        odd = {p: states[p].value for p in live if states[p] != ProcState.RUNNING}
+        if odd:
+            raise FreezeError(
+                f"refusing to freeze: the driver reports {odd} (only running processes are frozen; "
+                "another tool may be checkpointing them)", unwound=True, refused=True,
+            )
+        if getattr(self.primitives, "checkpoints_cuda", False):
+            hazards = [h for h in (procfs.nccl_p2p_hazard(p) for p in live) if h]
+            if hazards:
+                raise FreezeError(f"refusing to freeze: {hazards[0]}", unwound=True, refused=True)
+        return live
+
     def freeze(self, pids: list[int]) -> FreezeReport:
-        """Lock all, then checkpoint all. On failure, unwind and raise :class:`FreezeError`."""
+        """Precheck, lock all, then checkpoint all. On failure, unwind and raise :class:`FreezeError`."""
+        pids = self.precheck(pids)
         report = FreezeReport(pids=list(pids), bytes=self._used(pids))
         t0 = time.perf_counter()
         locked: list[int] = []

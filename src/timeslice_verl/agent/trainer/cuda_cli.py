@@ -17,6 +17,7 @@ _STATES = {s.value: s for s in ProcState}
 
 class CudaCliPrimitives:
     name = "cuda-cli"
+    checkpoints_cuda = True
     frees_gpu_memory = True
     description = "cuda-checkpoint binary (fallback)"
 

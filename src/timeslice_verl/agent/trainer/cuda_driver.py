@@ -31,6 +31,7 @@ class CudaDriverError(RuntimeError):
 
 class CudaDriverPrimitives:
     name = "cuda"
+    checkpoints_cuda = True
     frees_gpu_memory = True
     description = "CUDA driver checkpoint/restore (cuCheckpointProcess*)"
 

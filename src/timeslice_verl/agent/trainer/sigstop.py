@@ -17,6 +17,7 @@ from timeslice_verl.agent.trainer.base import ProcState
 
 class SigstopPrimitives:
     name = "sigstop"
+    checkpoints_cuda = False
     frees_gpu_memory = False
     description = "CPU TEST BACKEND (SIGSTOP/SIGCONT): pauses processes, frees no GPU memory"
 
