@@ -20,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 SECTION = "timeslice"
 JOB_TAG_ENV = "TIMESLICE_JOB"
 """Environment variable that tags a job's GPU worker processes (its value is the job name)."""
-NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
+NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "NCCL_P2P_DISABLE": "1"}
 """What NCCL in trainer workers needs to survive CUDA checkpoint/restore."""
 
 _JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -93,6 +93,8 @@ class WeightSyncEvent(Event):
     synced: bool | None = None
     """At the end: whether weights were actually pushed (None at the begin)."""
     elapsed_s: float | None = None
+    save_follows: bool = False
+    """At the end: a model save is due later in this step, so the trainer still needs its GPU."""
 
     kind: ClassVar[str] = "weight_sync"
 
@@ -164,6 +166,13 @@ class HandoffEvent(Event):
     detail: str = ""
     transitions: tuple[Transition, ...] = ()
     """The agent's moves since the previous handoff of this job."""
+    live_bytes: int = 0
+    """Release: GPU bytes the trainer's tensors hold (what a freeze must move at least), over ranks."""
+    reserved_before: int = 0
+    """Release: the allocators' reserved bytes before the workers freed their caches."""
+    reserved_after: int = 0
+    """Release: the same after freeing (the rest of the difference to a freeze's bytes is context and
+    library workspaces)."""
 
     kind: ClassVar[str] = "handoff"
 

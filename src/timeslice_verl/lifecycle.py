@@ -47,6 +47,7 @@ class Lifecycle:
         trainer: Any = None,
         adapter: str = "",
         progress: Callable[[Any], tuple[int, int]] = _default_progress,
+        workers: Any = None,
     ) -> None:
         self.settings = settings
         self.manager = manager
@@ -54,6 +55,9 @@ class Lifecycle:
         self.adapter = adapter
         self.job = settings.job
         self._progress = progress
+        self.workers = workers
+        """The trainer's GPU workers as the adapter sees them (``local_pids()``, ``release_caches()``),
+        or None outside verl."""
         self._lock = threading.RLock()
         self._started = False
         self._stopped = False

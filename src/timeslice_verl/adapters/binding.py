@@ -9,6 +9,7 @@ from typing import Any
 
 from timeslice_verl.config import JOB_TAG_ENV, ConfigError, TimesliceSettings, enabled_settings
 from timeslice_verl.events import RolloutEvent, TrainStepEvent
+from timeslice_verl.adapters.workers import VerlWorkers
 from timeslice_verl.lifecycle import Lifecycle
 from timeslice_verl.log import get_logger
 
@@ -85,7 +86,7 @@ def _bind(trainer: Any) -> Lifecycle | object:
     if key not in _announced:
         _announced.add(key)
         log.info("timeslice: %s adapter fires lifecycle events for job %s (pid %d)", chosen, settings.job, os.getpid())
-    return Lifecycle.build(settings, trainer=trainer, adapter=chosen, progress=verl_progress)
+    return Lifecycle.build(settings, trainer=trainer, adapter=chosen, progress=verl_progress, workers=VerlWorkers(trainer))
 
 
 def _check_job_tag(settings: TimesliceSettings) -> None:
@@ -119,6 +120,23 @@ def train_step_event(lc: Lifecycle, trainer: Any) -> TrainStepEvent:
         local_step=int(getattr(trainer, "local_trigger_step", 1) or 1),
         samples=int(getattr(trainer, "required_samples", 0) or 0),
     )
+
+
+def save_due(trainer: Any) -> bool:
+    """Whether verl's ``_fit_save_checkpoint`` will save at the trainer's current param version.
+
+    Mirrors verl 0.9's rule (``save_freq > 0`` and the version a multiple of it, once per version);
+    the ESI-expiry save cannot be foreseen and is covered by ``save_checkpoint_begin`` acquiring.
+    """
+    config = getattr(trainer, "config", None)
+    try:
+        save_freq = int(config.trainer.save_freq)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    version = int(getattr(trainer, "current_param_version", 0) or 0)
+    if save_freq <= 0 or version == getattr(trainer, "last_ckpt_version", None):
+        return False
+    return version % save_freq == 0
 
 
 def in_fit(trainer: Any) -> bool:

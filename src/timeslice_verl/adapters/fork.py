@@ -23,6 +23,7 @@ from timeslice_verl.adapters.binding import (
     in_fit,
     lifecycle_for,
     rollout_event,
+    save_due,
     set_in_fit,
     train_step_event,
 )
@@ -107,8 +108,10 @@ def _make_trainer(base: type) -> type:
             lc = lifecycle_for(self, NAME)
             if lc is not None:
                 t0 = self.__dict__.pop("_timeslice_sync_t0", time.monotonic())
+                initial = not in_fit(self)
                 event = lc.event(
-                    WeightSyncEvent, initial=not in_fit(self), synced=bool(synced), elapsed_s=round(time.monotonic() - t0, 6)
+                    WeightSyncEvent, initial=initial, synced=bool(synced), elapsed_s=round(time.monotonic() - t0, 6),
+                    save_follows=bool(synced) and not initial and save_due(self),
                 )
                 await lc.fire("weight_sync_end", event)
 

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
-from timeslice_verl.adapters.binding import in_fit, lifecycle_for, rollout_event, set_in_fit, train_step_event
+from timeslice_verl.adapters.binding import in_fit, lifecycle_for, rollout_event, save_due, set_in_fit, train_step_event
 from timeslice_verl.events import CheckpointEvent, Event, InitWorkersEvent, WeightSyncEvent
 from timeslice_verl.lifecycle import Lifecycle
 from timeslice_verl.log import get_logger
@@ -103,7 +103,11 @@ def _plan_update_weights(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) ->
         yield _Report("update_weights", exc)
         raise
     elapsed = round(time.monotonic() - t0, 6)
-    yield _Fire("weight_sync_end", lc.event(WeightSyncEvent, initial=initial, synced=result is not None, elapsed_s=elapsed))
+    synced = result is not None
+    yield _Fire(
+        "weight_sync_end",
+        lc.event(WeightSyncEvent, initial=initial, synced=synced, elapsed_s=elapsed, save_follows=synced and not initial and save_due(self)),
+    )
     return result
 
 

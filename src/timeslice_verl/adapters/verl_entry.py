@@ -30,4 +30,29 @@ def install_adapters(module: ModuleType) -> None:
         log.exception("timeslice: could not install the verl adapters; time-slicing is off in this process")
 
 
+def install_worker_methods(module: ModuleType) -> None:
+    """Add our registered methods to verl's base ``Worker`` before verl builds worker classes."""
+    from timeslice_verl.adapters.workers import install_worker_methods as install
+
+    try:
+        install(module)
+    except Exception:  # never break `import verl`
+        log.exception("timeslice: could not add the worker methods; caches are not freed before a freeze")
+
+
+def install_preflight(module: ModuleType) -> None:
+    """Check the whole config when ``run_ppo`` starts a run (fully-async and v1 mains call it)."""
+    from timeslice_verl.adapters.preflight import wrap_run_ppo
+
+    if getattr(module.run_ppo, "__timeslice_preflight__", False):
+        return
+    try:
+        wrapt.wrap_function_wrapper(module, "run_ppo", wrap_run_ppo)
+        module.run_ppo.__timeslice_preflight__ = True
+    except Exception:  # never break `import verl`
+        log.exception("timeslice: could not install the config preflight")
+
+
 wrapt.register_post_import_hook(install_adapters, TRAINER_MODULE)
+wrapt.register_post_import_hook(install_preflight, "verl.trainer.main_ppo")
+wrapt.register_post_import_hook(install_worker_methods, "verl.single_controller.base.worker")

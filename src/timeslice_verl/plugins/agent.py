@@ -8,9 +8,9 @@ init_workers_end           release (the trainer waits for samples next)
 post_rollout               learn the queue rhythm; a timer sends ``prepare`` early next time
 pre_train_step             acquire — blocks until the trainer's processes are restored
 weight_sync_begin          make sure the GPU is held (a real acquire only before the pre-fit sync)
-weight_sync_end            release, when weights were actually synced
+weight_sync_end            release, when weights were synced and no model save follows in this step
 save_checkpoint_begin      make sure the GPU is held, and allow the save
-save_checkpoint_end        release what was taken only for the save
+save_checkpoint_end        release (after the step's save: the release deferred at weight_sync_end)
 trainer_exception          crash-release (never leave the GPU pinned to a dead job)
 timeslice_stop             release, close the connection
 =========================  ==================================================================
@@ -23,8 +23,6 @@ Each handoff is reported through the ``handoff`` hook for the timeline and metri
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 import threading
@@ -39,6 +37,17 @@ from timeslice_verl.hookspecs import hookimpl
 from timeslice_verl.log import get_logger
 
 log = get_logger("handoff")
+
+
+def summarize(reports: list[dict[str, Any]]) -> dict[str, int]:
+    """Byte totals over ranks: ``live``, ``reserved_before``, ``reserved_after``, ``cupy_freed``."""
+    total = {"live": 0, "reserved_before": 0, "reserved_after": 0, "cupy_freed": 0}
+    for r in reports:
+        total["live"] += int(r.get("live_after", 0))
+        total["reserved_before"] += int(r.get("reserved_before", 0))
+        total["reserved_after"] += int(r.get("reserved_after", 0))
+        total["cupy_freed"] += int(r.get("cupy_before", 0)) - int(r.get("cupy_after", 0))
+    return total
 
 
 class PreparePlanner:
@@ -76,33 +85,6 @@ class PreparePlanner:
         return max(0.0, min(self.waits) - lead)
 
 
-def _whoami(_actor: Any) -> tuple[str, int]:
-    return socket.gethostname(), os.getpid()
-
-
-def local_worker_pids(trainer: Any) -> list[int]:
-    """PIDs of the trainer's Ray worker processes on this node (verl worker groups), best effort.
-
-    Complements the ``TIMESLICE_JOB`` tag: the agent then also knows the job's processes when a
-    tag did not reach them. Workers on other nodes are left to their own node's agent.
-    """
-    groups = [getattr(trainer, name, None) for name in ("actor_wg", "actor_rollout_wg", "critic_wg", "ref_policy_wg")]
-    handles = {id(w): w for g in groups if g is not None for w in (getattr(g, "workers", None) or [])}
-    if not handles:
-        return []
-    try:
-        import ray
-
-        if not ray.is_initialized():
-            return []
-        answers = ray.get([w.__ray_call__.remote(_whoami) for w in handles.values()], timeout=30)
-    except Exception as exc:  # not a Ray worker group, Ray too old, worker gone…
-        log.debug("worker pid lookup failed: %s", exc)
-        return []
-    here = socket.gethostname()
-    return sorted({pid for host, pid in answers if host == here})
-
-
 class AgentPlugin:
     name = "agent"
 
@@ -113,6 +95,7 @@ class AgentPlugin:
         self.job = ""
         self.held = False
         self.held_for_save = False
+        self.release_after_save = False
         self.planner = PreparePlanner()
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
@@ -171,12 +154,37 @@ class AgentPlugin:
 
     # ------------------------------------------------------------------ handoffs
 
-    def _report(self, action: str, point: str, waited: float, result: dict[str, Any], ok: bool = True, detail: str = "") -> None:
+    def _release_caches(self) -> dict[str, int]:
+        """Have every worker rank free its GPU caches before the freeze; byte totals (empty outside verl)."""
+        workers = getattr(self.lifecycle, "workers", None)
+        if workers is None:
+            return {}
+        t0 = time.perf_counter()
+        try:
+            totals = summarize(workers.release_caches())
+        except Exception as exc:  # a worker that cannot free its caches is frozen with them
+            log.warning("[timeslice] job=%s workers could not free their caches: %s", self.job, exc)
+            return {}
+        if totals["reserved_before"]:
+            log.info(
+                "[timeslice] job=%s workers freed caches in %.0fms: reserved %.2f -> %.2f GiB, live tensors %.2f GiB, cupy %.2f GiB",
+                self.job, (time.perf_counter() - t0) * 1e3, totals["reserved_before"] / 2**30, totals["reserved_after"] / 2**30,
+                totals["live"] / 2**30, totals["cupy_freed"] / 2**30,
+            )
+        return totals
+
+    def _report(
+        self, action: str, point: str, waited: float, result: dict[str, Any], ok: bool = True, detail: str = "",
+        memory: dict[str, int] | None = None,
+    ) -> None:
         if self.lifecycle is None:
             return
         transitions = tuple(Transition.from_dict(t) for t in result.get("transitions", []))
+        memory = memory or {}
         event = self.lifecycle.event(HandoffEvent, action=action, point=point, waited_s=round(waited, 6), ok=ok,
-                                     detail=detail, transitions=transitions)
+                                     detail=detail, transitions=transitions, live_bytes=memory.get("live", 0),
+                                     reserved_before=memory.get("reserved_before", 0),
+                                     reserved_after=memory.get("reserved_after", 0))
         self.lifecycle.notify("handoff", event)
 
     def acquire(self, point: str) -> None:
@@ -200,22 +208,25 @@ class AgentPlugin:
         )
         self._report("acquire", point, waited, result)
 
-    def release(self, point: str, *, crash: bool = False, force: bool = False) -> None:
-        """Give the GPU back (``force``: also when not held, to cancel a prepare). Never raises."""
+    def release(self, point: str, *, crash: bool = False, force: bool = False, done: bool = False) -> None:
+        """Give the GPU back (``force``: also when not held, to cancel a prepare; ``done``: the run is over,
+        nothing to freeze). Never raises."""
         if self.client is None or (not self.held and not crash and not force):
             return
         t0 = time.perf_counter()
+        memory = {} if (crash or done or not self.held) else self._release_caches()
         self.held = False
         self.held_for_save = False
+        self.release_after_save = False
         try:
-            result = self.client.release(self.job)
+            result = self.client.release(self.job, done=done)
         except Exception as exc:  # the agent also releases when our connection drops
             log.error("[timeslice] job=%s RELEASE at=%s failed (ignored): %s", self.job, point, exc)
             self._report("crash_release" if crash else "release", point, time.perf_counter() - t0, {}, ok=False, detail=str(exc))
             return
         waited = time.perf_counter() - t0
         log.info("[timeslice] job=%s %s at=%s took=%.1fms", self.job, "CRASH-RELEASE" if crash else "RELEASE", point, waited * 1e3)
-        self._report("crash_release" if crash else "release", point, waited, result)
+        self._report("crash_release" if crash else "release", point, waited, result, memory=memory)
         if not crash and not force:
             self._schedule_prepare()
 
@@ -261,7 +272,8 @@ class AgentPlugin:
 
     @hookimpl
     def init_workers_end(self, trainer: Any) -> None:
-        pids = local_worker_pids(trainer)
+        workers = getattr(self.lifecycle, "workers", None)
+        pids = workers.local_pids() if workers is not None else []
         if pids and self.client is not None:
             try:
                 self.client.register_pids(self.job, pids)
@@ -284,8 +296,12 @@ class AgentPlugin:
 
     @hookimpl
     def weight_sync_end(self, event: Any) -> None:
-        if event.synced:
-            self.release("weight_sync_end")
+        if not event.synced:
+            return
+        if getattr(event, "save_follows", False):
+            self.release_after_save = True  # the step's save still needs the GPU: release after it
+            return
+        self.release("weight_sync_end")
 
     @hookimpl
     def save_checkpoint_begin(self) -> bool:
@@ -296,7 +312,7 @@ class AgentPlugin:
 
     @hookimpl
     def save_checkpoint_end(self) -> None:
-        if self.held_for_save:
+        if self.held_for_save or self.release_after_save:
             self.release("save_checkpoint_end")
 
     @hookimpl
@@ -307,10 +323,12 @@ class AgentPlugin:
     @hookimpl
     def timeslice_stop(self) -> None:
         self._cancel_timer()
-        self.release("timeslice_stop", force=True)  # also withdraws a prepare sent for a step that never comes
+        # done: the workers are exiting, so the agent forgets the job rather than freezing them; force:
+        # also withdraws a prepare sent for a step that never comes
+        self.release("timeslice_stop", force=True, done=True)
         if self.client is not None:
             self.client.close()
             self.client = None
 
 
-__all__ = ["AgentPlugin", "PreparePlanner", "local_worker_pids"]
+__all__ = ["AgentPlugin", "PreparePlanner"]

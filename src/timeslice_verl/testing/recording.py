@@ -119,8 +119,9 @@ def fake_event_sequence(
             version += 1
         progress.update(current_param_version=version, local_trigger_step=local)
         yield "weight_sync_begin", WeightSyncEvent, {}, dict(progress)
-        yield "weight_sync_end", WeightSyncEvent, {"synced": synced, "elapsed_s": 0.1}, dict(progress)
-        if synced and version in set(save_at):
+        save = synced and version in set(save_at)
+        yield "weight_sync_end", WeightSyncEvent, {"synced": synced, "elapsed_s": 0.1, "save_follows": save}, dict(progress)
+        if save:
             yield "save_checkpoint_begin", CheckpointEvent, {}, dict(progress)
             yield "save_checkpoint_end", CheckpointEvent, {"saved": True, "elapsed_s": 0.2}, dict(progress)
 

@@ -1,0 +1,124 @@
+"""The trainer's verl workers, seen from the adapters: where they run, and what they free before a freeze.
+
+verl calls a worker-group method on every rank only when the method carries verl's ``register``
+mark *before* verl builds its worker classes (``create_colocated_worker_cls`` copies marked methods
+into ``WorkerDict``). :func:`install_worker_methods` therefore adds ours to verl's base ``Worker``
+the moment ``verl.single_controller.base.worker`` is imported — through the ``verl.plugins`` entry
+point, in the trainer actor and in every worker process alike — so no verl class is forked.
+
+Plugins reach this through ``lifecycle.workers`` (:class:`VerlWorkers`), never through verl's
+internals.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import sys
+from typing import Any
+
+from timeslice_verl.log import get_logger
+
+log = get_logger("adapter.workers")
+
+RELEASE_CACHES = "timeslice_release_caches"
+"""Worker-group method (``Dispatch.ONE_TO_ALL``): free this rank's GPU caches, report the bytes."""
+WORKER_MODULE = "verl.single_controller.base.worker"
+_GROUPS = ("actor_wg", "actor_rollout_wg", "critic_wg", "ref_policy_wg")
+
+
+def release_caches_here() -> dict[str, Any]:
+    """Free what this process caches on its GPU but does not use, so a freeze moves less.
+
+    Returns bytes before/after: ``live`` (tensors the process holds: what must survive), ``reserved``
+    (torch's caching allocator), ``cupy`` (cupy's pool: verl's NCCL weight-sync buffers).
+    """
+    report: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
+    torch = sys.modules.get("torch")
+    cuda_ready = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+    cupy = sys.modules.get("cupy")
+    pool = cupy.get_default_memory_pool() if cupy is not None else None
+    if cuda_ready:
+        torch.cuda.synchronize()
+        report["live_before"] = int(torch.cuda.memory_allocated())
+        report["reserved_before"] = int(torch.cuda.memory_reserved())
+    if pool is not None:
+        report["cupy_before"] = int(pool.total_bytes())
+    gc.collect()  # tensors only kept alive by reference cycles go first
+    if cuda_ready:
+        torch.cuda.empty_cache()
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:
+            clear_workspaces()
+        report["live_after"] = int(torch.cuda.memory_allocated())
+        report["reserved_after"] = int(torch.cuda.memory_reserved())
+    if pool is not None:
+        pool.free_all_blocks()
+        report["cupy_after"] = int(pool.total_bytes())
+    return report
+
+
+def _worker_release_caches(self: Any) -> dict[str, Any]:  # bound to verl's Worker
+    return release_caches_here()
+
+
+def install_worker_methods(module: Any) -> None:
+    """Give verl's base ``Worker`` our registered methods (idempotent; called on module import)."""
+    worker = getattr(module, "Worker", None)
+    register = getattr(module, "register", None)
+    dispatch = getattr(module, "Dispatch", None)
+    if worker is None or register is None or dispatch is None:
+        log.warning("timeslice: %s has no Worker/register/Dispatch; worker methods not installed", module.__name__)
+        return
+    if RELEASE_CACHES not in worker.__dict__:
+        setattr(worker, RELEASE_CACHES, register(dispatch_mode=dispatch.ONE_TO_ALL)(_worker_release_caches))
+
+
+def _whoami(_actor: Any) -> tuple[str, int]:
+    return socket.gethostname(), os.getpid()
+
+
+class VerlWorkers:
+    """The GPU worker groups of one verl trainer (``actor_wg`` and friends), for plugins."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def groups(self) -> list[Any]:
+        seen: dict[int, Any] = {}
+        for name in _GROUPS:
+            group = getattr(self.trainer, name, None)
+            if group is not None:
+                seen.setdefault(id(group), group)
+        return list(seen.values())
+
+    def local_pids(self) -> list[int]:
+        """PIDs of the workers on this node (best effort: [] when Ray cannot tell)."""
+        handles = {id(w): w for g in self.groups() for w in (getattr(g, "workers", None) or [])}
+        if not handles:
+            return []
+        try:
+            import ray
+
+            if not ray.is_initialized():
+                return []
+            answers = ray.get([w.__ray_call__.remote(_whoami) for w in handles.values()], timeout=30)
+        except Exception as exc:  # not a Ray worker group, Ray too old, worker gone…
+            log.debug("worker pid lookup failed: %s", exc)
+            return []
+        here = socket.gethostname()
+        return sorted({pid for host, pid in answers if host == here})
+
+    def release_caches(self) -> list[dict[str, Any]]:
+        """Every rank frees its caches (one report per worker process); [] when verl lacks the method."""
+        reports: dict[int, dict[str, Any]] = {}
+        for group in self.groups():
+            method = getattr(group, RELEASE_CACHES, None)
+            if method is None:
+                continue
+            for report in method() or []:
+                if isinstance(report, dict):
+                    reports.setdefault(int(report.get("pid", 0)), report)
+        return list(reports.values())
+
