@@ -70,17 +70,17 @@ def test_full_event_sequence_with_a_save_drives_the_agent(setup):
         ("acquire", "init_workers_begin"), ("release", "init_workers_end"),
         ("acquire", "weight_sync_begin"), ("release", "weight_sync_end"),  # the pre-fit sync
         ("acquire", "pre_train_step"), ("release", "weight_sync_end"),
-        ("acquire", "pre_train_step"), ("release", "weight_sync_end"),
-        ("acquire", "save_checkpoint_begin"), ("release", "save_checkpoint_end"),  # held for the save
+        ("acquire", "pre_train_step"), ("release", "save_checkpoint_end"),  # held through the step's save
         ("acquire", "pre_train_step"), ("release", "weight_sync_end"),
         ("release", "timeslice_stop"),
     ]
     # whenever a gating hook returned, the trainer owned the GPU: worker running, vLLM asleep
     assert observer.seen and all(owner == "job:plugin-job" and not frozen and asleep for _, owner, frozen, asleep in observer.seen)
-    # the save was allowed; after the run the job is parked and vLLM serves again
+    # the save was allowed; after the run the job is forgotten (its workers exit: nothing to freeze) and vLLM serves again
     saves = recorder.events("save_checkpoint_end")
     assert len(saves) == 1 and saves[0].saved
-    eventually(lambda: stopped(worker.pid) and not vllm.sleeping(), what="parked after the run")
+    eventually(lambda: not vllm.sleeping() and agent.job("plugin-job") is None, what="job forgotten, vLLM awake after the run")
+    assert not stopped(worker.pid), "an ended job's processes are never frozen"
     # restores after the first one are reported with their transitions
     acquires = [e for e in recorder.events("handoff") if e.action == "acquire"]
     assert any(t.action == "thaw" for e in acquires for t in e.transitions)
@@ -95,7 +95,9 @@ def test_an_exception_crash_releases(setup):
     actions = [(e.action, e.point) for e in recorder.events("handoff")]
     assert actions[-2] == ("crash_release", "exception:fit")
     assert recorder.names.count("trainer_exception") == 1
-    eventually(lambda: stopped(worker.pid) and not vllm.sleeping(), what="crash-release parked the job and woke vLLM")
+    # the run is over: the job is forgotten (its workers are torn down, nothing to freeze) and vLLM wakes
+    eventually(lambda: agent.job("plugin-job") is None and not vllm.sleeping(), what="crash-release woke vLLM")
+    assert not stopped(worker.pid)
 
 
 def test_acquire_failure_stops_the_trainer(tmp_path):
