@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The guide's validated run: verl 0.9.x fully_async_main on one node, GPU 0 = trainer (+ the batch tenant),
+# GPU 1 = verl's rollout. One mode per call, same config and seed each time:
+#   solo        plain verl (no timeslice section, no tenant)
+#   observe     +timeslice=observe: events and timeline, the GPU is never handed over
+#   interleave  +timeslice=interleave with a vLLM batch tenant on GPU 0 under constant load, and the agent
+# usage: MODEL=dir DATA=dir OUT=dir bash benchmarks/verl_run/run.sh MODE [extra hydra overrides...]
+# env: ROLLOUT_STEPS (32 = 8 trainer steps), DEADLINE_S (480), TENANT_PORT (8001), TENANT_UTIL (0.35),
+#      LOAD_CLIENTS (8), PYTHON (python3). Leaves in OUT: verl.log, timeline.jsonl, load.json, agent.log,
+#      tenant.log, status.json, row.json (the summary row: python3 benchmarks/verl_run/summarize.py OUT...)
+set -uo pipefail
+MODE=${1:?solo, observe or interleave}; shift
+HERE=$(cd "$(dirname "$0")" && pwd)
+MODEL=${MODEL:?model dir}; DATA=${DATA:?data dir}; OUT=${OUT:-verl-run-$MODE}
+PY=${PYTHON:-python3}; PORT=${TENANT_PORT:-8001}; SOCK=$(mktemp -d)/agent.sock   # a private directory
+mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+rm -f "$OUT"/timeline.jsonl "$OUT"/stop-load
+pids=()
+cleanup() {
+  touch "$OUT/stop-load"
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  sleep 2
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+}
+trap cleanup EXIT
+
+extra=()
+if [ "$MODE" = interleave ]; then
+  # the batch tenant: a vLLM with sleep mode on the trainer's GPU, and the node's agent arbitrating GPU 0
+  CUDA_VISIBLE_DEVICES=0 VLLM_SERVER_DEV_MODE=1 setsid "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
+    --served-model-name tenant --enable-sleep-mode --gpu-memory-utilization "${TENANT_UTIL:-0.35}" --max-model-len 1024 \
+    --enforce-eager --host 127.0.0.1 --port "$PORT" > "$OUT/tenant.log" 2>&1 &
+  pids+=($!)
+  setsid "$PY" -m timeslice_verl.cli agent timeslice.agent.socket="$SOCK" timeslice.agent.gpus=[0] \
+    timeslice.tenant.url="http://127.0.0.1:$PORT" > "$OUT/agent.log" 2>&1 &
+  pids+=($!)
+  setsid "$PY" "$HERE/load.py" "http://127.0.0.1:$PORT" "$OUT/load.json" --clients "${LOAD_CLIENTS:-8}" \
+    --stop-file "$OUT/stop-load" > "$OUT/load.log" 2>&1 &
+  load_pid=$!
+  extra=(+timeslice=interleave timeslice.tenant.url="http://127.0.0.1:$PORT" timeslice.agent.socket="$SOCK"
+         timeslice.timeline.path="$OUT/timeline.jsonl")
+elif [ "$MODE" = observe ]; then
+  extra=(+timeslice=observe timeslice.timeline.path="$OUT/timeline.jsonl")
+elif [ "$MODE" != solo ]; then
+  echo "unknown mode $MODE (solo, observe, interleave)" >&2; exit 2
+fi
+
+t0=$(date +%s)
+timeout -k 10 "${DEADLINE_S:-480}" "$PY" -m verl.experimental.fully_async_policy.fully_async_main \
+  data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" data.prompt_key=prompt \
+  data.truncation=left data.max_prompt_length=256 data.max_response_length=128 \
+  data.train_batch_size=0 data.gen_batch_size=1 data.return_raw_chat=True data.dataloader_num_workers=0 \
+  actor_rollout_ref.model.path="$MODEL" +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
+  actor_rollout_ref.model.use_remove_padding=False actor_rollout_ref.hybrid_engine=False \
+  actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.fsdp_config.strategy=fsdp2 critic.strategy=fsdp2 \
+  actor_rollout_ref.actor.fsdp_config.use_torch_compile=False actor_rollout_ref.actor.use_torch_compile=False \
+  actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_mini_batch_size=4 \
+  actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192 \
+  actor_rollout_ref.actor.use_kl_loss=False actor_rollout_ref.actor.entropy_coeff=0 \
+  algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False \
+  actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.n=4 \
+  actor_rollout_ref.rollout.calculate_log_probs=True actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.4 actor_rollout_ref.rollout.enforce_eager=True \
+  actor_rollout_ref.rollout.max_model_len=512 actor_rollout_ref.rollout.max_num_batched_tokens=4096 \
+  actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2 \
+  actor_rollout_ref.rollout.checkpoint_engine.backend=nccl \
+  actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512 \
+  trainer.logger="['console']" trainer.project_name=timeslice-verl trainer.experiment_name="validated-$MODE" \
+  trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1 trainer.resume_mode=disable \
+  trainer.total_epochs=1 trainer.nnodes=1 trainer.n_gpus_per_node=1 trainer.default_local_dir="$OUT/ckpt" \
+  rollout.nnodes=1 rollout.n_gpus_per_node=1 rollout.total_rollout_steps="${ROLLOUT_STEPS:-32}" \
+  async_training.staleness_threshold=0.5 async_training.trigger_parameter_sync_step=1 \
+  async_training.require_batches=1 async_training.partial_rollout=True \
+  ray_kwargs.ray_init.num_cpus=32 +ray_kwargs.ray_init.include_dashboard=False \
+  "${extra[@]}" "$@" > "$OUT/verl.log" 2>&1
+rc=$?
+echo "{\"mode\": \"$MODE\", \"rc\": $rc, \"wall_s\": $(( $(date +%s) - t0 ))}" > "$OUT/run.json"
+if [ "$MODE" = interleave ]; then
+  touch "$OUT/stop-load"; wait "$load_pid"
+  "$PY" -m timeslice_verl.cli status timeslice.agent.socket="$SOCK" --json > "$OUT/status.json" 2>&1
+fi
+"$PY" -m ray.scripts.scripts stop --force > /dev/null 2>&1   # verl's Ray cluster, vLLM rollout included
+"$PY" "$HERE/summarize.py" "$OUT" --write

@@ -1,0 +1,126 @@
+"""One row of the validated-run table from a run's folder, or the table of several.
+
+usage: python summarize.py OUT [OUT...] [--write]
+Reads verl.log (verl's console logger), timeline.jsonl (the timeline plugin), load.json (the batch
+client), run.json; ``--write`` also saves each row as OUT/row.json. Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+STEP_RE = re.compile(r"step:(\d+) - (.*)")
+GLOBAL_STEP_RE = re.compile(r"global_steps: (\d+) local_trigger_step")
+SYNC_RE = re.compile(r"timing_s/param_sync: ([0-9.]+) seconds self.current_param_version: (\d+)")
+FINAL_KEYS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "response_length/mean", "critic/score/mean")
+
+
+def verl_steps(log: str) -> dict[int, dict[str, float]]:
+    """verl's console lines ``step:N - key:value - …`` merged per step."""
+    steps: dict[int, dict[str, float]] = {}
+    for match in STEP_RE.finditer(log):
+        fields = steps.setdefault(int(match.group(1)), {})
+        for part in match.group(2).split(" - "):
+            key, _, value = part.rpartition(":")
+            try:
+                fields[key.strip()] = float(value)
+            except ValueError:
+                continue
+    return steps
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _med(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def row(out: Path) -> dict[str, Any]:
+    run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
+    log = (out / "verl.log").read_text(errors="replace") if (out / "verl.log").exists() else ""
+    steps = verl_steps(log)
+    trained = {n: f for n, f in steps.items() if "timing_s/step" in f or "actor/pg_loss" in f}
+    last = trained[max(trained)] if trained else {}
+    records = _records(out / "timeline.jsonl")
+    waits = [r["waited_s"] for r in records if r.get("hook") == "handoff" and r.get("action") == "acquire" and r.get("point") == "pre_train_step"]
+    trans = [r for r in records if r.get("hook") == "transition"]
+    freezes = [t for t in trans if t.get("action") == "freeze" and t.get("ok") and t.get("bytes")]
+    thaws = [t for t in trans if t.get("action") == "thaw" and t.get("ok")]
+    failed = [t for t in trans if not t.get("ok")]
+    releases = [r for r in records if r.get("hook") == "handoff" and r.get("action") == "release" and r.get("reserved_before")]
+    load = json.loads((out / "load.json").read_text()) if (out / "load.json").exists() else {}
+    return {
+        "mode": run.get("mode", out.name),
+        "rc": run.get("rc"),
+        "steps": len(set(GLOBAL_STEP_RE.findall(log))),
+        "step_s_median": _med([f["timing_s/step"] for f in trained.values() if "timing_s/step" in f]),
+        "param_sync_s_median": _med([float(t) for t, version in SYNC_RE.findall(log) if int(version) > 0]),
+        "acquire_wait_s_median": _med(waits),
+        "acquire_wait_s_max": round(max(waits), 3) if waits else None,
+        "freezes": len(freezes),
+        "freeze_s_median": _med([t["end"] - t["start"] for t in freezes]),
+        "restore_s_median": _med([t["end"] - t["start"] for t in thaws if t.get("bytes")]),
+        "frozen_gb_median": _med([t["bytes"] / 1e9 for t in freezes]),
+        "live_gb_median": _med([r["live_bytes"] / 1e9 for r in releases]),
+        "reserved_gb_before_after": (
+            [_med([r["reserved_before"] / 1e9 for r in releases]), _med([r["reserved_after"] / 1e9 for r in releases])] if releases else None
+        ),
+        "failed_transitions": len(failed),
+        "batch_completed": load.get("completed"),
+        "batch_failed": (load.get("errors", 0) + load.get("aborted", 0)) if load else None,
+        "final": {k: last[k] for k in FINAL_KEYS if k in last},
+    }
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, dict):
+        return ", ".join(f"{k.split('/')[-1] if k != 'critic/score/mean' else 'score'}={v:.4g}" for k, v in value.items()) or "–"
+    if isinstance(value, list):
+        return " → ".join(_cell(v) for v in value)
+    return str(value)
+
+
+COLUMNS = [
+    ("mode", "run"), ("steps", "steps"), ("step_s_median", "step s (median)"), ("param_sync_s_median", "weight sync s"),
+    ("acquire_wait_s_median", "acquire wait s (median)"), ("acquire_wait_s_max", "(max)"), ("freezes", "freezes"),
+    ("freeze_s_median", "freeze s"), ("restore_s_median", "restore s"), ("frozen_gb_median", "frozen GB"),
+    ("live_gb_median", "live tensors GB"), ("reserved_gb_before_after", "reserved GB before → after"),
+    ("batch_completed", "batch completions"), ("batch_failed", "failed/aborted"), ("final", "final metrics"),
+]
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cell(r.get(k)) for k, _ in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("outs", nargs="+", type=Path)
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    for out in args.outs:
+        r = row(out)
+        if args.write:
+            (out / "row.json").write_text(json.dumps(r, indent=1))
+        rows.append(r)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
