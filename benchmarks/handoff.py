@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from timeslice_verl.agent.client import AgentClient, wait_for_agent
+from timeslice_verl.config import NCCL_ENV
 
 
 def nvml_used_by(pid: int) -> int | None:
@@ -41,7 +42,7 @@ def nvml_used_by(pid: int) -> int | None:
 
 class Worker:
     def __init__(self, job: str, device: str, gib: float) -> None:
-        env = dict(os.environ, TIMESLICE_JOB=job, NCCL_CUMEM_ENABLE="0", NCCL_NVLS_ENABLE="0")
+        env = dict(os.environ, TIMESLICE_JOB=job, **NCCL_ENV)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "timeslice_verl.demo.worker", "--device", device, "--gib", str(gib)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,

@@ -102,14 +102,22 @@ def test_timeline_plot_cli(tmp_path):
 def test_doctor_on_a_cpu_machine_fails_with_reasons(tmp_path):
     vllm = FakeVllmProc()
     agent = AgentProc(tmp_path, tenant_url=vllm.url).start()
+    good = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env=dict(os.environ, TIMESLICE_JOB="doc-job", NCCL_CUMEM_ENABLE="0", NCCL_NVLS_ENABLE="0", NCCL_P2P_DISABLE="1"))
+    bad_env = dict(os.environ, TIMESLICE_JOB="doc-job", NCCL_CUMEM_ENABLE="0")
+    for key in ("NCCL_NVLS_ENABLE", "NCCL_P2P_DISABLE"):
+        bad_env.pop(key, None)
+    bad = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=bad_env)
     try:
-        env = dict(os.environ, NCCL_CUMEM_ENABLE="0")
-        env.pop("NCCL_NVLS_ENABLE", None)
+        # the doctor's own shell has no NCCL settings: what counts is the job's processes
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
         proc = subprocess.run(
-            [*CLI, "doctor", f"timeslice.agent.socket={agent.socket}", f"timeslice.tenant.url={vllm.url}"],
+            [*CLI, "doctor", "timeslice.job=doc-job", f"timeslice.agent.socket={agent.socket}", f"timeslice.tenant.url={vllm.url}"],
             capture_output=True, text=True, timeout=120, env=env,
         )
     finally:
+        for p in (good, bad):
+            p.kill()
         agent.stop()
         vllm.stop()
     out = proc.stdout
@@ -117,12 +125,22 @@ def test_doctor_on_a_cpu_machine_fails_with_reasons(tmp_path):
     lines = {line.split(" — ")[0]: line for line in out.splitlines() if line.startswith(("PASS", "FAIL"))}
     assert lines["FAIL  driver supports CUDA checkpoint (r570+)"]
     assert lines["FAIL  NVML reachable"]
-    assert "PASS  NCCL_CUMEM_ENABLE=0" in lines and "FAIL  NCCL_NVLS_ENABLE=0" in lines
+    assert f"PASS  NCCL settings of pid {good.pid} (job 'doc-job')" in lines
+    bad_line = lines[f"FAIL  NCCL settings of pid {bad.pid} (job 'doc-job')"]
+    assert "NCCL_NVLS_ENABLE unset" in bad_line and "NCCL_P2P_DISABLE unset" in bad_line
     assert "PASS  vLLM reachable with dev mode + sleep mode" in lines
     assert "PASS  agent socket reachable" in lines
     assert "FAIL  host RAM >= GPU bytes to park" in lines
-    assert "fix: export NCCL_NVLS_ENABLE=0" in out
+    assert "fix: launch the job with +timeslice=interleave" in out
     assert "checks passed" in out.splitlines()[-1]
+
+
+def test_doctor_passes_the_nccl_check_when_no_job_runs(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+    proc = subprocess.run([*CLI, "doctor", "timeslice.job=nobody-runs-this", f"timeslice.agent.socket={tmp_path}/nope.sock",
+                           "timeslice.tenant.url=http://127.0.0.1:9"], capture_output=True, text=True, timeout=120, env=env)
+    line = next(line for line in proc.stdout.splitlines() if "NCCL settings of job" in line)
+    assert line.startswith("PASS") and "NCCL_P2P_DISABLE=1" in line
 
 
 def test_doctor_without_agent_or_vllm_names_the_fixes(tmp_path):

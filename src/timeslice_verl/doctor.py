@@ -9,7 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from timeslice_verl.config import NCCL_ENV, TimesliceSettings, socket_path
+from timeslice_verl.agent import procfs
+from timeslice_verl.config import JOB_TAG_ENV, NCCL_ENV, TimesliceSettings, socket_path
 
 MIN_DRIVER = 570
 
@@ -61,15 +62,23 @@ def check_driver() -> Check:
                  "" if ok and api else f"upgrade the NVIDIA driver to {MIN_DRIVER} or newer")
 
 
-def check_nccl_env() -> list[Check]:
+def check_nccl_env(settings: TimesliceSettings) -> list[Check]:
+    """What the job's workers run with (the option sets it for them, not for this shell)."""
+    wanted = ", ".join(f"{k}={v}" for k, v in NCCL_ENV.items())
+    fix = ("launch the job with +timeslice=interleave (it sets them through "
+           "ray_kwargs.ray_init.runtime_env.env_vars) or export them in the job's environment")
+    pids = procfs.tagged_processes(settings.job)
+    if not pids:
+        return [Check(f"NCCL settings of job {settings.job!r}", True,
+                      f"no process tagged {JOB_TAG_ENV}={settings.job} is running; +timeslice=interleave gives verl's workers {wanted}")]
     out = []
-    for key, want in NCCL_ENV.items():
-        have = os.environ.get(key)
-        out.append(Check(
-            f"{key}={want}", have == want, f"{key}={have!r}" if have is not None else f"{key} is not set",
-            f"export {key}={want} (the interleave option also sets it for verl's workers through "
-            f"ray_kwargs.ray_init.runtime_env.env_vars)",
-        ))
+    for pid in pids:
+        env = procfs.environ(pid) or {}
+        wrong = {k: env.get(k) for k, v in NCCL_ENV.items() if env.get(k) != v}
+        detail = "; ".join(f"{k}={v!r}" if v is not None else f"{k} unset" for k, v in wrong.items()) or wanted
+        hazard = procfs.nccl_p2p_hazard(pid)
+        out.append(Check(f"NCCL settings of pid {pid} (job {settings.job!r})", not wrong,
+                         detail + (" (the agent will refuse to freeze it: P2P on)" if hazard else ""), fix if wrong else ""))
     return out
 
 
@@ -131,7 +140,7 @@ def check_host_ram(settings: TimesliceSettings) -> Check:
 
 
 def run_checks(settings: TimesliceSettings) -> list[Check]:
-    return [check_driver(), check_nvml(), *check_nccl_env(), check_vllm(settings), check_agent(settings), check_host_ram(settings)]
+    return [check_driver(), check_nvml(), *check_nccl_env(settings), check_vllm(settings), check_agent(settings), check_host_ram(settings)]
 
 
 def render(checks: list[Check]) -> str:

@@ -29,6 +29,7 @@ import httpx
 
 from timeslice_verl import analysis
 from timeslice_verl.agent.client import wait_for_agent
+from timeslice_verl.config import NCCL_ENV
 from timeslice_verl.config import compose
 from timeslice_verl.events import CheckpointEvent, InitWorkersEvent, RolloutEvent, TrainStepEvent, WeightSyncEvent
 from timeslice_verl.lifecycle import Lifecycle
@@ -134,7 +135,7 @@ class BatchClients:
 
 class Worker:
     def __init__(self, device: str, gib: float, log_path: Path) -> None:
-        env = dict(os.environ, TIMESLICE_JOB=JOB, NCCL_CUMEM_ENABLE="0", NCCL_NVLS_ENABLE="0")
+        env = dict(os.environ, TIMESLICE_JOB=JOB, **NCCL_ENV)
         self.stderr = open(log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "timeslice_verl.demo.worker", "--device", device, "--gib", str(gib)],
