@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _gpu_available() -> tuple[bool, str]:
@@ -43,3 +47,36 @@ def _isolated_runtime_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
     runtime = tmp_path_factory.mktemp("xdg")
     os.chmod(runtime, 0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+
+
+@pytest.fixture(autouse=True)
+def _run_in_a_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever a test (or a plugin it loads) writes to the working directory lands in its tmp_path."""
+    monkeypatch.chdir(tmp_path)
+
+
+def _git_status() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=all"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config._timeslice_git_status = _git_status()  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The suite must leave the checkout as it found it (issue: tests wrote timeslice-handoffs.csv)."""
+    before = getattr(session.config, "_timeslice_git_status", None)
+    after = _git_status()
+    if before is None or after is None or after == before:
+        return
+    new = sorted(set(after.splitlines()) - set(before.splitlines()))
+    if new:
+        session.config.get_terminal_writer().line(
+            "tests changed the checkout (they must write only into tmp_path): " + "; ".join(new), red=True
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -48,8 +51,15 @@ class ScriptedPrimitives:
         return self.state_of.get(pid, ProcState.RUNNING)
 
 
-# real, live pids so `states()` sees the processes as present
-P1, P2, P3 = os.getpid(), os.getppid(), 1
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+
+
+# three real, live, distinct processes of our own, so `states()` sees them as present (the test
+# process, its parent and PID 1 are not distinct when pytest runs as PID 1 in a container)
+_SLEEPERS = [_sleeper() for _ in range(3)]
+atexit.register(lambda: [p.kill() for p in _SLEEPERS])
+P1, P2, P3 = (p.pid for p in _SLEEPERS)
 
 
 def backend(prims, timeout=5.0):

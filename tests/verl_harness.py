@@ -76,6 +76,7 @@ def trainer_config(tmp: Path, *, trigger: int, timeslice: bool = True, extra: li
             "+timeslice=interleave",
             "timeslice.job=adapter-test",
             "timeslice.plugins.disabled=[agent,metrics]",
+            "timeslice.plugins.enabled=[]",  # load only the plugins this test names
             f"timeslice.timeline.path={tmp / 'events.jsonl'}",
         ]
     if timeslice:

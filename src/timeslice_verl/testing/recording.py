@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from timeslice_verl.config import TimesliceSettings
 from timeslice_verl.events import (
@@ -64,17 +66,22 @@ def make_lifecycle(
     settings: TimesliceSettings | None = None,
     trainer: Any = None,
     load_installed: bool = False,
+    entry_points: Sequence[str] | None = (),
     adapter: str = "test",
 ) -> Lifecycle:
     """The real manager and dispatcher around ``plugins`` (registered in order).
 
-    ``load_installed=True`` also loads what ``settings.plugins`` selects (bundled and entry-point
-    plugins), as a trainer process would.
+    ``load_installed=True`` also loads what ``settings.plugins`` selects, as a trainer process
+    would: the bundled plugins, and of the installed entry-point plugins only those named in
+    ``entry_points`` (a test loads only what it names; ``None``: every installed one).
     """
     settings = settings or TimesliceSettings(job="test-job")
     manager = TimesliceManager()
     if load_installed:
-        manager.load(settings.plugins)
+        plugin_settings = settings.plugins
+        if entry_points is not None and plugin_settings.enabled is None:
+            plugin_settings = dataclasses.replace(plugin_settings, enabled=list(entry_points))
+        manager.load(plugin_settings)
     for i, plugin in enumerate(plugins):
         manager.register(plugin, getattr(plugin, "name", None) or f"plugin-{i}")
     manager.check()
