@@ -95,4 +95,6 @@ def test_load_settings_validates_plain_sections():
 def test_options_ship_with_the_package():
     assert {"interleave", "off", "observe"} <= set(options())
     assert compose("observe").plugins.disabled == ["agent"]
-    assert compose("interleave", ["timeslice.agent.backend=sigstop", "trainer.total_epochs=3"]).agent.backend == "sigstop"
+    assert compose("interleave", ["timeslice.agent.backend=sigstop"]).agent.backend == "sigstop"
+    with pytest.raises(ConfigError, match="trainer.total_epochs"):
+        compose("interleave", ["trainer.total_epochs=3"])  # refused: the command could not apply it

@@ -22,19 +22,21 @@ def _settings_from(option: str, overrides: tuple[str, ...]):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="timeslice-verl")
-@click.option("--log-level", default="INFO", show_default=True, help="Level of the 'timeslice' logger.")
+@click.option("--log-level", default="INFO", show_default=True, help="Level of the 'timeslice' logger.",
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False))
 def main(log_level: str) -> None:
     """Lend the idle GPU of a verl fully-async trainer to a co-resident vLLM server."""
-    setup_cli_logging(log_level)
+    setup_cli_logging(log_level.upper())
 
 
 @main.command("config")
 @click.option("--option", "option", default="interleave", show_default=True, help="Option of the timeslice group.")
 @click.argument("overrides", nargs=-1)
 def config_cmd(option: str, overrides: tuple[str, ...]) -> None:
-    """Print the validated timeslice section for OPTION plus dotted OVERRIDES."""
+    """Print the validated timeslice section: the option (--option or +timeslice=NAME) plus
+    timeslice.KEY=VALUE overrides, in the trainer's own syntax."""
     settings = _settings_from(option, overrides)
-    click.echo(json.dumps({"timeslice": dataclasses.asdict(settings)}, indent=2))
+    click.echo(json.dumps({"timeslice": dataclasses.asdict(settings)}, indent=2, default=str))
 
 
 @main.command("hooks")
@@ -63,7 +65,9 @@ def plugins_cmd(option: str, overrides: tuple[str, ...]) -> None:
     except PluginLoadError as exc:
         raise click.ClickException(str(exc)) from None
     for info in manager.plugins():
-        click.echo(f"{info.name:20} {info.source:28} {', '.join(info.hooks)}")
+        click.echo(f"{info.name:20} {info.source:36} {', '.join(info.hooks)}")
+    for name in manager.disabled():
+        click.echo(f"{name:20} {'disabled (timeslice.plugins.disabled)':36}")
 
 
 @main.command("agent", context_settings={"ignore_unknown_options": True})
@@ -73,7 +77,7 @@ def agent_cmd(option: str, overrides: tuple[str, ...]) -> None:
     """Run the node's snapshot agent in the foreground (stop with SIGTERM or Ctrl-C).
 
     Takes the same dotted overrides as the trainer, e.g.
-    ``timeslice-verl agent timeslice.tenant.url=http://127.0.0.1:8000 timeslice.agent.gpus=[0]``.
+    timeslice-verl agent timeslice.tenant.url=http://127.0.0.1:8000 timeslice.agent.gpus=[0]
     """
     import asyncio
 
@@ -169,6 +173,11 @@ def demo_cmd(out: str, steps: int, rollout_s: float, train_s: float, device: str
 
     if steps < 1 or rollout_s < 0 or train_s < 0 or gib <= 0 or clients < 0:
         raise click.UsageError("--steps must be >= 1; --rollout-s, --train-s, --clients >= 0; --gib > 0")
+    from timeslice_verl.demo.run import gpu_available
+
+    if device == "cuda" and not gpu_available():
+        raise click.UsageError("--device cuda needs an NVIDIA GPU and torch with CUDA; none here "
+                               "(leave --device at auto for the labelled dry run)")
     opts = DemoOptions(out=Path(out), steps=steps, rollout_s=rollout_s, train_s=train_s, device=device, gib=gib,
                        vllm_url=vllm_url, vllm_model=vllm_model, clients=clients)
     summary = run_demo(opts)
@@ -184,7 +193,7 @@ def demo_cmd(out: str, steps: int, rollout_s: float, train_s: float, device: str
 
 @main.command("options")
 def options_cmd() -> None:
-    """List the options of the Hydra group (``+timeslice=<option>``)."""
+    """List the options of the Hydra group (+timeslice=OPTION)."""
     for name in options():
         click.echo(name)
 

@@ -8,6 +8,8 @@ choices fail with :class:`ConfigError`, whose message starts with the full key.
 
 from __future__ import annotations
 
+import difflib
+import enum
 import os
 import re
 from dataclasses import dataclass, field
@@ -24,6 +26,26 @@ NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "NCCL_P2P_DISABLE
 """What NCCL in trainer workers needs to survive CUDA checkpoint/restore."""
 
 _JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class Choice(str, enum.Enum):
+    """A string setting with fixed choices: Hydra rejects any other value at composition, naming the
+    key, and the value still compares and formats as its plain string."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+# functional form: member names equal their values, hyphens included (OmegaConf converts by name)
+Adapter = Choice("Adapter", [(v, v) for v in ("auto", "fork", "stock", "v1")])
+"""How events are fired from verl (``timeslice.adapter``)."""
+Backend = Choice("Backend", [(v, v) for v in ("cuda", "cuda-cli", "sigstop")])
+"""How the agent freezes a job's processes (``timeslice.agent.backend``)."""
+PauseMode = Choice("PauseMode", [(v, v) for v in ("wait", "keep")])
+"""How vLLM hands the GPU over (``timeslice.tenant.pause_mode``)."""
 
 
 class ConfigError(ValueError):
@@ -43,7 +65,7 @@ class AgentSettings:
     ``/tmp/timeslice-verl-<uid>/agent.sock``."""
     state_file: str = ""
     """Where the agent persists its state machine; empty: beside the socket."""
-    backend: str = "cuda"
+    backend: Backend = Backend["cuda"]
     """Trainer backend: ``cuda`` (driver API), ``cuda-cli`` (the cuda-checkpoint binary) or
     ``sigstop`` (CPU test backend: pauses processes, frees no GPU memory)."""
     gpus: List[int] = field(default_factory=lambda: [0])
@@ -54,6 +76,9 @@ class AgentSettings:
     """How long a client retries reaching the agent (covers an agent restart)."""
     autostart: bool = False
     """Let the agent plugin start ``timeslice-verl agent`` when none answers on the socket."""
+    freeze_off_gpu: bool = False
+    """Also freeze tagged or registered processes that NVML does not place on ``gpus`` (off: a job's
+    processes on other GPUs, such as verl's rollouter, are never touched)."""
     metrics_port: int = 0
     """Prometheus endpoint port on ``metrics_host``; 0 turns it off."""
     metrics_host: str = "127.0.0.1"
@@ -69,7 +94,7 @@ class TenantSettings:
     """Base URL, e.g. ``http://127.0.0.1:8000``; empty: no tenant (the GPU just idles)."""
     sleep_level: int = 1
     """vLLM sleep level: 1 keeps weights in host RAM (fast wake), 2 drops them."""
-    pause_mode: str = "wait"
+    pause_mode: PauseMode = PauseMode["wait"]
     """How vLLM ≥ 0.17 hands over: ``wait`` lets in-flight requests finish first (no work lost;
     the trainer waits for them), ``keep`` freezes them at once and resumes them after wake-up
     (the trainer gets the GPU without waiting for long generations)."""
@@ -126,8 +151,9 @@ class TimesliceSettings:
     enabled: bool = True
     job: str = "timeslice"
     """Job name; worker processes carry it in ``TIMESLICE_JOB`` (the option sets both)."""
-    adapter: str = "auto"
-    """How events are fired from verl: ``fork`` (lifecycle hooks), ``stock`` (PyPI verl) or ``auto``."""
+    adapter: Adapter = Adapter["auto"]
+    """How events are fired from verl: ``stock`` (PyPI verl's fully-async trainer), ``v1`` (verl's v1
+    ``separate_async`` trainer), ``fork`` (verl builds with fully-async lifecycle hooks) or ``auto``."""
     agent: AgentSettings = field(default_factory=AgentSettings)
     tenant: TenantSettings = field(default_factory=TenantSettings)
     handoff: HandoffSettings = field(default_factory=HandoffSettings)
@@ -137,10 +163,7 @@ class TimesliceSettings:
 
 
 CHOICES: dict[str, tuple[Any, ...]] = {
-    "adapter": ("auto", "fork", "stock"),
-    "agent.backend": ("cuda", "cuda-cli", "sigstop"),
     "tenant.sleep_level": (1, 2),
-    "tenant.pause_mode": ("wait", "keep"),
 }
 NON_NEGATIVE = (
     "agent.driver_timeout_s",
@@ -279,23 +302,41 @@ def options() -> list[str]:
     return sorted(p.stem for p in (conf_dir() / SECTION).glob("*.yaml"))
 
 
-def compose(option: str = "interleave", overrides: list[str] | None = None) -> TimesliceSettings:
-    """Compose ``timeslice=<option>`` plus dotted overrides outside verl (agent, CLI), validated.
+def split_overrides(option: str, overrides: list[str]) -> tuple[str, list[str]]:
+    """The option and the ``timeslice.*`` overrides, in the trainer's syntax.
 
-    Keys outside ``timeslice.`` are accepted and ignored, so a user can paste the overrides of
-    their trainer command line.
+    ``+timeslice=<option>`` (or ``timeslice=<option>``) picks the option, as on verl's command line;
+    ``timeslice.key=value`` sets a key. Anything else is refused: this command could not apply it.
     """
+    ours: list[str] = []
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        bare = key.lstrip("+~")
+        if bare == SECTION and eq:
+            option = value
+        elif bare.startswith(SECTION + "."):
+            if not eq and not key.startswith("~"):
+                raise ConfigError(bare, f"override {item!r} has no '=value'")
+            ours.append(item)
+        else:
+            raise ConfigError(
+                bare or item, f"{item!r} is not a timeslice setting: this command reads only "
+                f"'+{SECTION}=<option>' and '{SECTION}.<key>=<value>'",
+            )
+    if option not in options():
+        hint = difflib.get_close_matches(option, options(), n=1)
+        raise ConfigError(SECTION, f"unknown option {option!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+                          + f" (options: {', '.join(options())})")
+    return option, ours
+
+
+def compose(option: str = "interleave", overrides: list[str] | None = None) -> TimesliceSettings:
+    """Compose ``timeslice=<option>`` plus dotted overrides outside verl (agent, CLI), validated."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    overrides = list(overrides or [])
-    if option not in options():
-        raise ConfigError(SECTION, f"unknown option {option!r}; choose one of {', '.join(options())}")
-    ours = [o for o in overrides if o.lstrip("+~").startswith(SECTION + ".")]
-    for o in ours:
-        if "=" not in o:
-            raise ConfigError(o.lstrip("+~").split("=")[0], f"override {o!r} has no '=value'")
+    option, ours = split_overrides(option, list(overrides or []))
     register_schema()
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()

@@ -86,7 +86,7 @@ def check_vllm(settings: TimesliceSettings) -> Check:
     url = settings.tenant.url
     name = "vLLM reachable with dev mode + sleep mode"
     if not url:
-        return Check(name, False, "timeslice.tenant.url is empty", "start vLLM and pass timeslice.tenant.url=http://HOST:PORT")
+        return Check("batch tenant", True, "none configured (timeslice.tenant.url is empty): the trainer's valleys stay idle")
     fix = ("start vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode, e.g. "
            "VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --enable-sleep-mode --port 8000")
     try:
@@ -116,6 +116,15 @@ def check_agent(settings: TimesliceSettings) -> Check:
     return Check("agent socket reachable", True, f"agent {hello['agent_version']} pid {hello['pid']} backend {hello['backend']}")
 
 
+def check_backend(settings: TimesliceSettings) -> Check:
+    """The CPU test backend pauses processes and frees no GPU memory: never right on a GPU node."""
+    name = "agent backend frees GPU memory"
+    if settings.agent.backend == "sigstop":
+        return Check(name, False, "timeslice.agent.backend=sigstop is the CPU test backend: it pauses the trainer "
+                     "but frees no GPU memory", "use timeslice.agent.backend=cuda (or cuda-cli)")
+    return Check(name, True, f"timeslice.agent.backend={settings.agent.backend}")
+
+
 def mem_available() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -140,7 +149,8 @@ def check_host_ram(settings: TimesliceSettings) -> Check:
 
 
 def run_checks(settings: TimesliceSettings) -> list[Check]:
-    return [check_driver(), check_nvml(), *check_nccl_env(settings), check_vllm(settings), check_agent(settings), check_host_ram(settings)]
+    return [check_driver(), check_nvml(), check_backend(settings), *check_nccl_env(settings), check_vllm(settings),
+            check_agent(settings), check_host_ram(settings)]
 
 
 def render(checks: list[Check]) -> str:

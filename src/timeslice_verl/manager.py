@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.metadata
 import inspect
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -82,6 +83,7 @@ class TimesliceManager:
         for spec in hookspecs.SPEC_CLASSES:
             self.pm.add_hookspecs(spec)
         self._sources: dict[str, str] = {}
+        self._disabled: list[str] = []
 
     @property
     def hook(self) -> pluggy.HookRelay:
@@ -108,13 +110,22 @@ class TimesliceManager:
     ) -> TimesliceManager:
         """Register bundled, entry-point and config plugins per ``settings``, then :meth:`check`."""
         disabled = set(settings.disabled)
+        known = set(BUNDLED) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)} | set(settings.modules)
+        for name in sorted(disabled - known):
+            hint = difflib.get_close_matches(name, sorted(known), n=1)
+            raise PluginLoadError(
+                f"timeslice.plugins.disabled names {name!r}, which is no plugin here"
+                + (f"; did you mean {hint[0]!r}?" if hint else "")
+                + f" (bundled: {', '.join(BUNDLED)}; installed: {', '.join(sorted(known - set(BUNDLED))) or 'none'})"
+            )
+        self._disabled = sorted(disabled)
         for name in disabled:
             self.pm.set_blocked(name)
         for name in bundled:
             if name in disabled:
                 continue
             obj = _instantiate(import_object(BUNDLED[name]), name)
-            self.register(obj, name, source="bundled")
+            self.register(obj, name, source=f"bundled (timeslice-verl {_version()})")
         self._load_entry_points(settings, disabled)
         for spec in settings.modules:
             obj = _instantiate(import_object(spec), spec)
@@ -135,8 +146,9 @@ class TimesliceManager:
                 obj = ep.load()
             except Exception as exc:
                 raise PluginLoadError(f"plugin {ep.name!r} (entry point {ep.value!r}): import failed: {exc}") from exc
-            dist = getattr(getattr(ep, "dist", None), "name", "?")
-            self.register(_instantiate(obj, ep.name), ep.name, source=f"entry point {dist}")
+            dist = getattr(ep, "dist", None)
+            label = f"{getattr(dist, 'name', '?')} {getattr(dist, 'version', '')}".strip()
+            self.register(_instantiate(obj, ep.name), ep.name, source=f"entry point {label}")
         if wanted is not None and wanted - found:
             missing = ", ".join(sorted(wanted - found))
             raise PluginLoadError(
@@ -168,9 +180,15 @@ class TimesliceManager:
     def plugins(self) -> list[PluginInfo]:
         out = []
         for name, plugin in self.pm.list_name_plugin():
+            if plugin is None:  # a blocked (disabled) name, not a plugin
+                continue
             hooks = tuple(sorted(h.name for h in self.pm.get_hookcallers(plugin) or []))
             out.append(PluginInfo(name=name, source=self._sources.get(name, "registered"), hooks=hooks))
         return out
+
+    def disabled(self) -> list[str]:
+        """The names ``timeslice.plugins.disabled`` blocked."""
+        return list(self._disabled)
 
     def get(self, name: str) -> Any:
         return self.pm.get_plugin(name)
@@ -179,6 +197,13 @@ class TimesliceManager:
         """``(plugin name, function, argnames)`` in call order (last registered first, as pluggy)."""
         caller = getattr(self.pm.hook, hook_name)
         return [(impl.plugin_name, impl.function, list(impl.argnames)) for impl in reversed(caller.get_hookimpls())]
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("timeslice-verl")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path
+        return "source"
 
 
 def _unknown_hook_name(message: str) -> str:
