@@ -1,7 +1,7 @@
 """The dispatcher: how one trainer process calls its hook plugins.
 
 A :class:`Lifecycle` is built inside the process that fires events (the trainer actor), never
-pickled. It owns the plugin manager and applies DESIGN.md §3's rules:
+pickled. It owns the plugin manager and applies the rules of docs/architecture.md §3:
 
 * ``timeslice_start`` fires once, before the first event; ``timeslice_stop`` once at the end;
 * hooks are called one plugin at a time; in a **gating** hook the first error propagates (an
@@ -15,6 +15,7 @@ pickled. It owns the plugin manager and applies DESIGN.md §3's rules:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 from typing import Any, Callable, TypeVar
@@ -29,6 +30,16 @@ log = get_logger("lifecycle")
 trace_log = get_logger("trace")
 
 E = TypeVar("E", bound=Event)
+
+
+def _off_the_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, in a worker thread when this thread runs an event loop (this one waits)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return fn(*args)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="timeslice-hook") as pool:
+        return pool.submit(fn, *args).result()
 _REPORTED_ATTR = "__timeslice_reported__"
 
 
@@ -60,6 +71,7 @@ class Lifecycle:
         or None outside verl."""
         self._lock = threading.RLock()
         self._started = False
+        self._start_error: BaseException | None = None
         self._stopped = False
         self._reported: set[int] = set()
 
@@ -81,7 +93,15 @@ class Lifecycle:
         return cls(job=self.job, **fields)
 
     def call(self, hook: str, event: Event) -> list[Any]:
-        """Call ``hook`` on every plugin, on this thread. Returns the non-None results."""
+        """Call ``hook`` on every plugin and return the non-None results.
+
+        Never on a thread that runs an event loop (a synchronous verl method called from the trainer
+        actor's loop): then the call moves to a worker thread and this one waits for it, so plugins
+        may block or run their own ``asyncio.run`` as the hookspec promises.
+        """
+        return _off_the_loop(self._call_here, hook, event)
+
+    def _call_here(self, hook: str, event: Event) -> list[Any]:
         with self._lock:
             if hook != "timeslice_start":
                 self._ensure_started()
@@ -100,18 +120,30 @@ class Lifecycle:
     # ------------------------------------------------------------------ start / stop / errors
 
     def start(self) -> None:
+        _off_the_loop(self._start_here)
+
+    def _start_here(self) -> None:
         with self._lock:
             self._ensure_started()
 
     def _ensure_started(self) -> None:
         if self._started:
             return
-        self._started = True
+        if self._start_error is not None:  # no event reaches half-started plugins
+            raise RuntimeError(f"timeslice did not start ({self._start_error!r}); no further events") from self._start_error
         event = self.event(RunEvent, adapter=self.adapter)
-        self._call("timeslice_start", {"trainer": self.trainer, "event": event, "lifecycle": self})
+        try:
+            self._call("timeslice_start", {"trainer": self.trainer, "event": event, "lifecycle": self})
+        except BaseException as exc:
+            self._start_error = exc
+            raise
+        self._started = True
 
     def stop(self, reason: str = "finished") -> None:
         """Fire ``timeslice_stop`` once (only if time-slicing started)."""
+        _off_the_loop(self._stop_here, reason)
+
+    def _stop_here(self, reason: str) -> None:
         with self._lock:
             if self._stopped or not self._started:
                 self._stopped = True
@@ -129,6 +161,9 @@ class Lifecycle:
 
     def report_exception(self, point: str, exc: BaseException) -> bool:
         """Fire ``trainer_exception`` for ``exc`` unless it was already reported. Never raises."""
+        return bool(_off_the_loop(self._report_here, point, exc))
+
+    def _report_here(self, point: str, exc: BaseException) -> bool:
         with self._lock:
             if self.already_reported(exc):
                 return False

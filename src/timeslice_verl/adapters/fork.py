@@ -126,13 +126,17 @@ def _make_trainer(base: type) -> type:
             return allowed
 
         def _fit_save_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+            completed = False
             try:
-                return super()._fit_save_checkpoint(*args, **kwargs)
+                result = super()._fit_save_checkpoint(*args, **kwargs)
+                completed = True
+                return result
             finally:
                 pending = self.__dict__.pop("_timeslice_save", None)
                 lc = lifecycle_for(self, NAME)
                 if pending is not None and lc is not None:
-                    force, saved, t0 = pending
+                    force, allowed, t0 = pending
+                    saved = allowed and completed  # a save that raised did not save
                     elapsed = round(time.monotonic() - t0, 6) if saved else 0.0
                     lc.call("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=saved, elapsed_s=elapsed))
 

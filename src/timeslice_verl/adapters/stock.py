@@ -1,6 +1,6 @@
 """Stock adapter: fire the lifecycle events from PyPI verl's ``FullyAsyncTrainer``, which has no hooks.
 
-Wraps these seams of ``FullyAsyncTrainer.__ray_actor_class__`` (DESIGN.md §3), in place:
+Wraps these seams of ``FullyAsyncTrainer.__ray_actor_class__`` (docs/architecture.md §3), in place:
 
 =============================  =========================================================
 seam                           events
@@ -128,10 +128,12 @@ def _plan_save_checkpoint(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -
         return None
     t0 = time.monotonic()
     try:
-        return (yield _CALL)
-    finally:
-        elapsed = round(time.monotonic() - t0, 6)
-        yield _Fire("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=True, elapsed_s=elapsed))
+        result = yield _CALL
+    except BaseException:
+        yield _Fire("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=False, elapsed_s=round(time.monotonic() - t0, 6)))
+        raise
+    yield _Fire("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=True, elapsed_s=round(time.monotonic() - t0, 6)))
+    return result
 
 
 def _plan_fit(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:

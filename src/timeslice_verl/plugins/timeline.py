@@ -48,7 +48,7 @@ class TimelinePlugin:
         log.info("timeline: appending to %s (pid %d)", self.path.resolve(), os.getpid())
         self.record("timeslice_start", event)
 
-    @hookimpl
+    @hookimpl(trylast=True)  # after the agent plugin's last release is recorded
     def timeslice_stop(self, event: RunEvent) -> None:
         self.record("timeslice_stop", event)
         if self._file is not None:
