@@ -1,6 +1,6 @@
 """Who owns the GPU, and the single worker that moves it there.
 
-Rules (DESIGN.md §5):
+Rules (docs/architecture.md §5):
 
 * a trainer job that asks (``acquire``) gets the GPU before the tenant; several jobs queue FIFO;
 * the tenant (vLLM) holds the GPU whenever no trainer job holds, waits for or has prepared it;
@@ -137,7 +137,7 @@ class Arbiter:
             job.state, job.fault = FAULTED, f"driver reports FAILED for pid(s) {[p for p, s in states.items() if s == ProcState.FAILED]}"
         else:  # interrupted mid-transition: bring the job back to running, consistently
             try:
-                await asyncio.to_thread(self.backend.thaw, pids)
+                await asyncio.to_thread(self.backend.thaw, pids, self._identities(job))
                 job.state = RUNNING
             except ThawError as exc:
                 job.state = SAVED if exc.still_frozen else FAULTED
@@ -505,8 +505,9 @@ class Arbiter:
         job.state, job.direction = TRANSITIONING, "freeze"
         self.current = f"freeze {job.name}"
         self._persist()
+        identities = {p.pid: p.start for p in (procfs.identify(pid) for pid in pids) if p is not None}
         try:
-            report = await asyncio.to_thread(self.backend.freeze, pids)
+            report = await asyncio.to_thread(self.backend.freeze, pids, identities)
         except FreezeError as exc:
             if exc.refused:  # nothing was touched: the job keeps the GPU for this valley, the tenant sleeps on
                 job.state, job.direction, job.refused = RUNNING, "", str(exc)
@@ -551,7 +552,7 @@ class Arbiter:
         self.current = f"thaw {job.name}"
         self._persist()
         try:
-            report = await asyncio.to_thread(self.backend.thaw, pids)
+            report = await asyncio.to_thread(self.backend.thaw, pids, self._identities(job))
         except ThawError as exc:
             job.state = SAVED if exc.still_frozen else FAULTED
             job.direction, job.fault = "", f"restore failed: {exc}"
@@ -570,6 +571,11 @@ class Arbiter:
         log.info("thaw: job %s pids %s in %.3f s (restore %.3f s, unlock %.1f ms)", job.name, pids, report.total_s,
                  report.restore_s, report.unlock_s * 1e3)
         self._persist()
+
+    @staticmethod
+    def _identities(job: Job) -> dict[int, int]:
+        """pid → start time as recorded when the job's processes were frozen or registered."""
+        return {p.pid: p.start for p in [*job.registered, *job.procs]}
 
     async def _wait_for_room(self, job: Job) -> None:
         """A restore that runs out of GPU memory leaves the process stuck: check first."""

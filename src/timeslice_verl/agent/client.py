@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -51,11 +53,17 @@ class AgentClient:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(self.path)
-                self._sock, self._buf = sock, b""
-                return
             except OSError as exc:
                 sock.close()
                 last = exc
+            else:
+                try:
+                    self._check_server(sock)
+                except AgentError:
+                    sock.close()
+                    raise
+                self._sock, self._buf = sock, b""
+                return
             if time.monotonic() >= deadline:
                 raise AgentError(
                     "unreachable",
@@ -63,6 +71,23 @@ class AgentClient:
                 )
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+    def _check_server(self, sock: socket.socket) -> None:
+        """Talk only to an agent of our own user (or root): a socket planted by someone else is refused."""
+        trusted = (os.getuid(), 0)
+        try:
+            owner = os.stat(os.path.dirname(os.path.abspath(self.path)) or ".").st_uid
+        except OSError as exc:
+            raise AgentError("untrusted", f"cannot check the agent's directory for {self.path}: {exc}") from None
+        if owner not in trusted:
+            raise AgentError("untrusted", f"the directory of {self.path} belongs to uid {owner}, not to you: refusing to use it")
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _pid, uid, _gid = struct.unpack("3i", raw)
+        except (OSError, struct.error) as exc:
+            raise AgentError("untrusted", f"cannot tell who serves {self.path} ({exc}): refusing to use it") from None
+        if uid not in trusted:
+            raise AgentError("untrusted", f"{self.path} is served by uid {uid}, not by you or root: refusing to use it")
 
     def close(self) -> None:
         with self._lock:

@@ -9,10 +9,12 @@ SIGINT stop the agent cleanly: no new requests, frozen jobs thawed, vLLM woken.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import itertools
 import os
 import signal
 import socket
+import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -34,14 +36,26 @@ class AgentStartError(RuntimeError):
     """The agent cannot start (socket in use, backend unavailable…). The message says what to do."""
 
 
-def peer_credentials(sock: socket.socket) -> tuple[int | None, int | None]:
-    """``(pid, uid)`` of the process at the other end of a Unix socket."""
+def peer_credentials(sock: socket.socket | None) -> tuple[int | None, int | None]:
+    """``(pid, uid)`` of the process at the other end of a Unix socket; ``(None, None)`` when the
+    kernel does not say (the caller then refuses the connection: fail closed)."""
     try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))  # type: ignore[union-attr]
         pid, uid, _gid = struct.unpack("3i", raw)
         return pid, uid
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, struct.error):
         return None, None
+
+
+def take_instance_lock(path: Path) -> int:
+    """An exclusive ``flock`` on ``path`` held for the agent's lifetime: one agent per socket and state file."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise AgentStartError(f"another agent holds {path} (see `timeslice-verl status`)") from None
+    return fd
 
 
 class AgentServer:
@@ -81,6 +95,10 @@ class AgentServer:
         if st.st_mode & 0o022:
             raise AgentStartError(f"timeslice.agent.socket: directory {parent} is writable by others; use a private directory")
         if self.path.exists() or self.path.is_symlink():
+            mode = self.path.lstat().st_mode
+            if not stat.S_ISSOCK(mode):  # never delete what is not a socket (we did not create it)
+                raise AgentStartError(f"timeslice.agent.socket: {self.path} exists and is not a socket; move it away "
+                                      "or choose another path")
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 probe.connect(str(self.path))
@@ -104,6 +122,8 @@ class AgentServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        # A closed terminal must not kill the agent mid-handoff (jobs left CUDA-locked): keep serving.
+        loop.add_signal_handler(signal.SIGHUP, log.warning, "SIGHUP ignored: the agent keeps serving (stop it with SIGTERM)")
         await self._stop.wait()
         await self.close()
 
@@ -140,8 +160,9 @@ class AgentServer:
                 writer.write(data)
                 await writer.drain()
 
-        if peer_uid is not None and peer_uid not in (os.getuid(), 0):
-            await send(protocol.error(None, ErrorCode.PERMISSION, f"uid {peer_uid} may not use this agent"))
+        if peer_uid is None or peer_uid not in (os.getuid(), 0):
+            who = "a peer whose credentials the kernel did not report" if peer_uid is None else f"uid {peer_uid}"
+            await send(protocol.error(None, ErrorCode.PERMISSION, f"{who} may not use this agent"))
             writer.close()
             return
         self.arbiter.connection_opened(conn, peer_pid)
@@ -229,6 +250,7 @@ async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None 
         )
     except BackendUnavailable as exc:
         raise AgentStartError(f"timeslice.agent.backend={settings.agent.backend}: {exc}") from None
+    backend.only_on_gpus = not settings.agent.freeze_off_gpu
     if not backend.frees_gpu_memory:
         log.warning("backend %s: %s", backend.name, backend.description)
     arbiter = Arbiter(
@@ -241,6 +263,9 @@ async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None 
     )
     server = AgentServer(settings, arbiter, path)
     server.claim_path()
+    state = state_path(settings)
+    state.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock_fd = take_instance_lock(state.with_name(state.name + ".lock"))  # one agent per state file
     # Reconcile recorded state with what the driver reports before serving anyone.
     await arbiter.start(settings.tenant.url, settings.tenant.sleep_level)
     try:
@@ -264,3 +289,4 @@ async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None 
     finally:
         if exporter is not None:
             exporter.close()
+        os.close(lock_fd)

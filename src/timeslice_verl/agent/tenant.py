@@ -1,6 +1,6 @@
 """The vLLM tenant: the batch server that borrows the GPU while no trainer job holds it.
 
-Contract (DESIGN.md §5), server started with ``VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode``:
+Contract (docs/architecture.md §5), server started with ``VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode``:
 
 * yield   = ``POST /pause?mode=wait`` (vLLM ≥ 0.17: finishes in-flight requests, queues new ones;
   older: wait until ``/metrics`` shows no running or waiting request) → ``POST /sleep?level=N&mode=keep``

@@ -23,6 +23,7 @@ Each handoff is reported through the ``handoff`` hook for the timeline and metri
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -135,7 +136,9 @@ class AgentPlugin:
         ]
         log_path = socket_path(s).with_name("agent.log")
         socket_path(s).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(log_path, "a") as out:
+        # O_NOFOLLOW: never write through a link someone planted at the log's path
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "a") as out:
             subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
         log.info("[timeslice] started an agent (log %s)", log_path)
         return self.client.hello()
@@ -320,7 +323,7 @@ class AgentPlugin:
         self._cancel_timer()
         self.release(f"exception:{event.point}", crash=True)
 
-    @hookimpl
+    @hookimpl(tryfirst=True)  # its last release reaches the observers before they close
     def timeslice_stop(self) -> None:
         self._cancel_timer()
         # done: the workers are exiting, so the agent forgets the job rather than freezing them; force:

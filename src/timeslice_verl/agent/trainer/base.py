@@ -121,6 +121,9 @@ class TrainerBackend:
         self.timeout_s = driver_timeout_s if driver_timeout_s > 0 else None
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ts-driver")
         self._warned_namespace = False
+        self.only_on_gpus = True
+        """Freeze only processes NVML places on the agent's GPUs (``timeslice.agent.freeze_off_gpu`` clears it)."""
+        self._ident: dict[int, int | None] = {}
 
     @property
     def name(self) -> str:
@@ -139,21 +142,30 @@ class TrainerBackend:
     def discover(self, job: str, registered: list[int], exclude: set[int] = frozenset()) -> list[int]:
         """The job's processes to freeze: tagged GPU processes plus registered ones, leaders only."""
         tagged = procfs.tagged_processes(job)
-        if self.probe is not None and self.primitives.frees_gpu_memory:
+        registered = [p for p in registered if procfs.identify(p) is not None and procfs.is_thread_group_leader(p)]
+        if self.probe is not None and self.primitives.frees_gpu_memory and self.only_on_gpus:
             gpu_pids = set(self.probe.process_memory())
             visible = {p for p in gpu_pids if procfs.identify(p) is not None}
             if gpu_pids and not visible:
                 if not self._warned_namespace:
                     self._warned_namespace = True
                     log.warning("NVML reports PIDs this agent cannot see (PID namespace?): using tagged processes")
-            else:
+            else:  # a tagged or registered process elsewhere (the rollouter's, say) is not ours to freeze
                 tagged = [p for p in tagged if p in gpu_pids]
-        found = set(tagged) | {p for p in registered if procfs.identify(p) is not None and procfs.is_thread_group_leader(p)}
-        return sorted(found - set(exclude))
+                registered = [p for p in registered if p in gpu_pids]
+        return sorted((set(tagged) | set(registered)) - set(exclude))
 
     # ------------------------------------------------------------------ the sequences
 
+    def _remember(self, pids: list[int], identities: dict[int, int] | None) -> None:
+        """Record who each pid is (its start time), checked again before every driver call."""
+        self._ident = {pid: (identities or {}).get(pid, procfs.start_time(pid)) for pid in pids}
+
     def _timed(self, what: str, pid: int, fn: Callable[[], None]) -> None:
+        expected = self._ident.get(pid)
+        if expected is not None and procfs.start_time(pid) != expected:
+            raise ProcessLookupError(f"pid {pid} is no longer the process the agent recorded (it exited or the pid "
+                                     f"was reused): no {self.name} {what}")
         future = self._pool.submit(fn)
         try:
             future.result(timeout=self.timeout_s)
@@ -185,8 +197,12 @@ class TrainerBackend:
                 raise FreezeError(f"refusing to freeze: {hazards[0]}", unwound=True, refused=True)
         return live
 
-    def freeze(self, pids: list[int]) -> FreezeReport:
-        """Precheck, lock all, then checkpoint all. On failure, unwind and raise :class:`FreezeError`."""
+    def freeze(self, pids: list[int], identities: dict[int, int] | None = None) -> FreezeReport:
+        """Precheck, lock all, then checkpoint all. On failure, unwind and raise :class:`FreezeError`.
+
+        ``identities`` (pid → start time, when the caller recorded them) guard every driver call
+        against a pid that was reused meanwhile; without them the start times are read now."""
+        self._remember(pids, identities)
         pids = self.precheck(pids)
         report = FreezeReport(pids=list(pids), bytes=self._used(pids))
         t0 = time.perf_counter()
@@ -231,8 +247,9 @@ class TrainerBackend:
                 problems.append(f"unlock of pid {pid}: {exc}")
         return problems
 
-    def thaw(self, pids: list[int]) -> ThawReport:
+    def thaw(self, pids: list[int], identities: dict[int, int] | None = None) -> ThawReport:
         """Restore all checkpointed, then unlock all locked. Gone processes are skipped."""
+        self._remember(pids, identities)
         report = ThawReport(pids=list(pids))
         t0 = time.perf_counter()
         states = self.states(pids)
