@@ -1,6 +1,6 @@
 """The lifecycle hookspec: what a verl fully-async trainer tells its hook plugins, and when.
 
-Events are named for what happened in the trainer (DESIGN.md §3). Every hook takes explicit
+Events are named for what happened in the trainer (docs/architecture.md §3). Every hook takes explicit
 keyword context — ``trainer`` (the verl trainer instance, or the demo's stand-in) and ``event`` (a
 frozen record from :mod:`timeslice_verl.events`); an implementation may declare only the
 arguments it needs. Calls are synchronous and run off the trainer actor's event loop, so a hook

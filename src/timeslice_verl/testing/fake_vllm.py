@@ -1,6 +1,6 @@
 """A stand-in vLLM HTTP server for tests and dry runs (never the tenant of a real run).
 
-It follows the contract the agent relies on (DESIGN.md §5) including vLLM's failure modes:
+It follows the contract the agent relies on (docs/architecture.md §5) including vLLM's failure modes:
 
 * ``/pause?mode=wait`` holds new requests and returns once in-flight ones finished; ``mode=abort``
   ends them with ``finish_reason: "abort"``; ``mode=keep`` freezes them; ``/resume`` admits again;
