@@ -23,10 +23,19 @@ _lock = threading.Lock()
 TRAINER_MODULE = "verl.experimental.fully_async_policy.fully_async_trainer"
 FORK_MARKER = "__timeslice_fork_trainer__"
 """Class attribute set on the trainer class the fork adapter registers."""
+V1_MARKER = "__timeslice_v1_trainer__"
+"""Class attribute set on the v1 trainer subclass the v1 adapter registers."""
+_V1_VERSION_ATTR = "_timeslice_param_version"
 
 
-def choose_adapter(setting: str, *, fork_registry: bool, is_fork_trainer: bool) -> str:
-    """Which adapter fires for this trainer: ``fork`` or ``stock`` (``timeslice.adapter``)."""
+def choose_adapter(setting: str, *, fork_registry: bool, is_fork_trainer: bool, is_v1_trainer: bool = False) -> str:
+    """Which adapter fires for this trainer: ``v1``, ``fork`` or ``stock`` (``timeslice.adapter``)."""
+    if is_v1_trainer:
+        if setting not in ("auto", "v1"):
+            raise ConfigError("timeslice.adapter", f"is {setting!r}, but this run uses verl's v1 trainer: use 'auto' or 'v1'")
+        return "v1"
+    if setting == "v1":
+        raise ConfigError("timeslice.adapter", "is 'v1' but this trainer is not verl's v1 separate_async trainer")
     if setting == "stock":
         return "stock"
     if setting == "fork":
@@ -76,17 +85,20 @@ def _bind(trainer: Any) -> Lifecycle | object:
     settings = enabled_settings(getattr(trainer, "config", None))
     if settings is None:
         return _INERT
+    is_v1 = bool(getattr(type(trainer), V1_MARKER, False))
     chosen = choose_adapter(
         settings.adapter,
         fork_registry=_fork_registry_available(trainer),
         is_fork_trainer=bool(getattr(type(trainer), FORK_MARKER, False)),
+        is_v1_trainer=is_v1,
     )
     _check_job_tag(settings)
     key = (os.getpid(), chosen)
     if key not in _announced:
         _announced.add(key)
         log.info("timeslice: %s adapter fires lifecycle events for job %s (pid %d)", chosen, settings.job, os.getpid())
-    return Lifecycle.build(settings, trainer=trainer, adapter=chosen, progress=verl_progress, workers=VerlWorkers(trainer))
+    progress = v1_progress if is_v1 else verl_progress
+    return Lifecycle.build(settings, trainer=trainer, adapter=chosen, progress=progress, workers=VerlWorkers(trainer))
 
 
 def _check_job_tag(settings: TimesliceSettings) -> None:
@@ -98,6 +110,11 @@ def _check_job_tag(settings: TimesliceSettings) -> None:
             f"ray_kwargs.ray_init.runtime_env.env_vars.{JOB_TAG_ENV}={settings.job} too (the agent finds "
             "the job's GPU processes by that tag)",
         )
+
+
+def v1_progress(trainer: Any) -> tuple[int, int]:
+    """(step, param version): v1 counts weight pushes itself; the v1 adapter counts them as they happen."""
+    return int(getattr(trainer, "global_steps", 0) or 0), int(trainer.__dict__.get(_V1_VERSION_ATTR, 0))
 
 
 def verl_progress(trainer: Any) -> tuple[int, int]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from timeslice_verl.config import ConfigError, enabled_settings
+from timeslice_verl.config import ConfigError, TimesliceSettings, enabled_settings
 
 BUNDLED_AGENT = "agent"
 
@@ -30,11 +30,47 @@ def _select(config: Any, key: str) -> Any:
         return None
 
 
-def preflight(config: Any) -> None:
+def check_v1(config: Any, settings: TimesliceSettings) -> None:
+    """What verl's v1 trainer must look like for time-slicing (raises :class:`ConfigError`)."""
+    if settings.adapter not in ("auto", "v1"):
+        raise ConfigError("timeslice.adapter", f"is {settings.adapter!r}, but this run uses verl's v1 trainer: "
+                          "use 'auto' or 'v1'")
+    mode = _select(config, "trainer.v1.trainer_mode")
+    if mode != "separate_async":
+        raise ConfigError("trainer.v1.trainer_mode", f"is {mode!r}: time-slicing serves the v1 'separate_async' "
+                          "trainer (its GPUs wait for a standalone rollout); the other modes roll out on the "
+                          "trainer's own GPUs")
+    if BUNDLED_AGENT in settings.plugins.disabled:
+        return  # observe-only: verl's own use of the GPUs is no conflict
+    switch = bool(_select(config, "trainer.v1.separate_async.hybrid_rollout.enable_switch"))
+    if _select(config, "actor_rollout_ref.hybrid_engine") is not False:
+        raise ConfigError(
+            "actor_rollout_ref.hybrid_engine",
+            "is true: verl's hybrid rollout replicas share the trainer's GPUs"
+            + (" and trainer.v1.separate_async.hybrid_rollout.enable_switch lends them to verl's own rollout"
+               if switch else " (validation and the first step run on them)")
+            + ", while time-slicing lends those GPUs to the batch tenant. Set actor_rollout_ref.hybrid_engine=False "
+            "(rollout then runs on the standalone replicas only), or use +timeslice=observe",
+        )
+
+
+def _is_v1_runner(runner: Any) -> bool:
+    cls = getattr(runner, "__ray_actor_class__", runner)
+    return getattr(cls, "__name__", "") == "TaskRunnerV1"
+
+
+def preflight(config: Any, *, v1: bool = False) -> None:
     """Raise :class:`ConfigError` naming the key when time-slicing cannot serve this verl config."""
     settings = enabled_settings(config)
-    if settings is None or BUNDLED_AGENT in settings.plugins.disabled:
-        return  # off, or observe-only: the GPU is never handed over
+    if settings is None:
+        return
+    if v1:
+        check_v1(config, settings)
+    elif settings.adapter == "v1":
+        raise ConfigError("timeslice.adapter", "is 'v1' but this is not verl's v1 trainer (python -m "
+                          "verl.trainer.main_ppo trainer.use_v1=True trainer.v1.trainer_mode=separate_async)")
+    if BUNDLED_AGENT in settings.plugins.disabled:
+        return  # observe-only: the GPU is never handed over
     for key, what in GPU_USE_WHILE_RELEASED.items():
         if _select(config, key):
             raise ConfigError(
@@ -47,5 +83,6 @@ def preflight(config: Any) -> None:
 def wrap_run_ppo(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     """``wrapt`` wrapper of ``verl.trainer.main_ppo.run_ppo``: preflight, then verl."""
     config = kwargs.get("config", args[0] if args else None)
-    preflight(config)
+    runner = kwargs.get("task_runner_class", args[1] if len(args) > 1 else None)
+    preflight(config, v1=_is_v1_runner(runner))
     return wrapped(*args, **kwargs)

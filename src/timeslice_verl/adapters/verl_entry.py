@@ -53,6 +53,17 @@ def install_preflight(module: ModuleType) -> None:
         log.exception("timeslice: could not install the config preflight")
 
 
+def install_v1_adapter(module: ModuleType) -> None:
+    """Register the v1 adapter's trainer when verl's v1 ``separate_async`` trainer is imported."""
+    from timeslice_verl.adapters import v1
+
+    try:
+        v1.install(module)
+    except Exception:  # never break `import verl`
+        log.exception("timeslice: could not install the v1 adapter; time-slicing is off for v1 runs")
+
+
 wrapt.register_post_import_hook(install_adapters, TRAINER_MODULE)
+wrapt.register_post_import_hook(install_v1_adapter, "verl.trainer.ppo.v1.trainer_separate_async")
 wrapt.register_post_import_hook(install_preflight, "verl.trainer.main_ppo")
 wrapt.register_post_import_hook(install_worker_methods, "verl.single_controller.base.worker")

@@ -1,0 +1,182 @@
+"""v1 adapter: fire the lifecycle events from verl's v1 ``separate_async`` trainer through its own hooks.
+
+verl 0.9's v1 trainer (``python -m verl.trainer.main_ppo trainer.use_v1=True
+trainer.v1.trainer_mode=separate_async``) has a trainer registry and ``on_*`` template methods. This
+adapter subclasses ``PPOTrainerSeparateAsync`` — overrides call ``super()`` first or last, never
+replace verl's behaviour — and registers the subclass as ``timeslice`` and in place of
+``separate_async`` (inert without an enabled ``timeslice`` section, so plain v1 runs are unchanged).
+
+=============================  =========================================================
+v1 phase                       events
+=============================  =========================================================
+``_setup`` (inside ``init``)   init_workers_begin / init_workers_end
+``on_init_end``                weight_sync_begin / weight_sync_end (``initial``: the first push)
+``on_sample_end``              post_rollout (the replay buffer handed over a mini-batch), then
+                               pre_train_step (the trainer's GPU is used next)
+``_save_checkpoint``           save_checkpoint_begin (may veto) / save_checkpoint_end
+``on_step_end``                weight_sync_begin / weight_sync_end (the push to the rollout)
+``fit``                        trainer_exception on error; timeslice_stop at the end
+=============================  =========================================================
+
+The trainer's GPU is idle while ``replay_buffer.sample`` waits (between ``on_sample_begin`` and
+``on_sample_end``); the agent plugin releases it at ``weight_sync_end`` and takes it back at
+``pre_train_step``. verl's own hybrid rollout replicas would use the same GPUs in that valley
+(``actor_rollout_ref.hybrid_engine``, ``hybrid_rollout.enable_switch``), so the two are refused
+together, before anything is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from types import ModuleType
+from typing import Any, Iterator
+
+from timeslice_verl.adapters.binding import _V1_VERSION_ATTR, V1_MARKER, lifecycle_for
+from timeslice_verl.adapters.preflight import check_v1
+from timeslice_verl.config import enabled_settings
+from timeslice_verl.events import CheckpointEvent, InitWorkersEvent, RolloutEvent, TrainStepEvent, WeightSyncEvent
+from timeslice_verl.log import get_logger
+
+log = get_logger("adapter.v1")
+
+NAME = "v1"
+TRAINER_NAME = "timeslice"
+MODULE = "verl.trainer.ppo.v1.trainer_separate_async"
+_VERSION_ATTR = _V1_VERSION_ATTR
+
+
+@contextlib.contextmanager
+def _verl_091_setup_logging(module: ModuleType, trainer: Any) -> Iterator[None]:
+    """verl 0.9.1's ``_setup`` logs with ``logger.info(..., flush=True)`` when hybrid replicas are off,
+    which raises TypeError whenever INFO is enabled: the very setting time-slicing needs. Its INFO
+    lines are skipped during that call (WARNING and above still show)."""
+    logger = getattr(module, "logger", None)
+    if logger is None or getattr(trainer, "_enable_hybrid_replicas", True) or not logger.isEnabledFor(logging.INFO):
+        yield
+        return
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def build(module: ModuleType) -> type:
+    """The timeslice subclass of the module's ``PPOTrainerSeparateAsync``."""
+    base = module.PPOTrainerSeparateAsync
+
+    class TimesliceSeparateAsync(base):  # type: ignore[misc, valid-type]
+        """verl's ``separate_async`` trainer, telling timeslice's plugins what it does."""
+
+        def __init__(self, config: Any) -> None:
+            settings = enabled_settings(config)
+            if settings is not None:
+                check_v1(config, settings)  # before verl builds anything on the GPUs
+            super().__init__(config)
+
+        def _setup(self) -> None:
+            lc = lifecycle_for(self, NAME)
+            if lc is None:
+                return super()._setup()
+            t0 = time.monotonic()
+            lc.call("init_workers_begin", lc.event(InitWorkersEvent))
+            try:
+                with _verl_091_setup_logging(module, self):
+                    super()._setup()
+            except BaseException as exc:
+                lc.report_exception("init_workers", exc)
+                raise
+            lc.call("init_workers_end", lc.event(InitWorkersEvent, elapsed_s=round(time.monotonic() - t0, 6)))
+
+        def on_init_end(self) -> None:
+            self._timeslice_sync(initial=True, push=super().on_init_end)
+
+        def on_sample_begin(self) -> None:
+            super().on_sample_begin()
+            self.__dict__["_timeslice_sample_t0"] = time.monotonic()
+
+        def on_sample_end(self) -> None:
+            super().on_sample_end()
+            lc = lifecycle_for(self, NAME)
+            if lc is None:
+                return
+            waited = time.monotonic() - self.__dict__.pop("_timeslice_sample_t0", time.monotonic())
+            samples = int(self.config.data.train_batch_size) // max(1, int(self.parameter_sync_step))
+            lc.call("post_rollout", lc.event(RolloutEvent, samples=samples, required_samples=samples,
+                                             queue_wait_s=round(waited, 6)))
+            lc.call("pre_train_step", lc.event(TrainStepEvent, local_step=int(self.local_trigger_step) + 1, samples=samples))
+
+        def _save_checkpoint(self) -> None:
+            lc = lifecycle_for(self, NAME)
+            if lc is None:
+                return super()._save_checkpoint()
+            force = int(self.global_steps) >= int(getattr(self, "total_training_steps", 0) or 0)
+            if False in lc.call("save_checkpoint_begin", lc.event(CheckpointEvent, force=force)):
+                log.warning("checkpoint save at step %s vetoed by a plugin", self.global_steps)
+                lc.call("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=False, elapsed_s=0.0))
+                return None
+            t0 = time.monotonic()
+            try:
+                super()._save_checkpoint()
+            except BaseException:
+                lc.call("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=False,
+                                                        elapsed_s=round(time.monotonic() - t0, 6)))
+                raise
+            lc.call("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=True,
+                                                    elapsed_s=round(time.monotonic() - t0, 6)))
+            return None
+
+        def on_step_end(self) -> None:
+            self._timeslice_sync(initial=False, push=super().on_step_end)
+
+        def _timeslice_sync(self, *, initial: bool, push: Any) -> None:
+            lc = lifecycle_for(self, NAME)
+            if lc is None:
+                return push()
+            t0 = time.monotonic()
+            lc.call("weight_sync_begin", lc.event(WeightSyncEvent, initial=initial))
+            try:
+                push()
+            except BaseException as exc:
+                lc.report_exception("update_weights", exc)
+                raise
+            if not initial:
+                self.__dict__[_VERSION_ATTR] = self.__dict__.get(_VERSION_ATTR, 0) + 1
+            # v1 saves before it pushes, so no save follows a push in the same step
+            lc.call("weight_sync_end", lc.event(WeightSyncEvent, initial=initial, synced=True,
+                                                elapsed_s=round(time.monotonic() - t0, 6)))
+
+        def fit(self, *args: Any, **kwargs: Any) -> Any:
+            lc = lifecycle_for(self, NAME)
+            try:
+                result = super().fit(*args, **kwargs)
+            except BaseException as exc:
+                if lc is not None:
+                    lc.report_exception("fit", exc)
+                    lc.stop("error")
+                raise
+            if lc is not None:
+                lc.stop("finished")
+            return result
+
+    setattr(TimesliceSeparateAsync, V1_MARKER, True)
+    TimesliceSeparateAsync.__module__ = __name__
+    return TimesliceSeparateAsync
+
+
+def install(module: ModuleType) -> type:
+    """Register the subclass as ``timeslice`` and in place of ``separate_async`` (idempotent)."""
+    from verl.trainer.ppo.v1 import trainer_base
+
+    current = trainer_base.TRAINER_REGISTRY.get("separate_async")
+    if current is not None and getattr(current, V1_MARKER, False):
+        return current
+    cls = build(module)
+    trainer_base.TRAINER_REGISTRY["separate_async"] = cls  # inert without a timeslice section
+    trainer_base.register_trainer(TRAINER_NAME)(cls)
+    module.TimesliceSeparateAsync = cls
+    log.debug("v1 adapter: %s registered as %r and 'separate_async'", cls.__qualname__, TRAINER_NAME)
+    return cls
