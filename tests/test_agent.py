@@ -75,7 +75,7 @@ def test_acquire_release_cycles_move_the_gpu_between_trainer_and_tenant(agent, v
             assert agent.status()["owner"] == "tenant"
             assert not stopped(untagged.pid), "an untagged process is never touched"
         job = agent.job("job-a")
-        assert job["state"] == "SAVED" and job["pids"] == [w.pid]
+        assert job["state"] == "FROZEN" and job["pids"] == [w.pid]
     assert untagged.pid not in agent.job("job-a")["pids"]
 
 
@@ -189,20 +189,20 @@ def test_agent_sigkill_and_restart_reconciles_with_the_processes(tmp_path, vllm,
     wa, wb = worker(procs, "job-a"), worker(procs, "job-b")
     ca, cb = a.client(), a.client()
     ca.acquire("job-a")
-    ca.release("job-a", wait=True)  # a: SAVED (frozen)
+    ca.release("job-a", wait=True)  # a: FROZEN
     cb.acquire("job-b")  # b: holding
     assert stopped(wa.pid) and not stopped(wb.pid) and vllm.sleeping()
     recorded = json.loads(a.state_file.read_text())
-    assert {j["name"]: j["state"] for j in recorded["jobs"]} == {"job-a": "SAVED", "job-b": "RUNNING"}
+    assert {j["name"]: j["state"] for j in recorded["jobs"]} == {"job-a": "FROZEN", "job-b": "RUNNING"}
 
     a.kill(signal.SIGKILL)
     assert stopped(wa.pid) and not stopped(wb.pid), "processes keep their state while the agent is down"
     a.start()
     log = a.log()
-    assert "restart: job job-a was SAVED" in log and "-> SAVED" in log
+    assert "restart: job job-a was FROZEN" in log and "-> FROZEN" in log
     status = a.status()
     jobs = {j["name"]: j for j in status["jobs"]}
-    assert jobs["job-a"]["state"] == "SAVED" and jobs["job-a"]["pids"] == [wa.pid]
+    assert jobs["job-a"]["state"] == "FROZEN" and jobs["job-a"]["pids"] == [wa.pid]
     assert jobs["job-b"]["state"] == "RUNNING" and jobs["job-b"]["holding"] and not jobs["job-b"]["attached"]
     assert status["owner"] == "job:job-b" and vllm.sleeping(), "a job that held the GPU keeps it across an agent restart"
 
@@ -215,7 +215,7 @@ def test_agent_sigkill_and_restart_reconciles_with_the_processes(tmp_path, vllm,
 
 
 def test_restart_after_sigkill_mid_freeze_brings_the_job_back_running(tmp_path, vllm, procs):
-    """A crash between checkpointing some processes and recording SAVED: the restart unwinds it."""
+    """A crash between checkpointing some processes and recording FROZEN: the restart unwinds it."""
     a = AgentProc(tmp_path, tenant_url=vllm.url).start()
     procs.append(a)
     w1, w2 = worker(procs, "job-a"), worker(procs, "job-a")
@@ -228,7 +228,7 @@ def test_restart_after_sigkill_mid_freeze_brings_the_job_back_running(tmp_path, 
     a.state_file.write_text(json.dumps(state))
     a.start()
     job = a.job("job-a")
-    assert job["state"] == "SAVED", "recovered to running, then parked again as nobody holds it"
+    assert job["state"] == "FROZEN", "recovered to running, then parked again as nobody holds it"
     assert stopped(w1.pid) and stopped(w2.pid) and not vllm.sleeping()
     assert "restart: job job-a was TRANSITIONING" in a.log()
 
@@ -355,7 +355,7 @@ def test_tenant_that_dies_never_blocks_the_trainer(agent, vllm, procs):
         status = agent.status()
         assert status["tenant"]["state"] == "dead" and status["owner"] == "job:job-a"
         c.release("job-a", wait=True)
-    assert agent.job("job-a")["state"] == "SAVED"
+    assert agent.job("job-a")["state"] == "FROZEN"
 
 
 def test_status_cli_renders_the_state(agent, procs):

@@ -1,18 +1,11 @@
-"""Who owns the GPU, and the single worker that moves it there.
+"""The request API and the reconciler: who asked for the GPU, and the single worker that moves it.
 
-Rules (docs/architecture.md §5):
-
-* a trainer job that asks (``acquire``) gets the GPU before the tenant; several jobs queue FIFO;
-* the tenant (vLLM) holds the GPU whenever no trainer job holds, waits for or has prepared it;
-* exactly one transition at a time: a single reconciler task computes the desired owner and
-  performs the next move (tenant yield, freeze of another job, thaw, grant, tenant reclaim),
-  re-reading the situation after each one, so requests that arrive mid-transition are honoured
-  at the next step instead of racing it;
-* a job whose client disconnects, or whose processes die, stops holding at once (the reconciler
-  then parks it and wakes the tenant); a tenant that stops answering is marked dead and ignored.
-
-Every change is persisted through :class:`~timeslice_verl.agent.state.StateStore`; on start the
-arbiter reconciles the recorded jobs with what the driver reports before it serves anyone.
+Requests (acquire, release, prepare, register, disconnect) only change the recorded wishes; one
+reconciler task asks the pure policy (:mod:`~timeslice_verl.agent.policy`) for the next move and
+makes it (:mod:`~timeslice_verl.agent.transitions`), re-reading the situation after each, so requests
+that arrive mid-transition are honoured at the next step instead of racing it. Start and shutdown
+live in :mod:`~timeslice_verl.agent.recovery`, periodic checks in :mod:`~timeslice_verl.agent.watchdog`.
+Every change is persisted through :class:`~timeslice_verl.agent.state.StateStore`.
 """
 
 from __future__ import annotations
@@ -25,21 +18,22 @@ from typing import Any, Callable
 
 from timeslice_verl.agent import procfs
 from timeslice_verl.agent.gpu import NvmlProbe
+from timeslice_verl.agent.policy import TENANT_FAULTED, JobView, World, next_move
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
-from timeslice_verl.agent.state import FAULTED, RUNNING, SAVED, TRANSITIONING, Job, StateStore, TenantRecord
-from timeslice_verl.agent.tenant import ASLEEP, AWAKE, DEAD, TenantDead, TenantError, VllmTenant
-from timeslice_verl.agent.trainer.base import FreezeError, ProcState, ThawError, TrainerBackend
+from timeslice_verl.agent.recovery import RecoveryMixin
+from timeslice_verl.agent.state import RUNNING, Job, StateStore, TenantRecord
+from timeslice_verl.agent.tenant import ASLEEP, AWAKE, TenantError, VllmTenant
+from timeslice_verl.agent.trainer.base import ThawError, TrainerBackend
+from timeslice_verl.agent.transitions import TransitionsMixin
+from timeslice_verl.agent.watchdog import WatchdogMixin
 from timeslice_verl.events import Transition
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent")
 
-TENANT_FAULTED = "faulted"
-RESTORE_MEMORY_WAIT_S = 15.0
-RESTORE_MARGIN_BYTES = 256 * 1024**2
 
 
-class Arbiter:
+class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
     def __init__(
         self,
         backend: TrainerBackend,
@@ -79,104 +73,6 @@ class Arbiter:
         self._live_connections: set[int] = set()
         self._next_tenant_probe = 0.0
         self.started = time.time()
-
-    # ================================================================== lifecycle
-
-    async def start(self, tenant_url: str = "", sleep_level: int = 1) -> None:
-        """Reconcile the persisted state with reality, then start the reconciler and the watchdog."""
-        jobs, tenant_rec, _ = self.store.load()
-        for job in jobs.values():
-            await self._reconcile_job(job)
-        self.jobs = {name: job for name, job in jobs.items() if job.procs or job.registered or job.holding}
-        url, level = tenant_url, sleep_level
-        if tenant_rec and tenant_rec.url.rstrip("/") != tenant_url.rstrip("/"):
-            if tenant_url:  # the configured tenant replaces the recorded one: never leave that one asleep
-                await self._wake_forgotten(tenant_rec)
-            else:
-                url, level = tenant_rec.url, tenant_rec.sleep_level
-        if url:
-            try:
-                await self.register_tenant(url, level, persist=False)
-            except (TenantError, ProtocolError) as exc:
-                log.error("tenant %s: %s (will retry)", url, exc)
-                self.tenant = self._make_tenant(url, level)
-                self.tenant_rec = TenantRecord(url=url, state=DEAD, sleep_level=level, error=str(exc))
-        self._persist()
-        self._tasks = [asyncio.create_task(self._reconciler(), name="reconciler"), asyncio.create_task(self._watchdog(), name="watchdog")]
-        self.wake()
-
-    async def _wake_forgotten(self, record: TenantRecord) -> None:
-        old = self._make_tenant(record.url, record.sleep_level)
-        try:
-            await old.register()
-            if old.state == ASLEEP:
-                await old.reclaim()
-                log.info("restart: woke the previously registered tenant %s before switching tenants", record.url)
-        except TenantError as exc:
-            log.info("restart: previously registered tenant %s: %s", record.url, exc)
-        finally:
-            await old.close()
-
-    async def _reconcile_job(self, job: Job) -> None:
-        before = (job.state, [p.pid for p in job.procs])
-        job.procs = [p for p in job.procs if procfs.alive(p)]
-        job.registered = [p for p in job.registered if procfs.alive(p)]
-        pids = job.pids()
-        job.direction = ""
-        if not pids:
-            job.state, job.saved_bytes = RUNNING, 0
-            log.info("restart: job %s has no live process any more (was %s %s)", job.name, *before)
-            return
-        states = await asyncio.to_thread(self.backend.states, pids)
-        values = set(states.values()) - {ProcState.GONE}
-        if values == {ProcState.CHECKPOINTED}:
-            job.state = SAVED
-        elif values <= {ProcState.RUNNING}:
-            job.state = RUNNING
-        elif ProcState.FAILED in values:
-            job.state, job.fault = FAULTED, f"driver reports FAILED for pid(s) {[p for p, s in states.items() if s == ProcState.FAILED]}"
-        else:  # interrupted mid-transition: bring the job back to running, consistently
-            try:
-                await asyncio.to_thread(self.backend.thaw, pids, self._identities(job))
-                job.state = RUNNING
-            except ThawError as exc:
-                job.state = SAVED if exc.still_frozen else FAULTED
-                job.fault = f"restart recovery: {exc}"
-        log.info("restart: job %s was %s, processes %s are %s -> %s", job.name, before[0], pids,
-                 sorted({s.value for s in states.values()}), job.state)
-
-    async def shutdown(self) -> None:
-        """Stop serving; thaw every frozen job and wake the tenant, so nothing is left parked."""
-        self.shutting_down = True
-        for _name, fut in list(self.waiters.items()):
-            if not fut.done():
-                fut.set_exception(ProtocolError(ErrorCode.SHUTTING_DOWN, "the agent is shutting down"))
-        self.queue.clear()
-        self.waiters.clear()
-        await self._step_lock.acquire()  # let a transition in progress finish, start no new one
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
-        for job in list(self.jobs.values()):
-            if job.state in (SAVED, FAULTED, TRANSITIONING) and job.pids():
-                try:
-                    await self._thaw(job, reason="agent shutdown")
-                except Exception as exc:
-                    log.error("shutdown: job %s could not be thawed: %s", job.name, exc)
-        if self.tenant is not None and self.tenant_rec and self.tenant_rec.state in (ASLEEP, TENANT_FAULTED):
-            try:
-                await self._tenant_reclaim(check_memory=True)
-            except Exception as exc:
-                log.error("shutdown: tenant could not be woken: %s", exc)
-        self._persist()
-        if self.tenant is not None:
-            await self.tenant.close()
-        self.backend.close()
-        self._step_lock.release()
 
     # ================================================================== requests
 
@@ -378,60 +274,49 @@ class Arbiter:
             if not self._wake.is_set():
                 self._idle.set()
 
-    def _desired(self) -> Job | None:
-        """The job that should own the GPU now, or None for the tenant."""
-        for job in self.jobs.values():
-            if job.holding:
-                return job
-        if self.queue:
-            return self.jobs[self.queue[0]]
-        now = time.monotonic()
-        prepared = [j for j in self.jobs.values() if j.prepared_until > now]
-        return min(prepared, key=lambda j: j.prepared_until) if prepared else None
+    def _world(self) -> World:
+        """The policy's view of the jobs, the queue and the tenant."""
+        tenant = self.tenant_rec.state if (self.tenant is not None and self.tenant_rec) else ""
+        jobs = tuple(
+            JobView(name=j.name, state=j.state, holding=j.holding, queued=j.name in self.queue, prepared_until=j.prepared_until,
+                    refused=bool(j.refused), ending=j.ending, has_pids=bool(j.pids()))
+            for j in self.jobs.values()
+        )
+        room = self._room_for_tenant() if tenant in (ASLEEP, TENANT_FAULTED) else True
+        return World(jobs=jobs, queue_head=self.queue[0] if self.queue else None, tenant=tenant, room_for_tenant=room,
+                     now=time.monotonic())
 
     async def _step(self) -> bool:
-        for job in list(self.jobs.values()):
-            if job.ending and not job.holding and job.name not in self.queue:
-                if job.state in (SAVED, FAULTED) and job.pids():
-                    try:
-                        await self._thaw(job, reason="job ended")  # never leave an ended job's processes frozen
-                    except ThawError:
-                        job.ending = False  # handled like any frozen job: retried on acquire, at shutdown
-                        return True
-                log.info("job %s ended: forgotten without a freeze", job.name)
-                del self.jobs[job.name]
-                self._persist()
-                return True
-        target = self._desired()
-        tenant_state = self.tenant_rec.state if (self.tenant is not None and self.tenant_rec) else ""
-        if target is not None:
-            if tenant_state == AWAKE:
-                await self._tenant_yield()
-                return True
-            for other in self.jobs.values():
-                if other is not target and other.state == RUNNING and not other.holding and not other.refused:
-                    await self._freeze(other)
-                    return True
-            waiting = bool(self.queue) and self.queue[0] == target.name
-            if target.state == SAVED:
-                await self._thaw_for(target, waiting)
-                return True
-            if target.state == FAULTED:
-                return await self._recover_faulted(target, waiting)
-            if target.state == RUNNING and waiting:
-                self._grant(target)
-                return True
+        """Make the policy's next move; False when there is none."""
+        move = next_move(self._world())
+        if move is None:
             return False
-        for job in self.jobs.values():
-            if job.state == RUNNING and not job.holding and not job.refused:
-                await self._freeze(job)
-                return True
-        if any(job.refused and job.state == RUNNING for job in self.jobs.values()):
-            return False  # a job that could not be frozen is still on the GPU: the tenant sleeps on
-        if tenant_state in (ASLEEP, TENANT_FAULTED) and self._room_for_tenant():
+        job = self.jobs.get(move.job) if move.job else None
+        if move.kind in ("forget", "thaw_ended") and job is not None:
+            if move.kind == "thaw_ended":
+                try:
+                    await self._thaw(job, reason="job ended")  # never leave an ended job's processes frozen
+                except ThawError:
+                    job.ending = False  # handled like any frozen job: retried on acquire, at shutdown
+                    return True
+            log.info("job %s ended: forgotten without a freeze", job.name)
+            del self.jobs[job.name]
+            self._persist()
+        elif move.kind == "tenant_yield":
+            await self._tenant_yield()
+        elif move.kind == "tenant_reclaim":
             await self._tenant_reclaim(check_memory=False)
-            return True
-        return False
+        elif move.kind == "freeze" and job is not None:
+            await self._freeze(job)
+        elif move.kind == "thaw" and job is not None:
+            await self._thaw_for(job, move.waiting)
+        elif move.kind == "recover" and job is not None:
+            return await self._recover_faulted(job, move.waiting)
+        elif move.kind == "grant" and job is not None:
+            self._grant(job)
+        else:  # pragma: no cover - the policy names a job that is gone
+            return False
+        return True
 
     def _client_pids(self) -> set[int]:
         """Never frozen: the agent itself and every connected client (a trainer driver, say)."""
@@ -452,245 +337,18 @@ class Arbiter:
         log.info("grant: job %s owns the GPU", job.name)
         self._persist()
 
-    async def _recover_faulted(self, job: Job, waiting: bool) -> bool:
-        states = await asyncio.to_thread(self.backend.states, job.pids())
-        live = {s for s in states.values() if s != ProcState.GONE}
-        if live <= {ProcState.RUNNING}:
-            job.state = RUNNING  # a failed freeze was unwound: its processes are on the GPU
-            log.info("job %s recovers from fault %r: its processes are running", job.name, job.fault)
-            self._persist()
-            return True
-        if waiting:
-            await self._thaw_for(job, waiting)
-            return True
-        return False
 
-    # ================================================================== transitions
 
-    def _record(
-        self, action: str, subject: str, start: float, ok: bool, nbytes: int = 0, detail: str = "", phases: dict[str, float] | None = None
-    ) -> Transition:
-        t = Transition(
-            action=action, subject=subject, start=start, end=time.time(), ok=ok, bytes=nbytes, detail=detail,
-            phases={k: round(v, 6) for k, v in (phases or {}).items()},
-        )
-        self.seq += 1
-        self.transitions.append((self.seq, t))
-        self._notify("transition", t.to_dict())
-        return t
 
-    def _since(self, seq: int) -> list[tuple[int, Transition]]:
-        return [(s, t) for s, t in self.transitions if s > seq]
 
-    def _report(self, job: Job) -> list[dict[str, Any]]:
-        out = [t.to_dict() for _, t in self._since(job.cursor)]
-        job.cursor = self.seq
-        return out
 
-    def _notify(self, kind: str, data: dict[str, Any]) -> None:
-        for listener in self.listeners:
-            try:
-                listener(kind, data)
-            except Exception:  # pragma: no cover - a metrics bug must not stop the agent
-                log.exception("listener failed")
 
-    async def _freeze(self, job: Job) -> None:
-        pids = await asyncio.to_thread(self.backend.discover, job.name, job.pids(), self._client_pids())
-        start = time.time()
-        if not pids:  # nothing of this job is on the GPU (yet): nothing to park
-            job.state, job.saved_bytes, job.procs = SAVED, 0, []
-            self._record("freeze", job.name, start, True, 0, "no process of the job found")
-            self._persist()
-            return
-        job.state, job.direction = TRANSITIONING, "freeze"
-        self.current = f"freeze {job.name}"
-        self._persist()
-        identities = {p.pid: p.start for p in (procfs.identify(pid) for pid in pids) if p is not None}
-        try:
-            report = await asyncio.to_thread(self.backend.freeze, pids, identities)
-        except FreezeError as exc:
-            if exc.refused:  # nothing was touched: the job keeps the GPU for this valley, the tenant sleeps on
-                job.state, job.direction, job.refused = RUNNING, "", str(exc)
-                self._record("freeze", job.name, start, False, detail=str(exc))
-                log.error("freeze of job %s refused: %s (the job keeps the GPU; the tenant stays asleep)", job.name, exc)
-                self._persist()
-                return
-            job.state, job.direction, job.fault = FAULTED, "", f"freeze failed: {exc}"
-            self._record("freeze", job.name, start, False, detail=str(exc))
-            log.error("freeze of job %s failed: %s", job.name, exc)
-            self._persist()
-            return
-        finally:
-            self.current = ""
-        job.procs = [p for p in (procfs.identify(pid) for pid in pids) if p is not None]
-        job.state, job.direction, job.saved_bytes, job.fault = SAVED, "", report.bytes, ""
-        job.last_freeze_s = report.total_s
-        detail = f"{len(pids)} process(es)" + (f", {report.gb_per_s:.2f} GB/s" if report.gb_per_s else "")
-        phases = {"lock": report.lock_s, "checkpoint": report.checkpoint_s}
-        self._record("freeze", job.name, start, True, report.bytes, detail, phases)
-        log.info(
-            "freeze: job %s pids %s %.2f GiB in %.3f s (lock %.1f ms, checkpoint %.3f s)",
-            job.name, pids, report.bytes / 2**30, report.total_s, report.lock_s * 1e3, report.checkpoint_s,
-        )
-        self._persist()
 
-    async def _thaw_for(self, job: Job, waiting: bool) -> None:
-        try:
-            await self._thaw(job, reason="grant")
-        except ThawError as exc:
-            if waiting:
-                self._drop_waiter(job.name, ProtocolError(ErrorCode.FAULT, f"restore of job {job.name!r} failed: {exc}"))
-            else:
-                job.prepared_until = 0.0
 
-    async def _thaw(self, job: Job, reason: str) -> None:
-        pids = job.pids()
-        start = time.time()
-        if self.probe is not None and self.backend.frees_gpu_memory and job.saved_bytes:
-            await self._wait_for_room(job)
-        job.state, job.direction = TRANSITIONING, "thaw"
-        self.current = f"thaw {job.name}"
-        self._persist()
-        try:
-            report = await asyncio.to_thread(self.backend.thaw, pids, self._identities(job))
-        except ThawError as exc:
-            job.state = SAVED if exc.still_frozen else FAULTED
-            job.direction, job.fault = "", f"restore failed: {exc}"
-            self._record("thaw", job.name, start, False, detail=str(exc))
-            log.error("thaw of job %s failed (%s): %s", job.name, reason, exc)
-            self._persist()
-            raise
-        finally:
-            self.current = ""
-        job.state, job.direction, job.fault = RUNNING, "", ""
-        job.last_restore_s = report.total_s
-        nbytes = report.bytes or job.saved_bytes
-        detail = f"{len(report.restored)} process(es) restored" + (f", {report.gb_per_s:.2f} GB/s" if report.gb_per_s else "")
-        phases = {"restore": report.restore_s, "unlock": report.unlock_s}
-        self._record("thaw", job.name, start, True, nbytes, detail, phases)
-        log.info("thaw: job %s pids %s in %.3f s (restore %.3f s, unlock %.1f ms)", job.name, pids, report.total_s,
-                 report.restore_s, report.unlock_s * 1e3)
-        self._persist()
 
-    @staticmethod
-    def _identities(job: Job) -> dict[int, int]:
-        """pid → start time as recorded when the job's processes were frozen or registered."""
-        return {p.pid: p.start for p in [*job.registered, *job.procs]}
 
-    async def _wait_for_room(self, job: Job) -> None:
-        """A restore that runs out of GPU memory leaves the process stuck: check first."""
-        need = job.saved_bytes + RESTORE_MARGIN_BYTES
-        deadline = time.monotonic() + RESTORE_MEMORY_WAIT_S
-        while True:
-            free = self.probe.memory().free  # type: ignore[union-attr]
-            if free >= need:
-                return
-            if time.monotonic() > deadline:
-                users = self.probe.process_memory()  # type: ignore[union-attr]
-                raise ThawError(
-                    f"not enough free GPU memory to restore job {job.name!r}: needs {need / 2**30:.2f} GiB, "
-                    f"{free / 2**30:.2f} GiB free (GPU processes: {users})",
-                    still_frozen=True,
-                )
-            await asyncio.sleep(0.1)
 
-    async def _tenant_move(self, action: str, move: Callable[[], Any]) -> float | None:
-        """Run a tenant yield/reclaim; on failure record it, mark the tenant dead or faulted, return None."""
-        assert self.tenant is not None and self.tenant_rec is not None
-        start = time.time()
-        self.current = action.replace("_", " ")
-        try:
-            return await move()
-        except TenantError as exc:
-            dead = isinstance(exc, TenantDead)
-            self.tenant_rec.state, self.tenant_rec.error = (DEAD if dead else TENANT_FAULTED), str(exc)
-            self._record(action, self.tenant.url, start, False, detail=str(exc))
-            log.error("%s failed: %s%s", action, exc, " (the trainer is unaffected)" if dead else "")
-            self._next_tenant_probe = time.monotonic() + 5.0
-            self._persist()
-            return None
-        finally:
-            self.current = ""
 
-    async def _tenant_yield(self) -> None:
-        assert self.tenant is not None and self.tenant_rec is not None
-        start = time.time()
-        free_before = self.probe.memory().free if self.probe else 0
-        seconds = await self._tenant_move("tenant_yield", self.tenant.yield_gpu)
-        if seconds is None:
-            return
-        if self.probe is not None:
-            self.tenant_bytes = max(0, self.probe.memory().free - free_before)
-        self.tenant_rec.state, self.tenant_rec.error = ASLEEP, ""
-        self._record("tenant_yield", self.tenant.url, start, True, self.tenant_bytes, f"pause+sleep in {seconds:.3f} s")
-        log.info("tenant yield: vLLM paused and asleep in %.3f s", seconds)
-        self._persist()
-
-    async def _tenant_reclaim(self, *, check_memory: bool) -> None:
-        assert self.tenant is not None and self.tenant_rec is not None
-        if check_memory and not self._room_for_tenant():
-            free = self.probe.memory().free if self.probe else 0
-            log.warning("not waking vLLM: %.2f GiB free, it needs %.2f GiB", free / 2**30, self.tenant_bytes / 2**30)
-            return
-        start = time.time()
-        seconds = await self._tenant_move("tenant_reclaim", self.tenant.reclaim)
-        if seconds is None:
-            return
-        self.tenant_rec.state, self.tenant_rec.error = AWAKE, ""
-        self._record("tenant_reclaim", self.tenant.url, start, True, self.tenant_bytes, f"wake+resume in {seconds:.3f} s")
-        log.info("tenant reclaim: vLLM awake and serving in %.3f s", seconds)
-        self._persist()
-
-    # ================================================================== watchdog
-
-    async def _watchdog(self) -> None:
-        while True:
-            await asyncio.sleep(self.watch_interval_s)
-            try:
-                await self._watch_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # pragma: no cover
-                log.exception("watchdog failed")
-
-    async def _watch_once(self) -> None:
-        changed = False
-        now = time.monotonic()
-        for name, job in list(self.jobs.items()):
-            if job.prepared_until and job.prepared_until <= now:
-                job.prepared_until = 0.0
-                changed = True
-            known = job.procs + job.registered
-            if not known:
-                if job.attached is None and not job.holding and name not in self.queue and job.state in (RUNNING, SAVED):
-                    del self.jobs[name]
-                    changed = True
-                continue
-            live_procs = [p for p in job.procs if procfs.alive(p)]
-            live_reg = [p for p in job.registered if procfs.alive(p)]
-            if len(live_procs) + len(live_reg) == len(known):
-                continue
-            job.procs, job.registered = live_procs, live_reg
-            changed = True
-            if not job.pids() and job.state != TRANSITIONING:
-                log.warning("job %s: all its processes exited%s", name, " while holding the GPU: releasing" if job.holding else "")
-                job.holding = False
-                job.state, job.saved_bytes = RUNNING, 0
-                if job.attached is None and name not in self.queue:
-                    del self.jobs[name]
-        if self.tenant is not None and self.tenant_rec and self.tenant_rec.state in (DEAD, TENANT_FAULTED) and now >= self._next_tenant_probe:
-            self._next_tenant_probe = now + 5.0
-            if await self.tenant.alive():
-                try:
-                    info = await self.tenant.register()
-                    self.tenant_rec.state, self.tenant_rec.version, self.tenant_rec.error = self.tenant.state, info.version, ""
-                    log.info("tenant %s answers again (%s)", self.tenant.url, self.tenant.state)
-                    changed = True
-                except TenantError as exc:
-                    self.tenant_rec.error = str(exc)
-        if changed:
-            self._persist()
-            self.wake()
 
     # ================================================================== status / persistence
 

@@ -1,6 +1,6 @@
 """The agent's state machine records and their persistence.
 
-A job is RUNNING (its processes are on the GPU), TRANSITIONING (being frozen or thawed), SAVED
+A job is RUNNING (its processes are on the GPU), TRANSITIONING (being frozen or thawed), FROZEN
 (frozen: GPU memory parked in host RAM) or FAULTED (a transition failed; ``fault`` says why). The
 file is rewritten atomically after every change, so an agent restarted after a crash knows which
 processes it froze and can ask the driver what state they are really in before serving requests.
@@ -21,7 +21,10 @@ from timeslice_verl.log import get_logger
 
 log = get_logger("agent.state")
 
-RUNNING, TRANSITIONING, SAVED, FAULTED = "RUNNING", "TRANSITIONING", "SAVED", "FAULTED"
+from timeslice_verl.agent.policy import FAULTED, FROZEN, RUNNING, TRANSITIONING  # noqa: E402,F401  (one definition)
+
+LEGACY_STATES = {"SAVED": FROZEN}
+"""State names of earlier versions, read from old state files."""
 STATE_VERSION = 1
 
 
@@ -73,7 +76,7 @@ class Job:
     def from_dict(cls, data: dict[str, Any]) -> Job:
         return cls(
             name=str(data["name"]),
-            state=str(data.get("state", RUNNING)),
+            state=LEGACY_STATES.get(str(data.get("state", RUNNING)), str(data.get("state", RUNNING))),
             procs=[ProcId(int(p["pid"]), int(p["start"])) for p in data.get("procs", [])],
             registered=[ProcId(int(p["pid"]), int(p["start"])) for p in data.get("registered", [])],
             saved_bytes=int(data.get("saved_bytes", 0)),

@@ -28,7 +28,7 @@ from timeslice_verl.log import get_logger
 
 log = get_logger("agent.tenant")
 
-AWAKE, ASLEEP, DEAD = "awake", "asleep", "dead"
+from timeslice_verl.agent.policy import ASLEEP, AWAKE, DEAD  # noqa: E402,F401  (one definition)
 
 
 class TenantError(RuntimeError):

@@ -1,0 +1,103 @@
+"""The arbitration policy: from what the agent knows now to the one move it makes next. Pure.
+
+Rules (docs/architecture.md §5), in the order they are applied:
+
+1. a job whose run ended and that holds nothing is forgotten, thawed first if it is frozen;
+2. the GPU's desired owner is the job that holds it, else the head of the FIFO queue, else the job
+   whose ``prepare`` expires first; with none, the tenant;
+3. for a desired job: the tenant yields, then any other idle running job is frozen, then the job is
+   thawed (or recovered from a fault), then — if it is waiting — granted;
+4. with no desired job: idle running jobs are frozen; a job whose freeze was refused keeps the GPU
+   (the tenant sleeps on); otherwise a sleeping or faulted tenant is woken when there is room.
+
+The reconciler in :mod:`timeslice_verl.agent.arbiter` asks for one move, makes it, and asks again,
+so requests that arrive mid-transition are honoured at the next step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RUNNING, TRANSITIONING, FROZEN, FAULTED = "RUNNING", "TRANSITIONING", "FROZEN", "FAULTED"
+AWAKE, ASLEEP, DEAD, TENANT_FAULTED = "awake", "asleep", "dead", "faulted"
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the policy needs to know about one job."""
+
+    name: str
+    state: str = RUNNING
+    holding: bool = False
+    queued: bool = False
+    prepared_until: float = 0.0
+    refused: bool = False
+    """Its last freeze was refused: it keeps the GPU until its next release."""
+    ending: bool = False
+    has_pids: bool = True
+
+
+@dataclass(frozen=True)
+class World:
+    jobs: tuple[JobView, ...] = ()
+    queue_head: str | None = None
+    tenant: str = ""
+    """The tenant's state (``awake``, ``asleep``, ``dead``, ``faulted``) or ``""`` without a tenant."""
+    room_for_tenant: bool = True
+    now: float = 0.0
+
+
+@dataclass(frozen=True)
+class Move:
+    kind: str
+    """``forget``, ``thaw_ended``, ``tenant_yield``, ``freeze``, ``thaw``, ``recover``, ``grant`` or
+    ``tenant_reclaim``."""
+    job: str = ""
+    waiting: bool = False
+    """For ``thaw``/``recover``: the job is at the head of the queue (an acquire waits on it)."""
+
+
+def desired(world: World) -> JobView | None:
+    """The job that should own the GPU now, or None for the tenant."""
+    for job in world.jobs:
+        if job.holding:
+            return job
+    if world.queue_head is not None:
+        return next((j for j in world.jobs if j.name == world.queue_head), None)
+    prepared = [j for j in world.jobs if j.prepared_until > world.now]
+    return min(prepared, key=lambda j: j.prepared_until) if prepared else None
+
+
+def _idle_running(job: JobView) -> bool:
+    return job.state == RUNNING and not job.holding and not job.refused
+
+
+def next_move(world: World) -> Move | None:
+    """The next move, or None when the GPU is where it should be."""
+    for job in world.jobs:
+        if job.ending and not job.holding and not job.queued:
+            frozen = job.state in (FROZEN, FAULTED) and job.has_pids
+            return Move("thaw_ended" if frozen else "forget", job.name)
+    target = desired(world)
+    if target is not None:
+        if world.tenant == AWAKE:
+            return Move("tenant_yield")
+        for other in world.jobs:
+            if other.name != target.name and _idle_running(other):
+                return Move("freeze", other.name)
+        waiting = world.queue_head == target.name
+        if target.state == FROZEN:
+            return Move("thaw", target.name, waiting=waiting)
+        if target.state == FAULTED:
+            return Move("recover", target.name, waiting=waiting)
+        if target.state == RUNNING and waiting:
+            return Move("grant", target.name)
+        return None
+    for job in world.jobs:
+        if _idle_running(job):
+            return Move("freeze", job.name)
+    if any(job.refused and job.state == RUNNING for job in world.jobs):
+        return None  # a job that could not be frozen is still on the GPU
+    if world.tenant in (ASLEEP, TENANT_FAULTED) and world.room_for_tenant:
+        return Move("tenant_reclaim")
+    return None

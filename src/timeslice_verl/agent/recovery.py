@@ -1,0 +1,118 @@
+"""Restart recovery: what the persisted state says, checked against what the driver reports now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from timeslice_verl.agent import procfs
+from timeslice_verl.agent.policy import TENANT_FAULTED
+from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
+from timeslice_verl.agent.state import FAULTED, FROZEN, RUNNING, TRANSITIONING, Job, TenantRecord
+from timeslice_verl.agent.tenant import ASLEEP, DEAD, TenantError
+from timeslice_verl.agent.trainer.base import ProcState, ThawError
+from timeslice_verl.log import get_logger
+
+log = get_logger("agent")
+
+
+class RecoveryMixin:
+    """Start: bring recorded jobs back to a consistent state, wake a tenant left asleep, start the loops.
+    Shutdown: thaw every frozen job and wake the tenant, so nothing is left parked."""
+
+    async def start(self, tenant_url: str = "", sleep_level: int = 1) -> None:
+        """Reconcile the persisted state with reality, then start the reconciler and the watchdog."""
+        jobs, tenant_rec, _ = self.store.load()
+        for job in jobs.values():
+            await self._reconcile_job(job)
+        self.jobs = {name: job for name, job in jobs.items() if job.procs or job.registered or job.holding}
+        url, level = tenant_url, sleep_level
+        if tenant_rec and tenant_rec.url.rstrip("/") != tenant_url.rstrip("/"):
+            if tenant_url:  # the configured tenant replaces the recorded one: never leave that one asleep
+                await self._wake_forgotten(tenant_rec)
+            else:
+                url, level = tenant_rec.url, tenant_rec.sleep_level
+        if url:
+            try:
+                await self.register_tenant(url, level, persist=False)
+            except (TenantError, ProtocolError) as exc:
+                log.error("tenant %s: %s (will retry)", url, exc)
+                self.tenant = self._make_tenant(url, level)
+                self.tenant_rec = TenantRecord(url=url, state=DEAD, sleep_level=level, error=str(exc))
+        self._persist()
+        self._tasks = [asyncio.create_task(self._reconciler(), name="reconciler"), asyncio.create_task(self._watchdog(), name="watchdog")]
+        self.wake()
+
+    async def shutdown(self) -> None:
+        """Stop serving; thaw every frozen job and wake the tenant, so nothing is left parked."""
+        self.shutting_down = True
+        for _name, fut in list(self.waiters.items()):
+            if not fut.done():
+                fut.set_exception(ProtocolError(ErrorCode.SHUTTING_DOWN, "the agent is shutting down"))
+        self.queue.clear()
+        self.waiters.clear()
+        await self._step_lock.acquire()  # let a transition in progress finish, start no new one
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for job in list(self.jobs.values()):
+            if job.state in (FROZEN, FAULTED, TRANSITIONING) and job.pids():
+                try:
+                    await self._thaw(job, reason="agent shutdown")
+                except Exception as exc:
+                    log.error("shutdown: job %s could not be thawed: %s", job.name, exc)
+        if self.tenant is not None and self.tenant_rec and self.tenant_rec.state in (ASLEEP, TENANT_FAULTED):
+            try:
+                await self._tenant_reclaim(check_memory=True)
+            except Exception as exc:
+                log.error("shutdown: tenant could not be woken: %s", exc)
+        self._persist()
+        if self.tenant is not None:
+            await self.tenant.close()
+        self.backend.close()
+        self._step_lock.release()
+
+    async def _wake_forgotten(self, record: TenantRecord) -> None:
+        old = self._make_tenant(record.url, record.sleep_level)
+        try:
+            await old.register()
+            if old.state == ASLEEP:
+                await old.reclaim()
+                log.info("restart: woke the previously registered tenant %s before switching tenants", record.url)
+        except TenantError as exc:
+            log.info("restart: previously registered tenant %s: %s", record.url, exc)
+        finally:
+            await old.close()
+
+    async def _reconcile_job(self, job: Job) -> None:
+        before = (job.state, [p.pid for p in job.procs])
+        job.procs = [p for p in job.procs if procfs.alive(p)]
+        job.registered = [p for p in job.registered if procfs.alive(p)]
+        pids = job.pids()
+        job.direction = ""
+        if not pids:
+            job.state, job.saved_bytes = RUNNING, 0
+            log.info("restart: job %s has no live process any more (was %s %s)", job.name, *before)
+            return
+        states = await asyncio.to_thread(self.backend.states, pids)
+        values = set(states.values()) - {ProcState.GONE}
+        if values == {ProcState.CHECKPOINTED}:
+            job.state = FROZEN
+        elif values <= {ProcState.RUNNING}:
+            job.state = RUNNING
+        elif ProcState.FAILED in values:
+            job.state, job.fault = FAULTED, f"driver reports FAILED for pid(s) {[p for p, s in states.items() if s == ProcState.FAILED]}"
+        else:  # interrupted mid-transition: bring the job back to running, consistently
+            try:
+                await asyncio.to_thread(self.backend.thaw, pids, self._identities(job))
+                job.state = RUNNING
+            except ThawError as exc:
+                job.state = FROZEN if exc.still_frozen else FAULTED
+                job.fault = f"restart recovery: {exc}"
+        log.info("restart: job %s was %s, processes %s are %s -> %s", job.name, before[0], pids,
+                 sorted({s.value for s in states.values()}), job.state)
+

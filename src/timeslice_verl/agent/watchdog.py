@@ -1,0 +1,69 @@
+"""The watchdog: notices what changed without a request (expired prepares, exited processes, a tenant back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from timeslice_verl.agent import procfs
+from timeslice_verl.agent.policy import TENANT_FAULTED
+from timeslice_verl.agent.state import FROZEN, RUNNING, TRANSITIONING
+from timeslice_verl.agent.tenant import DEAD, TenantError
+from timeslice_verl.log import get_logger
+
+log = get_logger("agent")
+
+
+class WatchdogMixin:
+    """Periodic checks of the arbiter's jobs and tenant; wakes the reconciler when something changed."""
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(self.watch_interval_s)
+            try:
+                await self._watch_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # pragma: no cover
+                log.exception("watchdog failed")
+
+    async def _watch_once(self) -> None:
+        changed = False
+        now = time.monotonic()
+        for name, job in list(self.jobs.items()):
+            if job.prepared_until and job.prepared_until <= now:
+                job.prepared_until = 0.0
+                changed = True
+            known = job.procs + job.registered
+            if not known:
+                if job.attached is None and not job.holding and name not in self.queue and job.state in (RUNNING, FROZEN):
+                    del self.jobs[name]
+                    changed = True
+                continue
+            live_procs = [p for p in job.procs if procfs.alive(p)]
+            live_reg = [p for p in job.registered if procfs.alive(p)]
+            if len(live_procs) + len(live_reg) == len(known):
+                continue
+            job.procs, job.registered = live_procs, live_reg
+            changed = True
+            if not job.pids() and job.state != TRANSITIONING:
+                log.warning("job %s: all its processes exited%s", name, " while holding the GPU: releasing" if job.holding else "")
+                job.holding = False
+                job.state, job.saved_bytes = RUNNING, 0
+                if job.attached is None and name not in self.queue:
+                    del self.jobs[name]
+        if self.tenant is not None and self.tenant_rec and self.tenant_rec.state in (DEAD, TENANT_FAULTED) and now >= self._next_tenant_probe:
+            self._next_tenant_probe = now + 5.0
+            if await self.tenant.alive():
+                try:
+                    info = await self.tenant.register()
+                    self.tenant_rec.state, self.tenant_rec.version, self.tenant_rec.error = self.tenant.state, info.version, ""
+                    log.info("tenant %s answers again (%s)", self.tenant.url, self.tenant.state)
+                    changed = True
+                except TenantError as exc:
+                    self.tenant_rec.error = str(exc)
+        if changed:
+            self._persist()
+            self.wake()
+

@@ -1,0 +1,85 @@
+"""The arbitration policy, table-driven: a situation in, the one next move out."""
+
+from __future__ import annotations
+
+import pytest
+
+from timeslice_verl.agent.policy import (
+    ASLEEP,
+    AWAKE,
+    DEAD,
+    FAULTED,
+    FROZEN,
+    RUNNING,
+    TENANT_FAULTED,
+    TRANSITIONING,
+    JobView,
+    Move,
+    World,
+    desired,
+    next_move,
+)
+
+
+def J(name="a", **kw) -> JobView:
+    return JobView(name=name, **kw)
+
+
+CASES = [
+    # (situation, expected move, why)
+    (World(), None, "nothing to do"),
+    (World(tenant=ASLEEP), Move("tenant_reclaim"), "nobody wants the GPU: the tenant gets it back"),
+    (World(tenant=ASLEEP, room_for_tenant=False), None, "no room: the tenant stays asleep"),
+    (World(tenant=TENANT_FAULTED), Move("tenant_reclaim"), "a faulted tenant is retried"),
+    (World(tenant=DEAD), None, "a dead tenant is ignored"),
+    (World(jobs=(J(),), tenant=ASLEEP), Move("freeze", "a"), "an idle running job is frozen before the tenant wakes"),
+    (World(jobs=(J(state=FROZEN),), tenant=ASLEEP), Move("tenant_reclaim"), "frozen job, sleeping tenant: wake it"),
+    (World(jobs=(J(holding=True),), tenant=AWAKE), Move("tenant_yield"), "a holder never shares with an awake tenant"),
+    (World(jobs=(J(queued=True),), queue_head="a", tenant=AWAKE), Move("tenant_yield"), "the trainer first: tenant yields"),
+    (World(jobs=(J(state=FROZEN, queued=True),), queue_head="a", tenant=ASLEEP), Move("thaw", "a", waiting=True),
+     "a waiting frozen job is thawed"),
+    (World(jobs=(J(queued=True),), queue_head="a", tenant=ASLEEP), Move("grant", "a"), "a waiting running job is granted"),
+    (World(jobs=(J(state=FAULTED, queued=True),), queue_head="a"), Move("recover", "a", waiting=True),
+     "a faulted job that waits is recovered"),
+    (World(jobs=(J(holding=True),)), None, "the holder owns the GPU: nothing moves"),
+    (World(jobs=(J("a", holding=True), J("b"))), Move("freeze", "b"), "another idle job is frozen under a holder"),
+    (World(jobs=(J("a", state=FROZEN, queued=True), J("b", queued=True)), queue_head="a"), Move("freeze", "b"),
+     "FIFO: the head's rival is frozen first"),
+    (World(jobs=(J("a", state=FROZEN, prepared_until=9.0),), tenant=AWAKE, now=5.0), Move("tenant_yield"),
+     "a prepare makes the job the desired owner: the tenant yields early"),
+    (World(jobs=(J("a", state=FROZEN, prepared_until=9.0),), tenant=ASLEEP, now=5.0), Move("thaw", "a"),
+     "a prepare restores without anyone waiting"),
+    (World(jobs=(J("a", state=FROZEN, prepared_until=4.0),), tenant=ASLEEP, now=5.0), Move("tenant_reclaim"),
+     "an expired prepare counts for nothing"),
+    (World(jobs=(J(refused=True),), tenant=ASLEEP), None, "a refused freeze keeps the job on the GPU, the tenant asleep"),
+    (World(jobs=(J(state=TRANSITIONING),), tenant=ASLEEP), Move("tenant_reclaim"), "a job mid-move is not moved again"),
+    (World(jobs=(J(ending=True),), tenant=ASLEEP), Move("forget", "a"), "an ended job is forgotten, not frozen"),
+    (World(jobs=(J(ending=True, state=FROZEN),)), Move("thaw_ended", "a"), "an ended frozen job is thawed first"),
+    (World(jobs=(J(ending=True, state=FROZEN, has_pids=False),)), Move("forget", "a"), "nothing left to thaw"),
+    (World(jobs=(J(ending=True, holding=True),)), None, "an ended job that still holds keeps the GPU"),
+]
+
+
+@pytest.mark.parametrize("world, move, why", CASES, ids=[c[2] for c in CASES])
+def test_next_move(world, move, why):
+    assert next_move(world) == move, why
+
+
+def test_desired_owner_order():
+    holder, head, early, late = J("h", holding=True), J("q", queued=True), J("e", prepared_until=3.0), J("l", prepared_until=8.0)
+    assert desired(World(jobs=(late, early, head, holder), queue_head="q", now=1.0)) == holder
+    assert desired(World(jobs=(late, early, head), queue_head="q", now=1.0)) == head
+    assert desired(World(jobs=(late, early), now=1.0)) == early
+    assert desired(World(jobs=(late, early), now=9.0)) is None
+
+
+def test_the_policy_is_pure():
+    import ast
+    import inspect
+
+    import timeslice_verl.agent.policy as policy
+
+    imported = {n.module if isinstance(n, ast.ImportFrom) else a.name
+                for n in ast.walk(ast.parse(inspect.getsource(policy))) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in (n.names if isinstance(n, ast.Import) else [None])}
+    assert imported <= {"__future__", "dataclasses"}, imported
