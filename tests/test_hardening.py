@@ -20,7 +20,7 @@ import pytest
 from agent_support import AgentProc, FakeVllmProc, spawn_worker
 from timeslice_verl import hookimpl
 from timeslice_verl.agent.client import AgentClient, AgentError
-from timeslice_verl.agent.trainer.base import FreezeError, TrainerBackend
+from timeslice_verl.agent.freeze.base import FreezeError, TrainerBackend
 from timeslice_verl.config import ConfigError, PluginSettings, TimesliceSettings, compose
 from timeslice_verl.events import InitWorkersEvent, RolloutEvent
 from timeslice_verl.manager import PluginLoadError, TimesliceManager

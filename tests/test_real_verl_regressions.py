@@ -27,7 +27,7 @@ from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker, sto
 from test_agent_plugin import lifecycle_for, setup  # noqa: F401 (fixture)
 from test_trainer_backend import ScriptedPrimitives
 from timeslice_verl.agent import procfs
-from timeslice_verl.agent.trainer.base import FreezeError, ProcState, TrainerBackend
+from timeslice_verl.agent.freeze.base import FreezeError, ProcState, TrainerBackend
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from timeslice_verl.agent.trainer.base import DriverTimeout, FreezeError, ProcState, ThawError, TrainerBackend
+from timeslice_verl.agent.freeze.base import DriverTimeout, FreezeError, ProcState, ThawError, TrainerBackend
 
 
 class ScriptedPrimitives:

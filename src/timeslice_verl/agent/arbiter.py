@@ -23,7 +23,7 @@ from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.recovery import RecoveryMixin
 from timeslice_verl.agent.state import RUNNING, Job, StateStore, TenantRecord
 from timeslice_verl.agent.tenant import ASLEEP, AWAKE, TenantError, VllmTenant
-from timeslice_verl.agent.trainer.base import ThawError, TrainerBackend
+from timeslice_verl.agent.freeze.base import ThawError, TrainerBackend
 from timeslice_verl.agent.transitions import TransitionsMixin
 from timeslice_verl.agent.watchdog import WatchdogMixin
 from timeslice_verl.events import Transition

@@ -10,7 +10,7 @@ from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import FAULTED, FROZEN, RUNNING, TRANSITIONING, Job, TenantRecord
 from timeslice_verl.agent.tenant import ASLEEP, DEAD, TenantError
-from timeslice_verl.agent.trainer.base import ProcState, ThawError
+from timeslice_verl.agent.freeze.base import ProcState, ThawError
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent")

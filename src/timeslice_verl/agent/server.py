@@ -25,7 +25,7 @@ from timeslice_verl.agent.arbiter import Arbiter
 from timeslice_verl.agent.gpu import open_probe
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import StateStore
-from timeslice_verl.agent.trainer import BackendUnavailable, make_backend
+from timeslice_verl.agent.freeze import BackendUnavailable, make_backend
 from timeslice_verl.config import TimesliceSettings, socket_path, state_path
 from timeslice_verl.log import get_logger
 

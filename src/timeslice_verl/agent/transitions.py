@@ -15,7 +15,7 @@ from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import FAULTED, FROZEN, RUNNING, TRANSITIONING, Job
 from timeslice_verl.agent.tenant import ASLEEP, AWAKE, DEAD, TenantDead, TenantError
-from timeslice_verl.agent.trainer.base import FreezeError, ProcState, ThawError
+from timeslice_verl.agent.freeze.base import FreezeError, ProcState, ThawError
 from timeslice_verl.events import Transition
 from timeslice_verl.log import get_logger
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import struct
 
-from timeslice_verl.agent.trainer.base import BackendUnavailable, ProcState
+from timeslice_verl.agent.freeze.base import BackendUnavailable, ProcState
 
 _ARGS_BYTES = 256  # every *Args struct is 64 bytes today; zeroed room to spare for newer drivers
 _STATES = {0: ProcState.RUNNING, 1: ProcState.LOCKED, 2: ProcState.CHECKPOINTED, 3: ProcState.FAILED}

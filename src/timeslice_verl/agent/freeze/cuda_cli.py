@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from timeslice_verl.agent.trainer.base import BackendUnavailable, ProcState
+from timeslice_verl.agent.freeze.base import BackendUnavailable, ProcState
 
 _STATES = {s.value: s for s in ProcState}
 

@@ -12,7 +12,7 @@ import signal
 import time
 
 from timeslice_verl.agent import procfs
-from timeslice_verl.agent.trainer.base import ProcState
+from timeslice_verl.agent.freeze.base import ProcState
 
 
 class SigstopPrimitives:

@@ -21,7 +21,7 @@ from timeslice_verl.agent import procfs
 from timeslice_verl.agent.gpu import NvmlProbe
 from timeslice_verl.log import get_logger
 
-log = get_logger("agent.trainer")
+log = get_logger("agent.freeze")
 
 RESIDUAL_OK_BYTES = 512 * 1024**2
 """What a checkpointed process may still show in NVML without it counting as 'not freed'."""
