@@ -145,7 +145,7 @@ def test_trace_logs_every_call(caplog):
     with caplog.at_level(logging.INFO, logger="timeslice.trace"):
         lc.call("weight_sync_begin", lc.event(WeightSyncEvent))
         lc.call("post_rollout", lc.event(RolloutEvent, samples=2))
-    assert "p0.post_rollout -> None" in caplog.text
+    assert "post_rollout [p0] -> []" in caplog.text and "timeslice_start [p0]" in caplog.text
 
 
 def test_notify_refuses_gating_hooks():

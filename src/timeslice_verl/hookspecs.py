@@ -6,24 +6,24 @@ frozen record from :mod:`timeslice_verl.events`); an implementation may declare 
 arguments it needs. Calls are synchronous and run off the trainer actor's event loop, so a hook
 may block (the bundled agent plugin waits there for the GPU).
 
-Two kinds of hooks:
+Two kinds of hooks, declared on each specification (``@gating`` / ``@observing``):
 
 * **gating** hooks run before the trainer touches the GPU. An exception raised by a plugin stops
-  the trainer (it must never train without the GPU it asked for): ``timeslice_start``,
-  ``init_workers_begin``, ``pre_train_step``, ``weight_sync_begin``, ``save_checkpoint_begin``.
+  the trainer (it must never train without the GPU it asked for).
 * **observing** hooks report. A plugin that raises is logged with its name and the trainer goes
-  on; the remaining plugins are still called: every other hook.
+  on; the remaining plugins are still called.
 
 The reference page ``guides/hook-reference.md`` documents every hook; a test keeps the two in step.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover
+    from timeslice_verl.config import TimesliceSettings
     from timeslice_verl.events import (
         CheckpointEvent,
         ExceptionEvent,
@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # pragma: no cover
         TrainStepEvent,
         WeightSyncEvent,
     )
-    from timeslice_verl.lifecycle import Lifecycle
 
 PROJECT = "timeslice_verl"
 """pluggy project name; also the entry-point group third-party plugins publish under."""
@@ -42,13 +41,46 @@ PROJECT = "timeslice_verl"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
+GATING, OBSERVING = "gating", "observing"
+KIND_ATTR = "timeslice_kind"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def gating(spec: F) -> F:
+    """The hook runs before the trainer touches the GPU: the first plugin error stops the trainer."""
+    setattr(spec, KIND_ATTR, GATING)
+    return spec
+
+
+def observing(spec: F) -> F:
+    """The hook reports: a plugin that raises is logged with its name and the others still run."""
+    setattr(spec, KIND_ATTR, OBSERVING)
+    return spec
+
+
+class LifecycleContext(Protocol):
+    """What ``timeslice_start`` hands plugins as ``lifecycle``: the dispatcher, as far as plugins use it."""
+
+    settings: TimesliceSettings
+    job: str
+    trainer: Any
+    workers: Any
+    """The trainer's GPU workers as the adapter sees them (``local_pids()``, ``release_caches()``), or None."""
+
+    def event(self, cls: type, **fields: Any) -> Any:
+        """A record of ``cls`` stamped with the job, the trainer's step and param version, and now."""
+
+    def notify(self, hook: str, event: Any) -> None:
+        """Fire an observing hook (``handoff``) for events a plugin reports itself."""
+
 
 class RunSpecs:
     """Set-up and tear-down of time-slicing in the process that fires events."""
 
     @hookspec
-    def timeslice_start(self, trainer: Any, event: RunEvent, lifecycle: Lifecycle) -> None:
-        """Time-slicing starts in this trainer process (gating).
+    @gating
+    def timeslice_start(self, trainer: Any, event: RunEvent, lifecycle: LifecycleContext) -> None:
+        """Time-slicing starts in this trainer process.
 
         Fired once, before the first lifecycle event. ``lifecycle`` gives access to the validated
         settings (``lifecycle.settings``), the job name and ``lifecycle.notify(hook, event)`` for
@@ -57,8 +89,9 @@ class RunSpecs:
         """
 
     @hookspec
+    @observing
     def timeslice_stop(self, trainer: Any, event: RunEvent) -> None:
-        """Time-slicing ends in this process (observing).
+        """Time-slicing ends in this process.
 
         ``event.reason`` is ``finished`` after ``fit()`` returned and ``error`` after it raised.
         Close what ``timeslice_start`` opened; the agent plugin hands the GPU back here.
@@ -69,15 +102,17 @@ class InitWorkersSpecs:
     """Worker groups are created and the models loaded onto the trainer's GPUs."""
 
     @hookspec
+    @gating
     def init_workers_begin(self, trainer: Any, event: InitWorkersEvent) -> None:
-        """``init_workers`` is about to create worker groups and load models (gating).
+        """``init_workers`` is about to create worker groups and load models.
 
         The agent plugin acquires the GPU here: model loading needs it.
         """
 
     @hookspec
+    @observing
     def init_workers_end(self, trainer: Any, event: InitWorkersEvent) -> None:
-        """``init_workers`` returned; ``event.elapsed_s`` says how long it took (observing).
+        """``init_workers`` returned; ``event.elapsed_s`` says how long it took.
 
         The agent plugin releases the GPU here: the trainer next waits for samples.
         """
@@ -87,8 +122,9 @@ class RolloutSpecs:
     """Samples arriving from the rollout engines."""
 
     @hookspec
+    @observing
     def post_rollout(self, trainer: Any, event: RolloutEvent) -> None:
-        """A batch of rollout samples was dequeued and assembled (observing).
+        """A batch of rollout samples was dequeued and assembled.
 
         Carries the sample count, the required count and how long the trainer waited on the
         queue. The agent plugin uses it to learn the rhythm of the run (for ``prepare``).
@@ -99,8 +135,9 @@ class TrainStepSpecs:
     """The training step proper."""
 
     @hookspec
+    @gating
     def pre_train_step(self, trainer: Any, event: TrainStepEvent) -> None:
-        """The step is about to touch the GPU: the resume point (gating).
+        """The step is about to touch the GPU: the resume point.
 
         The agent plugin blocks here until the trainer's GPU processes are restored.
         """
@@ -110,16 +147,18 @@ class WeightSyncSpecs:
     """The push of new weights to the rollout engines."""
 
     @hookspec
+    @gating
     def weight_sync_begin(self, trainer: Any, event: WeightSyncEvent) -> None:
-        """``_fit_update_weights`` starts (gating).
+        """``_fit_update_weights`` starts.
 
         ``event.initial`` marks the pre-fit sync that ``fully_async_main`` runs before ``fit()``.
         The agent plugin makes sure the GPU is held (a real acquire only for that initial sync).
         """
 
     @hookspec
+    @observing
     def weight_sync_end(self, trainer: Any, event: WeightSyncEvent) -> None:
-        """``_fit_update_weights`` returned (observing).
+        """``_fit_update_weights`` returned.
 
         ``event.synced`` is True when weights were pushed, False when the call was a no-op
         (``trigger_parameter_sync_step`` > 1 and not the last local step). The agent plugin
@@ -131,16 +170,18 @@ class CheckpointSpecs:
     """Checkpoint saves of the trainer's models."""
 
     @hookspec
+    @gating
     def save_checkpoint_begin(self, trainer: Any, event: CheckpointEvent) -> bool | None:
-        """A checkpoint save is about to run (gating, may veto).
+        """A checkpoint save is about to run (may veto).
 
         Return ``False`` to skip this save; ``None`` or ``True`` allows it. The save runs when no
         plugin returned ``False``. The agent plugin holds the GPU for the save and allows it.
         """
 
     @hookspec
+    @observing
     def save_checkpoint_end(self, trainer: Any, event: CheckpointEvent) -> None:
-        """The save finished or was vetoed: ``event.saved`` says which (observing).
+        """The save finished or was vetoed: ``event.saved`` says which.
 
         The agent plugin gives back a GPU it took only for the save.
         """
@@ -150,8 +191,9 @@ class ErrorSpecs:
     """Failures."""
 
     @hookspec
+    @observing
     def trainer_exception(self, trainer: Any, event: ExceptionEvent) -> None:
-        """An error escaped the trainer (observing). Fired once per exception.
+        """An error escaped the trainer. Fired once per exception.
 
         ``event.point`` names where (``init_workers``, ``update_weights``, ``fit``…) and
         ``event.error`` is the exception itself, which still propagates after the hook. The agent
@@ -163,8 +205,9 @@ class HandoffSpecs:
     """Reports from the agent plugin, for observers (timeline, metrics, your own)."""
 
     @hookspec
+    @observing
     def handoff(self, trainer: Any, event: HandoffEvent) -> None:
-        """The trainer side of a GPU handoff finished (observing).
+        """The trainer side of a GPU handoff finished.
 
         ``event.action`` is ``acquire``, ``release``, ``prepare`` or ``crash_release``;
         ``event.waited_s`` is how long the trainer was blocked; ``event.transitions`` are the
@@ -183,11 +226,6 @@ SPEC_CLASSES: tuple[type, ...] = (
     HandoffSpecs,
 )
 
-GATING_HOOKS: frozenset[str] = frozenset(
-    {"timeslice_start", "init_workers_begin", "pre_train_step", "weight_sync_begin", "save_checkpoint_begin"}
-)
-
-
 def hook_names() -> list[str]:
     """Every hook of the spec, in lifecycle order."""
     return [
@@ -196,3 +234,20 @@ def hook_names() -> list[str]:
         for name, fn in vars(cls).items()
         if callable(fn) and not name.startswith("_")
     ]
+
+
+def hook_kind(name: str) -> str:
+    """``gating`` or ``observing``, as the hook's specification declares."""
+    for cls in SPEC_CLASSES:
+        spec = vars(cls).get(name)
+        if spec is not None:
+            return getattr(spec, KIND_ATTR)
+    raise KeyError(f"no hook named {name!r}")
+
+
+_undeclared = [n for cls in SPEC_CLASSES for n, f in vars(cls).items() if callable(f) and not n.startswith("_")
+               and not hasattr(f, KIND_ATTR)]
+if _undeclared:  # pragma: no cover - a new hook must say what kind it is
+    raise TypeError(f"hook specification(s) {', '.join(_undeclared)} declare neither @gating nor @observing")
+
+GATING_HOOKS: frozenset[str] = frozenset(n for n in hook_names() if hook_kind(n) == GATING)

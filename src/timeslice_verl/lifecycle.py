@@ -17,11 +17,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-import time
 from typing import Any, Callable, TypeVar
 
 from timeslice_verl.config import TimesliceSettings
-from timeslice_verl.events import Event, ExceptionEvent, RunEvent
+from timeslice_verl.events import (
+    CheckpointEvent,
+    Event,
+    ExceptionEvent,
+    HandoffEvent,
+    InitWorkersEvent,
+    RolloutEvent,
+    RunEvent,
+    TrainStepEvent,
+    WeightSyncEvent,
+)
 from timeslice_verl.hookspecs import GATING_HOOKS
 from timeslice_verl.log import get_logger
 from timeslice_verl.manager import TimesliceManager
@@ -66,6 +75,7 @@ class Lifecycle:
         self.adapter = adapter
         self.job = settings.job
         self._progress = progress
+        manager.trace(trace_log, enabled=lambda: self.settings.plugins.trace)
         self.workers = workers
         """The trainer's GPU workers as the adapter sees them (``local_pids()``, ``release_caches()``),
         or None outside verl."""
@@ -186,27 +196,39 @@ class Lifecycle:
     # ------------------------------------------------------------------ the call itself
 
     def _call(self, hook: str, kwargs: dict[str, Any]) -> list[Any]:
-        gating = hook in GATING_HOOKS
-        results: list[Any] = []
-        for plugin_name, function, argnames in self.manager.implementations(hook):
-            args = [kwargs[a] for a in argnames]
-            t0 = time.perf_counter()
-            try:
-                result = function(*args)
-            except Exception as exc:
-                dt = (time.perf_counter() - t0) * 1e3
-                if gating:
-                    log.error("plugin %s failed in gating hook %s after %.1f ms: %r", plugin_name, hook, dt, exc)
-                    raise
-                log.error(
-                    "plugin %s raised in %s (reported, not fatal): %r", plugin_name, hook, exc, exc_info=exc
-                )
-                continue
-            if self.settings.plugins.trace:
-                trace_log.info("%s.%s -> %r (%.1f ms)", plugin_name, hook, result, (time.perf_counter() - t0) * 1e3)
-            if result is not None:
-                results.append(result)
-        return results
+        """The one dispatch path: pluggy calls the plugins; each implementation carries the hook's
+        error policy (see :meth:`TimesliceManager.register`), pluggy's monitoring the tracing."""
+        return self.manager.call(hook, **kwargs)
+
+    # ------------------------------------------------------------------ one method per hook
+
+    def init_workers_begin(self, event: InitWorkersEvent) -> list[Any]:
+        return self.call("init_workers_begin", event)
+
+    def init_workers_end(self, event: InitWorkersEvent) -> list[Any]:
+        return self.call("init_workers_end", event)
+
+    def post_rollout(self, event: RolloutEvent) -> list[Any]:
+        return self.call("post_rollout", event)
+
+    def pre_train_step(self, event: TrainStepEvent) -> list[Any]:
+        return self.call("pre_train_step", event)
+
+    def weight_sync_begin(self, event: WeightSyncEvent) -> list[Any]:
+        return self.call("weight_sync_begin", event)
+
+    def weight_sync_end(self, event: WeightSyncEvent) -> list[Any]:
+        return self.call("weight_sync_end", event)
+
+    def save_checkpoint_begin(self, event: CheckpointEvent) -> list[Any]:
+        """The plugins' answers: the save runs unless one of them is ``False``."""
+        return self.call("save_checkpoint_begin", event)
+
+    def save_checkpoint_end(self, event: CheckpointEvent) -> list[Any]:
+        return self.call("save_checkpoint_end", event)
+
+    def handoff(self, event: HandoffEvent) -> None:
+        self.notify("handoff", event)
 
 
 __all__ = ["Lifecycle"]

@@ -16,9 +16,12 @@ a misspelled hook fails at load with the name and the closest real hook, never s
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import importlib.metadata
 import inspect
+import threading
+import time
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable, Iterable
@@ -100,6 +103,13 @@ class TimesliceManager:
         if registered is None:  # blocked name
             return name or ""
         self._sources[registered] = source
+        known = set(hookspecs.hook_names())  # a misspelled hook is reported by check(), not here
+        for caller in self.pm.get_hookcallers(self.pm.get_plugin(registered)) or []:
+            if caller.name not in known:
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.plugin_name == registered and not hasattr(impl.function, "__timeslice_guard__"):
+                    impl.function = _guard(impl.function, registered, caller.name)
         return registered
 
     def load(
@@ -193,10 +203,48 @@ class TimesliceManager:
     def get(self, name: str) -> Any:
         return self.pm.get_plugin(name)
 
-    def implementations(self, hook_name: str) -> list[tuple[str, Callable[..., Any], list[str]]]:
-        """``(plugin name, function, argnames)`` in call order (last registered first, as pluggy)."""
-        caller = getattr(self.pm.hook, hook_name)
-        return [(impl.plugin_name, impl.function, list(impl.argnames)) for impl in reversed(caller.get_hookimpls())]
+    def call(self, hook_name: str, **kwargs: Any) -> list[Any]:
+        """Call a hook through pluggy: the non-None results in call order, with the hook's error policy."""
+        return getattr(self.pm.hook, hook_name)(**kwargs)
+
+    def trace(self, logger: Any, enabled: Callable[[], bool] = lambda: True) -> None:
+        """Log every hook call (hook, plugins, result, duration) through pluggy's call monitoring."""
+        started: dict[int, float] = {}
+
+        def before(hook_name: str, impls: list, kwargs: dict) -> None:
+            started[threading.get_ident()] = time.perf_counter()
+
+        def after(outcome: Any, hook_name: str, impls: list, kwargs: dict) -> None:
+            if not enabled():
+                return
+            ms = (time.perf_counter() - started.pop(threading.get_ident(), time.perf_counter())) * 1e3
+            plugins = ", ".join(i.plugin_name for i in reversed(impls))
+            result = outcome.exception if outcome.exception is not None else outcome.get_result()
+            logger.info("%s [%s] -> %r (%.1f ms)", hook_name, plugins, result, ms)
+
+        self.pm.add_hookcall_monitoring(before, after)
+
+
+def _guard(function: Callable[..., Any], plugin: str, hook: str) -> Callable[..., Any]:
+    """The hook's error policy, applied to one plugin's implementation: in a gating hook the error
+    propagates (named), in an observing hook it is logged and the other plugins still run."""
+    gating = hookspecs.hook_kind(hook) == hookspecs.GATING
+
+    @functools.wraps(function)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        except Exception as exc:
+            dt = (time.perf_counter() - t0) * 1e3
+            if gating:
+                log.error("plugin %s failed in gating hook %s after %.1f ms: %r", plugin, hook, dt, exc)
+                raise
+            log.error("plugin %s raised in %s (reported, not fatal): %r", plugin, hook, exc, exc_info=exc)
+            return None
+
+    guarded.__timeslice_guard__ = True  # type: ignore[attr-defined]
+    return guarded
 
 
 def _version() -> str:

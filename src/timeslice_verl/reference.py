@@ -16,7 +16,7 @@ def hook_summaries() -> list[tuple[str, str, str]]:
     out = []
     for cls in hookspecs.SPEC_CLASSES:
         for name in (n for n in vars(cls) if not n.startswith("_") and callable(vars(cls)[n])):
-            kind = "gating" if name in hookspecs.GATING_HOOKS else "observing"
+            kind = hookspecs.hook_kind(name)
             out.append((name, kind, _doc(cls, name).splitlines()[0]))
     return out
 
@@ -36,6 +36,6 @@ def hook_reference_markdown() -> str:
         for name in (n for n in vars(cls) if not n.startswith("_") and callable(vars(cls)[n])):
             sig = inspect.signature(getattr(cls, name))
             params = ", ".join(p for p in sig.parameters if p != "self")
-            kind = "gating" if name in hookspecs.GATING_HOOKS else "observing"
+            kind = hookspecs.hook_kind(name)  # declared on the spec (@gating / @observing)
             lines += [f"### `{name}`", "", f"`{name}({params})` — *{kind}*", "", _doc(cls, name), ""]
     return "\n".join(lines).rstrip() + "\n"
