@@ -22,21 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from timeslice_verl.agent.client import AgentClient, wait_for_agent
+from timeslice_verl.agent.gpu import process_bytes
 from timeslice_verl.config import NCCL_ENV
 
 
 def nvml_used_by(pid: int) -> int | None:
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        total = 0
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i)):
-                if proc.pid == pid and isinstance(proc.usedGpuMemory, int):
-                    total += proc.usedGpuMemory
-        return total
-    except Exception:
+        return process_bytes(pid)
+    except Exception:  # NVML hiccup mid-benchmark: report the cycle without the figure
         return None
 
 

@@ -13,15 +13,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _gpu_available() -> tuple[bool, str]:
-    try:
-        import pynvml
+    from timeslice_verl.agent.gpu import nvml
 
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        pynvml.nvmlShutdown()
-    except Exception as exc:  # no driver, no GPU
-        return False, f"no NVIDIA GPU/driver here ({type(exc).__name__}: {exc})"
+    lib, why = nvml()
+    if lib is None:  # no driver, no GPU
+        return False, f"no NVIDIA GPU/driver here ({why})"
+    count = lib.nvmlDeviceGetCount()
+    driver = lib.nvmlSystemGetDriverVersion()
     if count < 1:
         return False, "NVML sees no GPU"
     if int(str(driver).split(".")[0]) < 570:

@@ -12,6 +12,7 @@ Fractions are of the wall time between the first and the last record.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from dataclasses import dataclass
@@ -116,15 +117,19 @@ def ownership(records: list[dict[str, Any]]) -> list[Segment]:
     vllm = _union(vllm_intervals(trans, t0, t1))
     cuts = sorted({t0, t1, *[x for iv in swapping + trainer + vllm for x in iv if t0 <= x <= t1]})
 
-    def inside(t: float, ivs: list[tuple[float, float]]) -> bool:
-        return any(a <= t < b for a, b in ivs)
+    def inside(t: float, ivs: list[tuple[float, float]], starts: list[float]) -> bool:
+        i = bisect.bisect_right(starts, t) - 1  # the unioned intervals are sorted and disjoint
+        return i >= 0 and t < ivs[i][1]
+
+    starts = {name: [a for a, _ in ivs] for name, ivs in (("swapping", swapping), ("trainer", trainer), ("vllm", vllm))}
 
     segments: list[Segment] = []
     for a, b in zip(cuts, cuts[1:]):
         if b <= a:
             continue
         mid = (a + b) / 2
-        cls = "swapping" if inside(mid, swapping) else "trainer" if inside(mid, trainer) else "vLLM" if inside(mid, vllm) else "idle"
+        cls = ("swapping" if inside(mid, swapping, starts["swapping"]) else "trainer" if inside(mid, trainer, starts["trainer"])
+               else "vLLM" if inside(mid, vllm, starts["vllm"]) else "idle")
         if segments and segments[-1].cls == cls and abs(segments[-1].end - a) < 1e-9:
             segments[-1].end = b
         else:

@@ -20,12 +20,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 SECTION = "timeslice"
-JOB_TAG_ENV = "TIMESLICE_JOB"
-"""Environment variable that tags a job's GPU worker processes (its value is the job name)."""
+from timeslice_verl.names import JOB_TAG_ENV, valid_job, valid_url  # noqa: E402,F401 (re-exported)
 NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "NCCL_P2P_DISABLE": "1"}
 """What NCCL in trainer workers needs to survive CUDA checkpoint/restore."""
 
-_JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 class Choice(str, enum.Enum):
@@ -219,7 +217,7 @@ def _check_values(settings: TimesliceSettings) -> None:
     for key in NON_NEGATIVE:
         if _get(settings, key) < 0:
             raise ConfigError(_full_key(key), f"must be >= 0, got {_get(settings, key)}")
-    if not _JOB_RE.match(settings.job):
+    if not valid_job(settings.job):
         raise ConfigError(
             _full_key("job"), f"{settings.job!r} is not a job name (letters, digits, '.', '_', '-'; max 64)"
         )
@@ -230,7 +228,7 @@ def _check_values(settings: TimesliceSettings) -> None:
     if not 0 <= settings.agent.metrics_port <= 65535:
         raise ConfigError(_full_key("agent.metrics_port"), f"not a TCP port: {settings.agent.metrics_port}")
     url = settings.tenant.url
-    if url and not re.match(r"^https?://[^/\s]+", url):
+    if url and not valid_url(url):
         raise ConfigError(_full_key("tenant.url"), f"{url!r} is not an http(s) URL")
     for entry in settings.plugins.modules:
         if not re.match(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$", entry):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from timeslice_verl.agent import procfs
+from timeslice_verl.agent.gpu import nvml
 from timeslice_verl.config import JOB_TAG_ENV, NCCL_ENV, TimesliceSettings, socket_path
 
 MIN_DRIVER = 570
@@ -24,13 +24,7 @@ class Check:
 
 
 def _nvml() -> tuple[object | None, str]:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml, ""
-    except Exception as exc:
-        return None, f"{type(exc).__name__}: {exc}"
+    return nvml()
 
 
 def check_nvml() -> Check:

@@ -9,6 +9,7 @@ from typing import Any
 
 from timeslice_verl.config import JOB_TAG_ENV, ConfigError, TimesliceSettings, enabled_settings
 from timeslice_verl.events import RolloutEvent, TrainStepEvent
+from timeslice_verl.adapters import TRAINER_MODULE
 from timeslice_verl.adapters.workers import VerlWorkers
 from timeslice_verl.lifecycle import Lifecycle
 from timeslice_verl.log import get_logger
@@ -20,7 +21,6 @@ _INERT = object()
 _announced: set[tuple[int, str]] = set()
 _lock = threading.Lock()
 
-TRAINER_MODULE = "verl.experimental.fully_async_policy.fully_async_trainer"
 FORK_MARKER = "__timeslice_fork_trainer__"
 """Class attribute set on the trainer class the fork adapter registers."""
 V1_MARKER = "__timeslice_v1_trainer__"
@@ -97,8 +97,8 @@ def _bind(trainer: Any) -> Lifecycle | object:
     if key not in _announced:
         _announced.add(key)
         log.info("timeslice: %s adapter fires lifecycle events for job %s (pid %d)", chosen, settings.job, os.getpid())
-    progress = v1_progress if is_v1 else verl_progress
-    return Lifecycle.build(settings, trainer=trainer, adapter=chosen, progress=progress, workers=VerlWorkers(trainer))
+    extra = {"progress": v1_progress} if is_v1 else {}  # fully-async: the dispatcher's default (param versions)
+    return Lifecycle.build(settings, trainer=trainer, adapter=chosen, workers=VerlWorkers(trainer), **extra)
 
 
 def _check_job_tag(settings: TimesliceSettings) -> None:
@@ -115,10 +115,6 @@ def _check_job_tag(settings: TimesliceSettings) -> None:
 def v1_progress(trainer: Any) -> tuple[int, int]:
     """(step, param version): v1 counts weight pushes itself; the v1 adapter counts them as they happen."""
     return int(getattr(trainer, "global_steps", 0) or 0), int(trainer.__dict__.get(_V1_VERSION_ATTR, 0))
-
-
-def verl_progress(trainer: Any) -> tuple[int, int]:
-    return int(getattr(trainer, "global_steps", 0) or 0), int(getattr(trainer, "current_param_version", 0) or 0)
 
 
 def rollout_event(lc: Lifecycle, trainer: Any, batch: Any = None) -> RolloutEvent:

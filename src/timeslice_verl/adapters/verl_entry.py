@@ -12,11 +12,11 @@ from types import ModuleType
 
 import wrapt
 
+from timeslice_verl.adapters import TRAINER_MODULE
 from timeslice_verl.log import get_logger
 
 log = get_logger("adapter")
 
-TRAINER_MODULE = "verl.experimental.fully_async_policy.fully_async_trainer"  # also in adapters.binding
 
 
 def install_adapters(module: ModuleType) -> None:

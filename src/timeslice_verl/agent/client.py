@@ -197,11 +197,4 @@ def wait_for_agent(path: str | Path, timeout_s: float = 30.0) -> dict[str, Any]:
         return client.hello()
 
 
-def agent_pid(path: str | Path) -> int | None:
-    try:
-        return int(wait_for_agent(path, timeout_s=0.5)["pid"])
-    except (AgentError, KeyError, ValueError):
-        return None
-
-
-__all__ = ["AgentClient", "AgentError", "agent_pid", "wait_for_agent"]
+__all__ = ["AgentClient", "AgentError", "wait_for_agent"]

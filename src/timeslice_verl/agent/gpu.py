@@ -9,6 +9,7 @@ machine) :func:`open_probe` returns None and those checks are skipped, which the
 from __future__ import annotations
 
 import threading
+from typing import Any
 from dataclasses import dataclass
 
 from timeslice_verl.log import get_logger
@@ -34,7 +35,6 @@ class NvmlProbe:
         bad = [i for i in indices if i >= count]
         if bad:
             raise ValueError(f"timeslice.agent.gpus: GPU index {bad[0]} does not exist (NVML sees {count} GPU(s))")
-        self.indices = list(indices)
         self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
         driver = pynvml.nvmlSystemGetDriverVersion()
         self.driver_version = driver.decode() if isinstance(driver, bytes) else str(driver)
@@ -65,6 +65,35 @@ class NvmlProbe:
             self._nvml.nvmlShutdown()
         except Exception:  # pragma: no cover
             pass
+
+
+def nvml() -> tuple[Any | None, str]:
+    """The initialised ``pynvml`` module, or None and why not (no driver, no GPU, not installed)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml, ""
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError…
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def gpu_count() -> int:
+    lib, _ = nvml()
+    return int(lib.nvmlDeviceGetCount()) if lib is not None else 0
+
+
+def process_bytes(pid: int) -> int | None:
+    """GPU bytes NVML reports for ``pid`` over every GPU, or None without NVML."""
+    lib, _ = nvml()
+    if lib is None:
+        return None
+    total = 0
+    for i in range(lib.nvmlDeviceGetCount()):
+        for proc in lib.nvmlDeviceGetComputeRunningProcesses(lib.nvmlDeviceGetHandleByIndex(i)):
+            if int(proc.pid) == pid and isinstance(proc.usedGpuMemory, int):
+                total += proc.usedGpuMemory
+    return total
 
 
 def open_probe(indices: list[int]) -> NvmlProbe | None:

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from timeslice_verl.config import JOB_TAG_ENV
+from timeslice_verl.names import JOB_TAG_ENV
 
 PROC = Path("/proc")
 
@@ -140,9 +140,8 @@ def nccl_p2p_hazard(pid: int) -> str | None:
     )
 
 
-def tagged_processes(job: str, candidates: list[int] | None = None) -> list[int]:
-    """Thread-group leaders among ``candidates`` (default: every process we can read) tagged ``job``."""
-    if candidates is None:
-        candidates = [int(p.name) for p in PROC.iterdir() if p.name.isdigit()]
+def tagged_processes(job: str) -> list[int]:
+    """Thread-group leaders (every process we can read) tagged ``job``."""
+    candidates = [int(p.name) for p in PROC.iterdir() if p.name.isdigit()]
     me = os.getpid()
     return sorted(p for p in set(candidates) if p != me and is_thread_group_leader(p) and job_tag(p) == job)

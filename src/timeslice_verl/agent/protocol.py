@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from timeslice_verl.names import valid_job, valid_url
+
 PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 64 * 1024
-JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-URL_RE = re.compile(r"^https?://[^/\s]+(/[^\s]*)?$")
 MAX_PIDS = 4096
 
 
@@ -36,7 +35,6 @@ class ErrorCode:
     FAULT = "fault"
     PERMISSION = "permission"
     SHUTTING_DOWN = "shutting_down"
-    NO_TENANT = "no_tenant"
     TENANT = "tenant"
     INTERNAL = "internal"
 
@@ -71,7 +69,7 @@ OPS: dict[str, dict[str, Field]] = {
 def _check(name: str, field: Field, value: Any) -> Any:
     kind = field.kind
     if kind == "job":
-        if not isinstance(value, str) or not JOB_RE.match(value):
+        if not isinstance(value, str) or not valid_job(value):
             raise ProtocolError(
                 ErrorCode.BAD_REQUEST, f"field {name!r}: {value!r} is not a job name (letters, digits, '.', '_', '-'; max 64)"
             )
@@ -89,7 +87,7 @@ def _check(name: str, field: Field, value: Any) -> Any:
         ):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected a list of process ids, got {value!r:.200}")
     elif kind == "url":
-        if not isinstance(value, str) or not URL_RE.match(value):
+        if not valid_url(value):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: {value!r:.200} is not an http(s) URL")
     elif kind == "level":
         if value not in (1, 2) or isinstance(value, bool):

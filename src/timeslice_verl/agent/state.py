@@ -126,7 +126,6 @@ class StateStore:
         data = {
             "version": STATE_VERSION,
             "written": time.time(),
-            "agent_pid": os.getpid(),
             "jobs": [j.to_dict() for j in jobs.values()],
             "tenant": tenant.to_dict() if tenant else None,
             **extra,

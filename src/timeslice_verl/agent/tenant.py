@@ -71,7 +71,6 @@ class VllmTenant:
         self.request_timeout_s = request_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self.state = AWAKE
-        self.last_error = ""
         self._client = httpx.AsyncClient(base_url=self.info.url, timeout=request_timeout_s)
 
     @property

@@ -29,6 +29,7 @@ import httpx
 
 from timeslice_verl import analysis
 from timeslice_verl.agent.client import wait_for_agent
+from timeslice_verl.agent.gpu import gpu_count
 from timeslice_verl.config import NCCL_ENV
 from timeslice_verl.config import compose
 from timeslice_verl.events import CheckpointEvent, InitWorkersEvent, RolloutEvent, TrainStepEvent, WeightSyncEvent
@@ -66,12 +67,9 @@ class DemoTrainer:
 
 
 def gpu_available() -> bool:
+    if gpu_count() < 1:
+        return False
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        if pynvml.nvmlDeviceGetCount() < 1:
-            return False
         import torch
 
         return bool(torch.cuda.is_available())

@@ -1,0 +1,24 @@
+"""Names shared by the trainer side and the agent: the job tag and what a job name or tenant URL may be.
+
+Kept apart from :mod:`timeslice_verl.config` so the agent, which validates every request, needs no
+Hydra or OmegaConf to know them.
+"""
+
+from __future__ import annotations
+
+import re
+
+JOB_TAG_ENV = "TIMESLICE_JOB"
+"""Environment variable that tags a job's GPU worker processes (its value is the job name)."""
+JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+URL_RE = re.compile(r"https?://[^/\s]+(/\S*)?")
+
+
+def valid_job(name: object) -> bool:
+    """Letters, digits, '.', '_', '-', at most 64, starting with a letter or digit (whole string)."""
+    return isinstance(name, str) and JOB_RE.fullmatch(name) is not None
+
+
+def valid_url(url: object) -> bool:
+    """An http(s) URL with a host (whole string, no whitespace)."""
+    return isinstance(url, str) and URL_RE.fullmatch(url) is not None
