@@ -17,8 +17,8 @@ pytest.importorskip("verl")
 import verl_harness as h  # noqa: E402
 from verl.experimental.fully_async_policy import fully_async_trainer as verl_trainer_module  # noqa: E402
 
-from timeslice_verl.adapters import fork, stock  # noqa: E402
-from timeslice_verl.adapters.binding import choose_adapter  # noqa: E402
+from timeslice_verl.adapters import hooked, stock  # noqa: E402
+from timeslice_verl.adapters.common import choose_adapter  # noqa: E402
 from timeslice_verl.config import ConfigError  # noqa: E402
 from timeslice_verl.testing import fake_event_sequence  # noqa: E402
 
@@ -163,33 +163,33 @@ def test_exception_in_the_prefit_sync_fires_once(ray_local, tmp_path):
 
 
 @pytest.fixture
-def fork_verl(monkeypatch):
+def hooked_verl(monkeypatch):
     """verl as the fork ships it: trainer registry in the trainer module, hooked base class."""
-    import verl_fork_standin as standin
+    import verl_hooked_standin as standin
 
     monkeypatch.setattr(verl_trainer_module, "register_trainer", standin.register_trainer, raising=False)
     standin.TRAINER_REGISTRY.clear()
-    cls = fork.install(standin)
+    cls = hooked.install(standin)
     assert cls is standin.TRAINER_REGISTRY["timeslice"]
     yield standin
     standin.TRAINER_REGISTRY.clear()
-    del standin.__timeslice_fork_trainer__
+    del standin.__timeslice_hooked_trainer__
 
 
 @pytest.mark.parametrize("trigger, save", [(1, "trainer.save_freq=2"), (2, "trainer.save_freq=1")])
-def test_fork_adapter_fires_the_identical_sequence(ray_local, tmp_path, fork_verl, trigger, save):
+def test_fork_adapter_fires_the_identical_sequence(ray_local, tmp_path, hooked_verl, trigger, save):
     stock_dir, fork_dir = tmp_path / "stock", tmp_path / "fork"
     run(h.build_trainer(verl_trainer_module.FullyAsyncTrainer, h.trainer_config(stock_dir, trigger=trigger, extra=[save]), steps=4))
-    fork_cls = fork_verl.get_trainer_class("timeslice")
+    fork_cls = hooked_verl.get_trainer_class("timeslice")
     run(h.build_trainer(fork_cls, h.trainer_config(fork_dir, trigger=trigger, extra=[save]), steps=4))
     stock_events, fork_events = events(stock_dir / "events.jsonl"), events(fork_dir / "events.jsonl")
-    assert stock_events[0]["adapter"] == "stock" and fork_events[0]["adapter"] == "fork"
+    assert stock_events[0]["adapter"] == "stock" and fork_events[0]["adapter"] == "hooked"
     assert len(fork_events) > 20
     assert trimmed(fork_events) == trimmed(stock_events)
 
 
-def test_fork_adapter_exception_fires_once(ray_local, tmp_path, fork_verl):
-    cls = fork_verl.get_trainer_class("timeslice")
+def test_fork_adapter_exception_fires_once(ray_local, tmp_path, hooked_verl):
+    cls = hooked_verl.get_trainer_class("timeslice")
     trainer = h.build_trainer(cls, h.trainer_config(tmp_path, trigger=1), steps=4, fail_sync_at=2)
     with pytest.raises(RuntimeError, match="NCCL"):
         run(trainer)
@@ -198,14 +198,15 @@ def test_fork_adapter_exception_fires_once(ray_local, tmp_path, fork_verl):
 
 
 def test_adapter_choice():
-    assert choose_adapter("auto", fork_registry=False, is_fork_trainer=False) == "stock"
-    assert choose_adapter("auto", fork_registry=True, is_fork_trainer=True) == "fork"
-    assert choose_adapter("auto", fork_registry=True, is_fork_trainer=False) == "stock"
-    assert choose_adapter("stock", fork_registry=True, is_fork_trainer=True) == "stock"
+    assert choose_adapter("auto", registry=False, is_hooked_trainer=False) == "stock"
+    assert choose_adapter("auto", registry=True, is_hooked_trainer=True) == "hooked"
+    assert choose_adapter("fork", registry=True, is_hooked_trainer=True) == "hooked"  # the former name
+    assert choose_adapter("auto", registry=True, is_hooked_trainer=False) == "stock"
+    assert choose_adapter("stock", registry=True, is_hooked_trainer=True) == "stock"
     with pytest.raises(ConfigError, match="register_trainer"):
-        choose_adapter("fork", fork_registry=False, is_fork_trainer=False)
+        choose_adapter("fork", registry=False, is_hooked_trainer=False)
     with pytest.raises(ConfigError, match="trainer_name=timeslice"):
-        choose_adapter("fork", fork_registry=True, is_fork_trainer=False)
+        choose_adapter("fork", registry=True, is_hooked_trainer=False)
 
 
 def test_mismatched_job_tag_is_a_clear_error(ray_local, tmp_path, monkeypatch):

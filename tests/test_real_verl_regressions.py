@@ -200,7 +200,7 @@ def test_the_plugin_has_workers_free_their_caches_before_each_release(setup):
 def test_release_waits_for_the_steps_save():
     from types import SimpleNamespace
 
-    from timeslice_verl.adapters.binding import save_due
+    from timeslice_verl.adapters.common import save_due
 
     def trainer(version, freq, last=0):
         return SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(save_freq=freq)), current_param_version=version,

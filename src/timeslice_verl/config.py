@@ -38,7 +38,7 @@ class Choice(str, enum.Enum):
 
 
 # functional form: member names equal their values, hyphens included (OmegaConf converts by name)
-Adapter = Choice("Adapter", [(v, v) for v in ("auto", "fork", "stock", "v1")])
+Adapter = Choice("Adapter", [(v, v) for v in ("auto", "stock", "v1", "hooked", "fork")])
 """How events are fired from verl (``timeslice.adapter``)."""
 Backend = Choice("Backend", [(v, v) for v in ("cuda", "cuda-cli", "sigstop")])
 """How the agent freezes a job's processes (``timeslice.agent.backend``)."""
@@ -151,7 +151,7 @@ class TimesliceSettings:
     """Job name; worker processes carry it in ``TIMESLICE_JOB`` (the option sets both)."""
     adapter: Adapter = Adapter["auto"]
     """How events are fired from verl: ``stock`` (PyPI verl's fully-async trainer), ``v1`` (verl's v1
-    ``separate_async`` trainer), ``fork`` (verl builds with fully-async lifecycle hooks) or ``auto``."""
+    ``separate_async`` trainer), ``hooked`` (verl builds with fully-async lifecycle hooks; ``fork``, its former name, still works) or ``auto``."""
     agent: AgentSettings = field(default_factory=AgentSettings)
     tenant: TenantSettings = field(default_factory=TenantSettings)
     handoff: HandoffSettings = field(default_factory=HandoffSettings)

@@ -44,7 +44,7 @@ class RunEvent(Event):
     """Start and stop of time-slicing in this trainer process."""
 
     adapter: str = ""
-    """``fork`` or ``stock``: which verl integration fired the events."""
+    """``stock``, ``v1`` or ``hooked``: which verl adapter fired the events."""
     reason: str = ""
     """At stop: ``finished`` or ``error``."""
 

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
-from timeslice_verl.adapters.binding import in_fit, lifecycle_for, rollout_event, save_due, set_in_fit, train_step_event
+from timeslice_verl.adapters.common import in_fit, lifecycle_for, rollout_event, save_due, set_in_fit, train_step_event
 from timeslice_verl.events import CheckpointEvent, Event, InitWorkersEvent, WeightSyncEvent
 from timeslice_verl.lifecycle import Lifecycle
 from timeslice_verl.log import get_logger

@@ -33,7 +33,7 @@ import time
 from types import ModuleType
 from typing import Any, Iterator
 
-from timeslice_verl.adapters.binding import _V1_VERSION_ATTR, V1_MARKER, lifecycle_for
+from timeslice_verl.adapters.common import _V1_VERSION_ATTR, V1_MARKER, lifecycle_for
 from timeslice_verl.adapters.preflight import check_v1
 from timeslice_verl.config import enabled_settings
 from timeslice_verl.events import CheckpointEvent, InitWorkersEvent, RolloutEvent, TrainStepEvent, WeightSyncEvent

@@ -20,12 +20,12 @@ log = get_logger("adapter")
 
 
 def install_adapters(module: ModuleType) -> None:
-    """Install the stock adapter on the module's trainer class and the fork adapter if it can."""
-    from timeslice_verl.adapters import fork, stock
+    """Install the stock adapter on the module's trainer class and the hooked adapter if it can."""
+    from timeslice_verl.adapters import hooked, stock
 
     try:
         stock.install(module.FullyAsyncTrainer)
-        fork.install(module)
+        hooked.install(module)
     except Exception:  # never break `import verl` for users who do not time-slice
         log.exception("timeslice: could not install the verl adapters; time-slicing is off in this process")
 

@@ -21,15 +21,15 @@ _INERT = object()
 _announced: set[tuple[int, str]] = set()
 _lock = threading.Lock()
 
-FORK_MARKER = "__timeslice_fork_trainer__"
-"""Class attribute set on the trainer class the fork adapter registers."""
+HOOKED_MARKER = "__timeslice_hooked_trainer__"
+"""Class attribute set on the trainer class the hooked adapter registers."""
 V1_MARKER = "__timeslice_v1_trainer__"
 """Class attribute set on the v1 trainer subclass the v1 adapter registers."""
 _V1_VERSION_ATTR = "_timeslice_param_version"
 
 
-def choose_adapter(setting: str, *, fork_registry: bool, is_fork_trainer: bool, is_v1_trainer: bool = False) -> str:
-    """Which adapter fires for this trainer: ``v1``, ``fork`` or ``stock`` (``timeslice.adapter``)."""
+def choose_adapter(setting: str, *, registry: bool, is_hooked_trainer: bool, is_v1_trainer: bool = False) -> str:
+    """Which adapter fires for this trainer: ``v1``, ``hooked`` or ``stock`` (``timeslice.adapter``)."""
     if is_v1_trainer:
         if setting not in ("auto", "v1"):
             raise ConfigError("timeslice.adapter", f"is {setting!r}, but this run uses verl's v1 trainer: use 'auto' or 'v1'")
@@ -38,25 +38,28 @@ def choose_adapter(setting: str, *, fork_registry: bool, is_fork_trainer: bool, 
         raise ConfigError("timeslice.adapter", "is 'v1' but this trainer is not verl's v1 separate_async trainer")
     if setting == "stock":
         return "stock"
-    if setting == "fork":
-        if not fork_registry:
+    if setting == "fork":  # the former name
+        log.warning("timeslice.adapter=fork is now called 'hooked'")
+        setting = "hooked"
+    if setting == "hooked":
+        if not registry:
             raise ConfigError(
                 "timeslice.adapter",
-                "'fork' needs a verl with fully-async lifecycle hooks and a trainer registry "
+                "'hooked' needs a verl with fully-async lifecycle hooks and a trainer registry "
                 "(register_trainer); this verl has none: use 'stock' or 'auto'",
             )
-        if not is_fork_trainer:
+        if not is_hooked_trainer:
             raise ConfigError(
                 "timeslice.adapter",
-                "'fork' is set but the running trainer is not the one timeslice registered: "
+                "'hooked' is set but the running trainer is not the one timeslice registered: "
                 "set async_training.trainer_name=timeslice (the interleave option does)",
             )
-        return "fork"
-    return "fork" if (fork_registry and is_fork_trainer) else "stock"
+        return "hooked"
+    return "hooked" if (registry and is_hooked_trainer) else "stock"
 
 
-def _fork_registry_available(trainer: Any) -> bool:
-    """verl's trainer module (or the trainer's own) has the fork's ``register_trainer``."""
+def _registry_available(trainer: Any) -> bool:
+    """verl's trainer module (or the trainer's own) has a trainer registry (``register_trainer``)."""
     modules = (sys.modules.get(type(trainer).__module__), sys.modules.get(TRAINER_MODULE))
     return any(callable(getattr(m, "register_trainer", None)) for m in modules if m is not None)
 
@@ -88,8 +91,8 @@ def _bind(trainer: Any) -> Lifecycle | object:
     is_v1 = bool(getattr(type(trainer), V1_MARKER, False))
     chosen = choose_adapter(
         settings.adapter,
-        fork_registry=_fork_registry_available(trainer),
-        is_fork_trainer=bool(getattr(type(trainer), FORK_MARKER, False)),
+        registry=_registry_available(trainer),
+        is_hooked_trainer=bool(getattr(type(trainer), HOOKED_MARKER, False)),
         is_v1_trainer=is_v1,
     )
     _check_job_tag(settings)

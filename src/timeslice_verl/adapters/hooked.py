@@ -7,7 +7,7 @@ template methods that the trainer calls at its phase transitions —
 by ``async_training.trainer_name`` from a registry filled with ``register_trainer(name)``.
 
 :func:`install` registers a subclass under the name ``timeslice`` whose ``on_*`` methods dispatch
-into the hookspec. It adds what the fork has no hook for: ``save_checkpoint_end``, the stop event
+into the hookspec. It adds what those hooks do not cover: ``save_checkpoint_end``, the stop event
 at the end of ``fit`` and ``trainer_exception`` for a crash in the pre-fit weight sync, which
 ``fully_async_main`` runs outside ``fit()``.
 """
@@ -18,8 +18,8 @@ import time
 from types import ModuleType
 from typing import Any
 
-from timeslice_verl.adapters.binding import (
-    FORK_MARKER,
+from timeslice_verl.adapters.common import (
+    HOOKED_MARKER,
     in_fit,
     lifecycle_for,
     rollout_event,
@@ -30,9 +30,9 @@ from timeslice_verl.adapters.binding import (
 from timeslice_verl.events import CheckpointEvent, InitWorkersEvent, WeightSyncEvent
 from timeslice_verl.log import get_logger
 
-log = get_logger("adapter.fork")
+log = get_logger("adapter.hooked")
 
-NAME = "fork"
+NAME = "hooked"
 TRAINER_NAME = "timeslice"
 HOOK_METHODS = (
     "on_init_workers_begin",
@@ -53,20 +53,20 @@ def install(module: ModuleType) -> type | None:
     """Register the ``timeslice`` trainer in ``module``'s registry; None when it has no registry."""
     if not has_registry(module):
         return None
-    existing = getattr(module, "__timeslice_fork_trainer__", None)
+    existing = getattr(module, "__timeslice_hooked_trainer__", None)
     if existing is not None:
         return existing
     base = getattr(module.FullyAsyncTrainer, "__ray_actor_class__", module.FullyAsyncTrainer)
     missing = [m for m in HOOK_METHODS if not callable(getattr(base, m, None))]
     if missing:
         log.warning(
-            "verl's trainer registry exists but FullyAsyncTrainer lacks %s: fork adapter not installed",
+            "verl's trainer registry exists but FullyAsyncTrainer lacks %s: hooked adapter not installed",
             ", ".join(missing),
         )
         return None
     cls = _make_trainer(base)
     module.register_trainer(TRAINER_NAME)(cls)
-    module.__timeslice_fork_trainer__ = cls
+    module.__timeslice_hooked_trainer__ = cls
     log.debug("registered fully-async trainer %r (%s)", TRAINER_NAME, cls.__qualname__)
     return cls
 
@@ -172,5 +172,5 @@ def _make_trainer(base: type) -> type:
                 await lc.astop("finished")
             return result
 
-    setattr(TimesliceFullyAsyncTrainer, FORK_MARKER, True)
+    setattr(TimesliceFullyAsyncTrainer, HOOKED_MARKER, True)
     return TimesliceFullyAsyncTrainer
