@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -78,3 +79,38 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             "tests changed the checkout (they must write only into tmp_path): " + "; ".join(new), red=True
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def procs():
+    """Processes a test starts (workers, agents, stand-in vLLMs); stopped (and continued) afterwards."""
+    started: list = []
+    yield started
+    for p in started:
+        try:
+            if hasattr(p, "stop"):
+                p.stop()
+            else:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+                p.wait(5)
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def vllm(procs):
+    from agent_support import FakeVllmProc
+
+    v = FakeVllmProc()
+    procs.append(v)
+    return v
+
+
+@pytest.fixture
+def agent(tmp_path, procs, vllm):
+    from agent_support import AgentProc
+
+    a = AgentProc(tmp_path, tenant_url=vllm.url).start()
+    procs.append(a)
+    return a

@@ -18,38 +18,11 @@ import time
 
 import pytest
 
-from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker, stopped
+from agent_support import AgentProc, eventually, spawn_worker, stopped
 from timeslice_verl.agent.client import AgentError
 
 
-@pytest.fixture
-def procs():
-    started: list = []
-    yield started
-    for p in started:
-        try:
-            if hasattr(p, "stop"):
-                p.stop()
-            else:
-                os.kill(p.pid, signal.SIGCONT)
-                p.kill()
-                p.wait(5)
-        except Exception:
-            pass
 
-
-@pytest.fixture
-def vllm(procs):
-    v = FakeVllmProc()
-    procs.append(v)
-    return v
-
-
-@pytest.fixture
-def agent(tmp_path, procs, vllm):
-    a = AgentProc(tmp_path, tenant_url=vllm.url).start()
-    procs.append(a)
-    return a
 
 
 def worker(procs, job):

@@ -18,32 +18,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker, stopped
+from agent_support import eventually, spawn_worker, stopped
 from test_agent_plugin import lifecycle_for, setup  # noqa: F401 (fixture)
 from test_trainer_backend import ScriptedPrimitives
 from timeslice_verl.agent import procfs
 from timeslice_verl.agent.freeze.base import FreezeError, ProcState, TrainerBackend
 
-
-@pytest.fixture
-def procs():
-    started: list = []
-    yield started
-    for p in started:
-        try:
-            if hasattr(p, "stop"):
-                p.stop()
-            else:
-                os.kill(p.pid, signal.SIGCONT)
-                p.kill()
-                p.wait(5)
-        except Exception:
-            pass
 
 
 def _maps_a_fake_nccl(tmp_path: Path, procs: list, env_extra: dict[str, str]) -> subprocess.Popen:
@@ -102,18 +86,6 @@ def test_a_process_not_reported_running_is_refused(state):
     assert info.value.refused and prims.calls == []
 
 
-@pytest.fixture
-def vllm(procs):
-    v = FakeVllmProc()
-    procs.append(v)
-    return v
-
-
-@pytest.fixture
-def agent(tmp_path, procs, vllm):
-    a = AgentProc(tmp_path, tenant_url=vllm.url).start()
-    procs.append(a)
-    return a
 
 
 def test_a_refused_freeze_keeps_the_job_on_the_gpu_and_the_tenant_asleep(agent, vllm, procs):
