@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from typing import Any
 
 from timeslice_verl.agent.client import AgentClient, wait_for_agent
 from timeslice_verl.agent.gpu import process_bytes
-from timeslice_verl.config import NCCL_ENV
+from timeslice_verl.demo.run import Worker
 
 
 def nvml_used_by(pid: int) -> int | None:
@@ -31,34 +30,6 @@ def nvml_used_by(pid: int) -> int | None:
         return process_bytes(pid)
     except Exception:  # NVML hiccup mid-benchmark: report the cycle without the figure
         return None
-
-
-class Worker:
-    def __init__(self, job: str, device: str, gib: float) -> None:
-        env = dict(os.environ, TIMESLICE_JOB=job, **NCCL_ENV)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "timeslice_verl.demo.worker", "--device", device, "--gib", str(gib)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-        )
-        ready = self.proc.stdout.readline().split()  # type: ignore[union-attr]
-        assert ready and ready[0] == "ready", f"worker failed to start: {ready}"
-        self.nbytes, self.checksum0 = int(ready[1]), ready[2]
-
-    def ask(self, line: str) -> str:
-        self.proc.stdin.write(line + "\n")  # type: ignore[union-attr]
-        self.proc.stdin.flush()  # type: ignore[union-attr]
-        return self.proc.stdout.readline().strip()  # type: ignore[union-attr]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.ask("quit")
-            except (BrokenPipeError, OSError):
-                pass
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 def run(backend: str, device: str, gib: float, cycles: int, tenant_url: str = "", workdir: Path | None = None) -> dict[str, Any]:
@@ -76,7 +47,7 @@ def run(backend: str, device: str, gib: float, cycles: int, tenant_url: str = ""
     results: dict[str, Any] = {"backend": backend, "device": device, "cycles": []}
     try:
         wait_for_agent(sock, 60)
-        worker = Worker("bench", device, gib)
+        worker = Worker(device, gib, workdir / "worker.log", job="bench")
         results["worker_bytes"] = worker.nbytes
         with AgentClient(sock) as client:
             client.acquire("bench")
@@ -108,7 +79,7 @@ def run(backend: str, device: str, gib: float, cycles: int, tenant_url: str = ""
                     "acquire_call_s": acquire_s,
                     "gpu_bytes_frozen": used_frozen,
                     "gpu_bytes_restored": used_back,
-                    "data_intact": checksum == worker.checksum0,
+                    "data_intact": checksum == worker.checksum,
                     "step_after_restore": step,
                     "tenant": [t["action"] for t in rel["transitions"] + acq["transitions"] if t["action"].startswith("tenant")],
                 })
@@ -122,7 +93,7 @@ def run(backend: str, device: str, gib: float, cycles: int, tenant_url: str = ""
             results["agent_exit"] = "killed"
         if worker is not None:
             results["worker_alive_after_agent_stop"] = worker.proc.poll() is None
-            results["checksum_after_agent_stop"] = worker.ask("check").split()[-1] == worker.checksum0 if worker.proc.poll() is None else False
+            results["checksum_after_agent_stop"] = worker.ask("check").split()[-1] == worker.checksum if worker.proc.poll() is None else False
             worker.stop()
         log.close()
         results["agent_log"] = str(workdir / "agent.log")

@@ -132,8 +132,10 @@ class BatchClients:
 
 
 class Worker:
-    def __init__(self, device: str, gib: float, log_path: Path) -> None:
-        env = dict(os.environ, TIMESLICE_JOB=JOB, **NCCL_ENV)
+    """The stand-in trainer worker process (``demo.worker``), tagged for ``job``; the benchmark uses it too."""
+
+    def __init__(self, device: str, gib: float, log_path: Path, job: str = JOB) -> None:
+        env = dict(os.environ, TIMESLICE_JOB=job, **NCCL_ENV)
         self.stderr = open(log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "timeslice_verl.demo.worker", "--device", device, "--gib", str(gib)],
@@ -154,7 +156,7 @@ class Worker:
             try:
                 self.ask("quit")
                 self.proc.wait(30)
-            except (OSError, subprocess.TimeoutExpired):
+            except (OSError, subprocess.TimeoutExpired):  # a broken pipe or a hung worker
                 self.proc.kill()
         self.stderr.close()
 
