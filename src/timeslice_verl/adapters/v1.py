@@ -82,14 +82,14 @@ def build(module: ModuleType) -> type:
             if lc is None:
                 return super()._setup()
             t0 = time.monotonic()
-            lc.call("init_workers_begin", lc.event(InitWorkersEvent))
+            lc.init_workers_begin(lc.event(InitWorkersEvent))
             try:
                 with _verl_091_setup_logging(module, self):
                     super()._setup()
             except BaseException as exc:
                 lc.report_exception("init_workers", exc)
                 raise
-            lc.call("init_workers_end", lc.event(InitWorkersEvent, elapsed_s=round(time.monotonic() - t0, 6)))
+            lc.init_workers_end(lc.event(InitWorkersEvent, elapsed_s=round(time.monotonic() - t0, 6)))
 
         def on_init_end(self) -> None:
             self._timeslice_sync(initial=True, push=super().on_init_end)
@@ -105,27 +105,27 @@ def build(module: ModuleType) -> type:
                 return
             waited = time.monotonic() - self.__dict__.pop("_timeslice_sample_t0", time.monotonic())
             samples = int(self.config.data.train_batch_size) // max(1, int(self.parameter_sync_step))
-            lc.call("post_rollout", lc.event(RolloutEvent, samples=samples, required_samples=samples,
+            lc.post_rollout(lc.event(RolloutEvent, samples=samples, required_samples=samples,
                                              queue_wait_s=round(waited, 6)))
-            lc.call("pre_train_step", lc.event(TrainStepEvent, local_step=int(self.local_trigger_step) + 1, samples=samples))
+            lc.pre_train_step(lc.event(TrainStepEvent, local_step=int(self.local_trigger_step) + 1, samples=samples))
 
         def _save_checkpoint(self) -> None:
             lc = lifecycle_for(self, NAME)
             if lc is None:
                 return super()._save_checkpoint()
             force = int(self.global_steps) >= int(getattr(self, "total_training_steps", 0) or 0)
-            if False in lc.call("save_checkpoint_begin", lc.event(CheckpointEvent, force=force)):
+            if False in lc.save_checkpoint_begin(lc.event(CheckpointEvent, force=force)):
                 log.warning("checkpoint save at step %s vetoed by a plugin", self.global_steps)
-                lc.call("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=False, elapsed_s=0.0))
+                lc.save_checkpoint_end(lc.event(CheckpointEvent, force=force, saved=False, elapsed_s=0.0))
                 return None
             t0 = time.monotonic()
             try:
                 super()._save_checkpoint()
             except BaseException:
-                lc.call("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=False,
+                lc.save_checkpoint_end(lc.event(CheckpointEvent, force=force, saved=False,
                                                         elapsed_s=round(time.monotonic() - t0, 6)))
                 raise
-            lc.call("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=True,
+            lc.save_checkpoint_end(lc.event(CheckpointEvent, force=force, saved=True,
                                                     elapsed_s=round(time.monotonic() - t0, 6)))
             return None
 
@@ -137,7 +137,7 @@ def build(module: ModuleType) -> type:
             if lc is None:
                 return push()
             t0 = time.monotonic()
-            lc.call("weight_sync_begin", lc.event(WeightSyncEvent, initial=initial))
+            lc.weight_sync_begin(lc.event(WeightSyncEvent, initial=initial))
             try:
                 push()
             except BaseException as exc:
@@ -146,7 +146,7 @@ def build(module: ModuleType) -> type:
             if not initial:
                 self.__dict__[_VERSION_ATTR] = self.__dict__.get(_VERSION_ATTR, 0) + 1
             # v1 saves before it pushes, so no save follows a push in the same step
-            lc.call("weight_sync_end", lc.event(WeightSyncEvent, initial=initial, synced=True,
+            lc.weight_sync_end(lc.event(WeightSyncEvent, initial=initial, synced=True,
                                                 elapsed_s=round(time.monotonic() - t0, 6)))
 
         def fit(self, *args: Any, **kwargs: Any) -> Any:
