@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -45,7 +46,24 @@ def spawn_worker(job: str | None) -> subprocess.Popen:
     if job is not None:
         env["TIMESLICE_JOB"] = job
     code = "import time\nwhile True:\n    time.sleep(0.005)\n"
-    return subprocess.Popen([PY, "-c", code], env=env)
+    proc = subprocess.Popen([PY, "-c", code], env=env)
+    _SPAWNED.append(proc)
+    return proc
+
+
+_SPAWNED: list[subprocess.Popen] = []
+
+
+@atexit.register
+def _kill_spawned() -> None:
+    """A test that failed half-way must not leave tagged workers behind (they would join later tests' jobs)."""
+    for proc in _SPAWNED:
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+            except OSError:
+                pass
 
 
 class AgentProc:

@@ -74,6 +74,8 @@ class AgentSettings:
     """How long a client retries reaching the agent (covers an agent restart)."""
     autostart: bool = False
     """Let the agent plugin start ``timeslice-verl agent`` when none answers on the socket."""
+    reattach_grace_s: float = 60.0
+    """After an agent restart, how long a job that held the GPU keeps it without its client coming back."""
     freeze_off_gpu: bool = False
     """Also freeze tagged or registered processes that NVML does not place on ``gpus`` (off: a job's
     processes on other GPUs, such as verl's rollouter, are never touched)."""
@@ -165,6 +167,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
 }
 NON_NEGATIVE = (
     "agent.driver_timeout_s",
+    "agent.reattach_grace_s",
     "agent.connect_timeout_s",
     "tenant.request_timeout_s",
     "tenant.drain_timeout_s",

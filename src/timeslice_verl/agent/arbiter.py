@@ -45,7 +45,9 @@ class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
         tenant_pause_mode: str = "wait",
         prepare_ttl_s: float = 60.0,
         watch_interval_s: float = 0.2,
+        reattach_grace_s: float = 60.0,
     ) -> None:
+        self.reattach_grace_s = reattach_grace_s
         self.backend = backend
         self.store = store
         self.probe = probe
@@ -72,6 +74,9 @@ class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
         self._tasks: list[asyncio.Task] = []
         self._live_connections: set[int] = set()
         self._next_tenant_probe = 0.0
+        self.tenant_backoff_s = 0.0
+        self.tenant_retry_at = 0.0
+        self._waiting: dict[str, int] = {}
         self.started = time.time()
 
     # ================================================================== requests
@@ -81,7 +86,7 @@ class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
         if peer_pid:
             self._peers[conn] = peer_pid
 
-    def _job(self, name: str, conn: int | None) -> Job:
+    def _job(self, name: str, conn: int | None, peer_uid: int | None = None) -> Job:
         if self.shutting_down:
             raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the agent is shutting down")
         job = self.jobs.get(name)
@@ -91,10 +96,13 @@ class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
             if job.attached not in (None, conn) and job.attached in self._live_connections:
                 raise ProtocolError(ErrorCode.BUSY, f"job {name!r} is in use by another client of this agent")
             job.attached = conn
+            job.orphaned_at = 0.0  # its client is back
+        if peer_uid is not None and job.owner_uid is None:
+            job.owner_uid = peer_uid
         return job
 
     def register_pids(self, name: str, pids: list[int], conn: int | None, peer_uid: int | None) -> dict[str, Any]:
-        job = self._job(name, conn)
+        job = self._job(name, conn, peer_uid)
         for pid in pids:
             proc = procfs.identify(pid)
             if proc is None:
@@ -114,7 +122,7 @@ class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
     async def acquire(
         self, name: str, conn: int | None, *, timeout_s: float | None = None, pids: list[int] | None = None, peer_uid: int | None = None
     ) -> dict[str, Any]:
-        job = self._job(name, conn)
+        job = self._job(name, conn, peer_uid)
         if pids:
             self.register_pids(name, pids, conn, peer_uid)
         t0 = time.monotonic()
@@ -127,13 +135,14 @@ class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
                 self.queue.append(name)
                 log.info("acquire: job %s queued (position %d)", name, len(self.queue))
                 self.wake()
+            self._waiting[name] = self._waiting.get(name, 0) + 1  # acquires of this job waiting on fut
             try:
                 await asyncio.wait_for(asyncio.shield(fut), timeout=timeout_s or None)
             except asyncio.TimeoutError:
-                self._drop_waiter(name)
+                self._stop_waiting(name)
                 raise ProtocolError(ErrorCode.TIMEOUT, f"job {name!r} did not get the GPU within {timeout_s:g} s") from None
             except asyncio.CancelledError:
-                self._drop_waiter(name)
+                self._stop_waiting(name)
                 raise
         waited = time.monotonic() - t0
         self._notify("acquire", {"job": name, "waited_s": waited})
@@ -147,7 +156,16 @@ class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
             "transitions": self._report(job),
         }
 
+    def _stop_waiting(self, name: str) -> None:
+        """One acquire gave up: the queue entry goes only when no other acquire of the job still waits."""
+        left = self._waiting.get(name, 1) - 1
+        if left > 0:
+            self._waiting[name] = left
+            return
+        self._drop_waiter(name)
+
     def _drop_waiter(self, name: str, error: BaseException | None = None) -> None:
+        self._waiting.pop(name, None)
         fut = self.waiters.pop(name, None)
         if fut is not None and not fut.done():
             if error is not None:
@@ -284,7 +302,7 @@ class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
         )
         room = self._room_for_tenant() if tenant in (ASLEEP, TENANT_FAULTED) else True
         return World(jobs=jobs, queue_head=self.queue[0] if self.queue else None, tenant=tenant, room_for_tenant=room,
-                     now=time.monotonic())
+                     now=time.monotonic(), tenant_retry_at=self.tenant_retry_at)
 
     async def _step(self) -> bool:
         """Make the policy's next move; False when there is none."""
@@ -332,6 +350,7 @@ class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
         job.holding = True
         job.fault = ""
         fut = self.waiters.pop(job.name, None)
+        self._waiting.pop(job.name, None)
         if fut is not None and not fut.done():
             fut.set_result(True)
         log.info("grant: job %s owns the GPU", job.name)

@@ -45,6 +45,8 @@ class World:
     """The tenant's state (``awake``, ``asleep``, ``dead``, ``faulted``) or ``""`` without a tenant."""
     room_for_tenant: bool = True
     now: float = 0.0
+    tenant_retry_at: float = 0.0
+    """After a failed tenant move: not before this time (backoff)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ def next_move(world: World) -> Move | None:
             return Move("thaw_ended" if frozen else "forget", job.name)
     target = desired(world)
     if target is not None:
-        if world.tenant == AWAKE:
+        if world.tenant == AWAKE:  # a faulted or dead tenant never makes the trainer wait
             return Move("tenant_yield")
         for other in world.jobs:
             if other.name != target.name and _idle_running(other):
@@ -98,6 +100,6 @@ def next_move(world: World) -> Move | None:
             return Move("freeze", job.name)
     if any(job.refused and job.state == RUNNING for job in world.jobs):
         return None  # a job that could not be frozen is still on the GPU
-    if world.tenant in (ASLEEP, TENANT_FAULTED) and world.room_for_tenant:
+    if world.tenant in (ASLEEP, TENANT_FAULTED) and world.room_for_tenant and world.now >= world.tenant_retry_at:
         return Move("tenant_reclaim")
     return None

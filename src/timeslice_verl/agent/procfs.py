@@ -7,6 +7,7 @@ identified by ``(pid, start time)`` so a recycled PID is never mistaken for a jo
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +27,20 @@ class ProcId:
         return {"pid": self.pid, "start": self.start}
 
 
+class ProcUnreadable(OSError):
+    """``/proc`` could not be read (out of file descriptors or memory…): no sign the process exited."""
+
+
+_GONE = (errno.ENOENT, errno.ESRCH)
+
+
 def _stat_fields(pid: int) -> list[str] | None:
     try:
         raw = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
+    except OSError as exc:
+        if exc.errno in _GONE:
+            return None
+        raise ProcUnreadable(exc.errno, f"cannot read /proc/{pid}/stat: {exc.strerror}") from exc
     # comm (field 2) may contain spaces and parentheses: split after the last ')'
     rest = raw[raw.rfind(")") + 2 :].split()
     return rest  # rest[0] is field 3 (state)

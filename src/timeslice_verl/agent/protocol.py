@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,8 @@ from timeslice_verl.names import valid_job, valid_url
 
 PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 64 * 1024
+MAX_SECONDS = 30 * 86400.0
+"""The longest timeout or TTL a request may ask for."""
 MAX_PIDS = 4096
 
 
@@ -74,8 +77,14 @@ def _check(name: str, field: Field, value: Any) -> Any:
                 ErrorCode.BAD_REQUEST, f"field {name!r}: {value!r} is not a job name (letters, digits, '.', '_', '-'; max 64)"
             )
     elif kind == "number":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected a number >= 0, got {value!r}")
+        try:
+            number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number) or not 0 <= number <= MAX_SECONDS:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected a number of seconds in [0, {MAX_SECONDS:g}], "
+                                f"got {str(value)[:40]!r}")
+        value = number
     elif kind == "bool":
         if not isinstance(value, bool):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected true or false, got {value!r}")
@@ -87,7 +96,7 @@ def _check(name: str, field: Field, value: Any) -> Any:
         ):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected a list of process ids, got {value!r:.200}")
     elif kind == "url":
-        if not valid_url(value):
+        if not valid_url(value) or not _url_parts_ok(value):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: {value!r:.200} is not an http(s) URL")
     elif kind == "level":
         if value not in (1, 2) or isinstance(value, bool):
@@ -98,21 +107,31 @@ def _check(name: str, field: Field, value: Any) -> Any:
     return value
 
 
+def _url_parts_ok(url: str) -> bool:
+    """Host and port parse (what an HTTP client would reject otherwise)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError for a bad port)
+    except ValueError:
+        return False
+    return bool(parts.hostname) and parts.hostname.isascii()
+
+
 def parse_request(line: bytes) -> tuple[Any, str, dict[str, Any]]:
     """Decode and validate one request line: ``(id, op, args)``. Raises :class:`ProtocolError`."""
     if len(line) > MAX_REQUEST_BYTES:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"request is {len(line)} bytes; the limit is {MAX_REQUEST_BYTES}")
     try:
         msg = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(ErrorCode.BAD_JSON, f"not a JSON object: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, integers past 4300 digits, deep nesting
+        raise ProtocolError(ErrorCode.BAD_JSON, f"not a JSON object: {str(exc)[:200]}") from None
     if not isinstance(msg, dict):
         raise ProtocolError(ErrorCode.BAD_JSON, f"expected a JSON object, got {type(msg).__name__}")
     req_id = msg.get("id")
     if req_id is not None and (isinstance(req_id, bool) or not isinstance(req_id, (int, str))):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "field 'id': expected an integer or a string")
     version = msg.get("v")
-    if version != PROTOCOL_VERSION:
+    if isinstance(version, bool) or version != PROTOCOL_VERSION:
         raise ProtocolError(
             ErrorCode.UNSUPPORTED_VERSION, f"protocol version {version!r} is not supported; this agent speaks v{PROTOCOL_VERSION}"
         )

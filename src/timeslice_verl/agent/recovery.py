@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from timeslice_verl.agent import procfs
 from timeslice_verl.agent.policy import TENANT_FAULTED
@@ -26,6 +27,9 @@ class RecoveryMixin:
         for job in jobs.values():
             await self._reconcile_job(job)
         self.jobs = {name: job for name, job in jobs.items() if job.procs or job.registered or job.holding}
+        for job in self.jobs.values():
+            if job.holding:  # its client must come back to keep the GPU (see the watchdog)
+                job.orphaned_at = time.monotonic()
         url, level = tenant_url, sleep_level
         if tenant_rec and tenant_rec.url.rstrip("/") != tenant_url.rstrip("/"):
             if tenant_url:  # the configured tenant replaces the recorded one: never leave that one asleep

@@ -32,6 +32,12 @@ from timeslice_verl.log import get_logger
 log = get_logger("agent")
 
 
+MAX_CONNECTIONS = 256
+"""Open client connections at a time (each holds a file descriptor)."""
+MAX_IN_FLIGHT = 32
+"""Requests of one connection being served at a time; its further requests wait unread."""
+
+
 class AgentStartError(RuntimeError):
     """The agent cannot start (socket in use, backend unavailable…). The message says what to do."""
 
@@ -165,6 +171,10 @@ class AgentServer:
             await send(protocol.error(None, ErrorCode.PERMISSION, f"{who} may not use this agent"))
             writer.close()
             return
+        if len(self._writers) >= MAX_CONNECTIONS:  # keep file descriptors for /proc and the driver
+            await send(protocol.error(None, ErrorCode.BUSY, f"the agent serves at most {MAX_CONNECTIONS} connections; closing"))
+            writer.close()
+            return
         self.arbiter.connection_opened(conn, peer_pid)
         tasks: set[asyncio.Task] = set()
         me = asyncio.current_task()
@@ -183,6 +193,8 @@ class AgentServer:
                     break
                 if not line.strip():
                     continue
+                if len(tasks) >= MAX_IN_FLIGHT:  # a client that pipelines without reading: stop reading it
+                    await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
                 task = asyncio.create_task(self._serve_one(line, conn, peer_uid, send))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -260,6 +272,7 @@ async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None 
         tenant_request_timeout_s=settings.tenant.request_timeout_s,
         tenant_drain_timeout_s=settings.tenant.drain_timeout_s,
         tenant_pause_mode=settings.tenant.pause_mode,
+        reattach_grace_s=settings.agent.reattach_grace_s,
     )
     server = AgentServer(settings, arbiter, path)
     server.claim_path()

@@ -44,6 +44,12 @@ class Job:
     direction: str = ""
     """While TRANSITIONING: ``freeze`` or ``thaw``."""
     # not persisted
+    owner_uid: int | None = None
+    """The uid of the job's client (its tagged processes must be that user's)."""
+    orphaned_at: float = 0.0
+    """Since when a holder recorded before a restart has had no client (0: attached or not holding)."""
+    busy: bool = False
+    """A freeze or thaw of it is under way (discovery included): the watchdog leaves it alone."""
     ending: bool = False
     """The client said the job has ended (release with ``done``): forget it, never freeze it."""
     refused: str = ""

@@ -114,14 +114,15 @@ class VllmTenant:
         except (TenantError, ValueError, AttributeError):
             self.info.version = "?"
         sleeping = await self._get_flag("/is_sleeping")  # 404 here: dev mode or sleep mode is off
-        paused_supported = True
+        paused_supported, paused = True, False
         try:
-            await self._get_flag("/is_paused")
+            paused = await self._get_flag("/is_paused")
         except TenantError:
             paused_supported = False
         version = _version_tuple(self.info.version)
         self.info.pause = "wait" if paused_supported and (version >= (0, 17) or self.info.version == "?") else "drain"
-        self.state = ASLEEP if sleeping else AWAKE
+        # paused but awake (an agent killed between /pause and /sleep): not serving, so reclaim it
+        self.state = ASLEEP if (sleeping or paused) else AWAKE
         log.info(
             "tenant vLLM %s at %s: %s, holds requests by %s, sleep level %d",
             self.info.version, self.url, self.state, self.info.pause, self.info.sleep_level,

@@ -56,7 +56,17 @@ class TransitionsMixin:
                 log.exception("listener failed")
 
     async def _freeze(self, job: Job) -> None:
-        pids = await asyncio.to_thread(self.backend.discover, job.name, job.pids(), self._client_pids())
+        job.busy = True
+        try:
+            await self._freeze_busy(job)
+        finally:
+            job.busy = False
+
+    async def _freeze_busy(self, job: Job) -> None:
+        pids = await asyncio.to_thread(self.backend.discover, job.name, job.pids(), self._client_pids(), job.owner_uid)
+        if self.jobs.get(job.name) is not job:  # forgotten while the /proc scan ran: touch nothing
+            log.info("freeze of job %s dropped: the job was forgotten meanwhile", job.name)
+            return
         start = time.time()
         if not pids:  # nothing of this job is on the GPU (yet): nothing to park
             job.state, job.saved_bytes, job.procs = FROZEN, 0, []
@@ -168,6 +178,8 @@ class TransitionsMixin:
             self._record(action, self.tenant.url, start, False, detail=str(exc))
             log.error("%s failed: %s%s", action, exc, " (the trainer is unaffected)" if dead else "")
             self._next_tenant_probe = time.monotonic() + 5.0
+            self.tenant_backoff_s = min(30.0, max(0.5, self.tenant_backoff_s * 2))
+            self.tenant_retry_at = time.monotonic() + self.tenant_backoff_s  # no hot loop on a failing tenant
             self._persist()
             return None
         finally:
@@ -198,6 +210,7 @@ class TransitionsMixin:
         if seconds is None:
             return
         self.tenant_rec.state, self.tenant_rec.error = AWAKE, ""
+        self.tenant_backoff_s = 0.0
         self._record("tenant_reclaim", self.tenant.url, start, True, self.tenant_bytes, f"wake+resume in {seconds:.3f} s")
         log.info("tenant reclaim: vLLM awake and serving in %.3f s", seconds)
         self._persist()

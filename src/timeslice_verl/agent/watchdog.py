@@ -8,7 +8,7 @@ import time
 
 from timeslice_verl.agent import procfs
 from timeslice_verl.agent.policy import TENANT_FAULTED
-from timeslice_verl.agent.state import FROZEN, RUNNING, TRANSITIONING
+from timeslice_verl.agent.state import FROZEN, RUNNING, TRANSITIONING  # noqa: F401
 from timeslice_verl.agent.tenant import DEAD, TenantError
 from timeslice_verl.log import get_logger
 
@@ -32,17 +32,28 @@ class WatchdogMixin:
         changed = False
         now = time.monotonic()
         for name, job in list(self.jobs.items()):
+            if job.holding and job.attached is None and job.orphaned_at and now - job.orphaned_at > self.reattach_grace_s:
+                log.warning("job %s held the GPU before the agent restarted and its client did not come back within "
+                            "%.0f s: releasing", name, self.reattach_grace_s)
+                job.holding, job.orphaned_at = False, 0.0
+                changed = True
             if job.prepared_until and job.prepared_until <= now:
                 job.prepared_until = 0.0
                 changed = True
             known = job.procs + job.registered
             if not known:
-                if job.attached is None and not job.holding and name not in self.queue and job.state in (RUNNING, FROZEN):
+                # Forget only a job that was frozen with nothing to freeze: a running one is first frozen
+                # (its tagged processes may still be on the GPU), and one being frozen is left alone.
+                if job.attached is None and not job.holding and name not in self.queue and job.state == FROZEN and not job.busy:
                     del self.jobs[name]
                     changed = True
                 continue
-            live_procs = [p for p in job.procs if procfs.alive(p)]
-            live_reg = [p for p in job.registered if procfs.alive(p)]
+            try:
+                live_procs = [p for p in job.procs if procfs.alive(p)]
+                live_reg = [p for p in job.registered if procfs.alive(p)]
+            except procfs.ProcUnreadable as exc:  # EMFILE and the like: learn nothing this round
+                log.warning("watchdog: %s; job %s is left as it is", exc, name)
+                continue
             if len(live_procs) + len(live_reg) == len(known):
                 continue
             job.procs, job.registered = live_procs, live_reg
@@ -53,6 +64,8 @@ class WatchdogMixin:
                 job.state, job.saved_bytes = RUNNING, 0
                 if job.attached is None and name not in self.queue:
                     del self.jobs[name]
+        if self.tenant_rec is not None and self.tenant_rec.state == TENANT_FAULTED and now >= self.tenant_retry_at:
+            changed = True  # the backoff after a failed tenant move is over: let the reconciler retry
         if self.tenant is not None and self.tenant_rec and self.tenant_rec.state in (DEAD, TENANT_FAULTED) and now >= self._next_tenant_probe:
             self._next_tenant_probe = now + 5.0
             if await self.tenant.alive():

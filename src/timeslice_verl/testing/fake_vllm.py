@@ -33,8 +33,13 @@ from urllib.parse import parse_qs, urlparse
 
 
 class FakeVllm:
-    def __init__(self, *, version: str = "0.24.0", dev_mode: bool = True, sleep_in_flight: str = "crash", token_s: float = 0.01) -> None:
+    def __init__(
+        self, *, version: str = "0.24.0", dev_mode: bool = True, sleep_in_flight: str = "crash", token_s: float = 0.01,
+        fail_wake_up: bool = False,
+    ) -> None:
         self.version = version
+        self.fail_wake_up = fail_wake_up
+        self.wake_up_calls = 0
         self.dev_mode = dev_mode
         self.sleep_in_flight = sleep_in_flight
         self.token_s = token_s
@@ -58,6 +63,7 @@ class FakeVllm:
             return {
                 "sleeping": self.sleeping, "paused": self.paused, "running": len(self.running), "waiting": self.waiting,
                 "completed": self.completed, "aborted": self.aborted, "sleeps": self.sleeps, "version": self.version,
+                "wake_up_calls": self.wake_up_calls,
             }
 
     def generate(self, max_tokens: int) -> tuple[int, str]:
@@ -225,6 +231,11 @@ def make_handler(engine: FakeVllm) -> type[BaseHTTPRequestHandler]:
                 engine.sleep(query.get("mode", ["abort"])[0] if engine.has_pause else None)
                 self._send(200, {})
             elif url.path == "/wake_up":
+                with engine.cond:
+                    engine.wake_up_calls += 1
+                if engine.fail_wake_up:  # a broken engine: every wake-up fails
+                    self._send(500, {"detail": "CUDA error: out of memory"})
+                    return
                 engine.wake()
                 self._send(200, {})
             else:
@@ -264,9 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-dev-mode", action="store_true")
     ap.add_argument("--sleep-in-flight", choices=("crash", "abort"), default="crash")
     ap.add_argument("--token-s", type=float, default=0.01)
+    ap.add_argument("--fail-wake-up", action="store_true", help="answer every /wake_up with 500 (a broken engine)")
     a = ap.parse_args(argv)
     server = FakeVllmServer(
-        a.host, a.port, version=a.vllm_version, dev_mode=not a.no_dev_mode, sleep_in_flight=a.sleep_in_flight, token_s=a.token_s
+        a.host, a.port, version=a.vllm_version, dev_mode=not a.no_dev_mode, sleep_in_flight=a.sleep_in_flight, token_s=a.token_s,
+        fail_wake_up=a.fail_wake_up,
     )
     print(f"listening on {server.url}", flush=True)
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -139,9 +140,13 @@ class TrainerBackend:
 
     # ------------------------------------------------------------------ discovery
 
-    def discover(self, job: str, registered: list[int], exclude: set[int] = frozenset()) -> list[int]:
-        """The job's processes to freeze: tagged GPU processes plus registered ones, leaders only."""
-        tagged = procfs.tagged_processes(job)
+    def discover(self, job: str, registered: list[int], exclude: set[int] = frozenset(), uid: int | None = None) -> list[int]:
+        """The job's processes to freeze: tagged GPU processes plus registered ones, leaders only.
+
+        Tagged processes count only when owned by ``uid`` (the job's client; default: the agent's own
+        user): as root, the agent never freezes another user's process that happens to carry the tag."""
+        owner = os.getuid() if uid is None else uid
+        tagged = [p for p in procfs.tagged_processes(job) if procfs.uid_of(p) == owner]
         registered = [p for p in registered if procfs.identify(p) is not None and procfs.is_thread_group_leader(p)]
         if self.probe is not None and self.primitives.frees_gpu_memory and self.only_on_gpus:
             gpu_pids = set(self.probe.process_memory())

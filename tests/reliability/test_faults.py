@@ -1,0 +1,351 @@
+"""Faults, races and floods from the reliability review, each one reproduced and checked fixed.
+
+Real agent processes (CPU ``sigstop`` backend), real tagged workers, the stand-in vLLM; the in-process
+tests drive the real :class:`Arbiter` with a backend whose discovery can be held mid-scan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker, stopped
+from timeslice_verl.agent import procfs
+from timeslice_verl.agent.arbiter import Arbiter
+from timeslice_verl.agent.freeze import make_backend
+from timeslice_verl.agent.state import FROZEN, RUNNING, Job, StateStore
+
+
+def raw_requests(sock_path: Path, *messages: dict, read: int, timeout: float = 15.0) -> list[dict]:
+    """Send ``messages`` pipelined on one connection; read ``read`` replies."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect(str(sock_path))
+    s.sendall(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
+    buf, replies = b"", []
+    try:
+        while len(replies) < read:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                replies.append(json.loads(line))
+    finally:
+        s.close()
+    return replies
+
+
+# --------------------------------------------------------------------------- 1. frozen, then forgotten
+
+
+class HeldDiscovery:
+    """The sigstop backend, with discovery held until the test lets it go (a slow /proc scan)."""
+
+    def __init__(self) -> None:
+        self.backend = make_backend("sigstop", probe=None, driver_timeout_s=5)
+        self.scanning = threading.Event()
+        self.go = threading.Event()
+        real = self.backend.discover
+
+        def discover(*args, **kwargs):
+            self.scanning.set()
+            self.go.wait(10)
+            return real(*args, **kwargs)
+
+        self.backend.discover = discover
+
+
+def test_a_job_forgotten_during_its_freeze_is_never_frozen(tmp_path):
+    worker = spawn_worker("race-job")
+    held = HeldDiscovery()
+
+    async def scenario() -> None:
+        arbiter = Arbiter(held.backend, StateStore(tmp_path / "state.json"), watch_interval_s=3600)
+        await arbiter.start()
+        arbiter.connection_opened(1, None)
+        await arbiter.acquire("race-job", 1)
+        await arbiter.release("race-job", 1)  # the reconciler starts the freeze: discovery is held
+        await asyncio.to_thread(held.scanning.wait, 10)
+        arbiter.disconnect(1)  # the client dies mid-scan
+        await arbiter._watch_once()
+        assert "race-job" in arbiter.jobs, "a job that was never frozen is not forgotten (its processes may be on the GPU)"
+        held.go.set()
+        await arbiter.settled(20)
+        job = arbiter.jobs.get("race-job")
+        assert job is not None and job.state == FROZEN and job.pids() == [worker.pid], "frozen and still tracked"
+        await arbiter.shutdown()
+
+    try:
+        asyncio.run(scenario())
+        assert not stopped(worker.pid), "shutdown thaws what was frozen"
+    finally:
+        held.go.set()
+        os.kill(worker.pid, signal.SIGCONT)
+        worker.kill()
+
+
+def test_a_freeze_whose_job_was_dropped_meanwhile_touches_nothing(tmp_path):
+    worker = spawn_worker("dropped-job")
+    held = HeldDiscovery()
+
+    async def scenario() -> None:
+        arbiter = Arbiter(held.backend, StateStore(tmp_path / "state.json"), watch_interval_s=3600)
+        await arbiter.start()
+        job = arbiter.jobs["dropped-job"] = Job(name="dropped-job")
+        freeze = asyncio.create_task(arbiter._freeze(job))
+        await asyncio.to_thread(held.scanning.wait, 10)
+        del arbiter.jobs["dropped-job"]
+        held.go.set()
+        await freeze
+        await arbiter.shutdown()
+
+    try:
+        asyncio.run(scenario())
+        assert not stopped(worker.pid), "a process of a forgotten job is never stopped"
+    finally:
+        held.go.set()
+        os.kill(worker.pid, signal.SIGCONT)
+        worker.kill()
+
+
+# --------------------------------------------------------------------------- 2. out of file descriptors
+
+
+def test_an_unreadable_proc_is_not_an_exited_process(tmp_path, monkeypatch):
+    worker = spawn_worker("fd-job")
+
+    async def scenario() -> None:
+        arbiter = Arbiter(make_backend("sigstop", probe=None, driver_timeout_s=5), StateStore(tmp_path / "s.json"),
+                          watch_interval_s=3600)
+        await arbiter.start()
+        job = arbiter.jobs["fd-job"] = Job(name="fd-job", state=FROZEN, procs=[procfs.identify(worker.pid)])
+        real = Path.read_text
+
+        def emfile(self, *a, **kw):
+            if self.name == "stat" and self.parent.name == str(worker.pid):
+                raise OSError(errno.EMFILE, "Too many open files")
+            return real(self, *a, **kw)
+
+        monkeypatch.setattr(Path, "read_text", emfile)
+        with pytest.raises(procfs.ProcUnreadable):
+            procfs.alive(job.procs[0])
+        await arbiter._watch_once()
+        monkeypatch.setattr(Path, "read_text", real)
+        assert arbiter.jobs["fd-job"].pids() == [worker.pid], "the frozen pid is still known"
+        assert arbiter.jobs["fd-job"].state == FROZEN
+        await arbiter.shutdown()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        worker.kill()
+
+
+def test_connections_are_bounded(tmp_path):
+    from timeslice_verl.agent.server import MAX_CONNECTIONS
+
+    agent = AgentProc(tmp_path).start()
+    socks = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(agent.socket))
+            socks.append(s)
+        time.sleep(0.5)
+        extra = raw_requests(agent.socket, {"v": 1, "id": 1, "op": "hello"}, read=1)
+        assert extra[0]["error"]["code"] == "busy" and str(MAX_CONNECTIONS) in extra[0]["error"]["message"]
+    finally:
+        for s in socks:
+            s.close()
+        agent.stop()
+
+
+# --------------------------------------------------------------------------- 3. a holder that never comes back
+
+
+def test_a_holder_that_does_not_come_back_after_a_restart_is_released(tmp_path):
+    vllm = FakeVllmProc()
+    wa, wb = spawn_worker("job-a"), spawn_worker("job-b")
+    extra = ("timeslice.agent.reattach_grace_s=1",)
+    agent = AgentProc(tmp_path, tenant_url=vllm.url, extra=extra).start()
+    try:
+        client_a = agent.client()
+        client_a.acquire("job-a")
+        agent.kill()  # the agent dies while job-a holds the GPU; job-a's client never reconnects
+        agent = AgentProc(tmp_path, tenant_url=vllm.url, extra=extra).start()
+        with agent.client() as client_b:
+            t0 = time.monotonic()
+            client_b.acquire("job-b", timeout_s=15)
+            assert time.monotonic() - t0 < 10
+    finally:
+        for w in (wa, wb):
+            os.kill(w.pid, signal.SIGCONT)
+            w.kill()
+        agent.stop()
+        vllm.stop()
+
+
+# --------------------------------------------------------------------------- 4. killed between /pause and /sleep
+
+
+def test_a_tenant_left_paused_is_resumed_after_a_restart(tmp_path):
+    vllm = FakeVllmProc()
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"{vllm.url}/pause?mode=wait", method="POST"), timeout=5)
+        assert vllm.get("/is_paused")["is_paused"] is True
+        agent = AgentProc(tmp_path, tenant_url=vllm.url).start()
+        try:
+            eventually(lambda: vllm.get("/is_paused")["is_paused"] is False, timeout=15, what="tenant resumed")
+            assert agent.status()["tenant"]["state"] == "awake"
+        finally:
+            agent.stop()
+    finally:
+        vllm.stop()
+
+
+# --------------------------------------------------------------------------- 5. pipelined acquires
+
+
+def test_pipelined_acquires_each_get_a_reply(tmp_path):
+    worker_a, worker_b = spawn_worker("pipe-a"), spawn_worker("pipe-b")
+    agent = AgentProc(tmp_path).start()
+    try:
+        holder = agent.client()
+        holder.acquire("pipe-b")
+
+        def release_later() -> None:
+            time.sleep(1.5)
+            holder.release("pipe-b")
+
+        threading.Thread(target=release_later, daemon=True).start()
+        replies = raw_requests(
+            agent.socket,
+            {"v": 1, "id": 1, "op": "acquire", "job": "pipe-a", "timeout_s": 0.3},
+            {"v": 1, "id": 2, "op": "acquire", "job": "pipe-a"},
+            read=2,
+        )
+        by_id = {r["id"]: r for r in replies}
+        assert by_id[1]["ok"] is False and by_id[1]["error"]["code"] == "timeout"
+        assert by_id[2]["ok"] is True, "the second acquire still gets the GPU once it is free"
+    finally:
+        for w in (worker_a, worker_b):
+            os.kill(w.pid, signal.SIGCONT)
+            w.kill()
+        agent.stop()
+
+
+# --------------------------------------------------------------------------- 8. a failing tenant is retried with backoff
+
+
+def test_a_failing_wake_up_is_retried_with_backoff(tmp_path):
+    vllm = FakeVllmProc("--fail-wake-up")
+    worker = spawn_worker("backoff-job")
+    agent = AgentProc(tmp_path, tenant_url=vllm.url).start()
+    try:
+        with agent.client() as c:
+            c.acquire("backoff-job")
+            c.release("backoff-job")
+        time.sleep(3.0)
+        attempts = vllm.stats()["wake_up_calls"]
+        assert 1 <= attempts <= 6, f"{attempts} /wake_up calls in 3 s: no hot loop"
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+        worker.kill()
+        agent.stop()
+        vllm.stop()
+
+
+# --------------------------------------------------------------------------- 11. bad input
+
+
+BAD = [
+    (b'{"v": 1, "id": 1, "op": "acquire", "job": "a", "timeout_s": ' + b"9" * 5000 + b"}", "bad_json"),
+    (b"[" * 2000 + b"]" * 2000, "bad_json"),
+    (b'{"v": 1, "id": 1, "op": "acquire", "job": "a", "timeout_s": 1' + b"0" * 309 + b"}", "bad_request"),
+    (b'{"v": 1, "id": 1, "op": "register_tenant", "url": "http://[::1"}', "bad_request"),
+    (b'{"v": 1, "id": 1, "op": "register_tenant", "url": "http://host:99999"}', "bad_request"),
+    (b'{"v": 1, "id": 1, "op": "acquire", "job": "a\\n"}', "bad_request"),
+    (b'{"v": true, "id": 1, "op": "hello"}', "unsupported_version"),
+]
+
+
+@pytest.mark.parametrize("line, code", BAD, ids=["huge-int", "deep-nesting", "309-digit-timeout", "bad-ipv6", "bad-port",
+                                                  "newline-in-job", "v-true"])
+def test_bad_input_gets_a_clear_error_never_internal(line, code):
+    from timeslice_verl.agent import protocol
+
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.parse_request(line)
+    assert info.value.code == code
+
+
+def test_ten_thousand_malformed_messages_leave_the_agent_serving(tmp_path):
+    import random
+
+    agent = AgentProc(tmp_path).start()
+    rng = random.Random(7)
+    pieces = [b"{", b"}", b"[", b"]", b'"v"', b":", b"1", b"true", b"null", b'"op"', b'"acquire"', b'"job"', b",", b"\xff", b"9" * 50]
+    lines = [b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 12))) for _ in range(10_000)]
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(60)
+        s.connect(str(agent.socket))
+        chunks: list[bytes] = []
+
+        def read_all() -> None:  # read while sending: the agent stops reading a client that does not read
+            while True:
+                chunk = s.recv(1 << 16)
+                if not chunk:
+                    return
+                chunks.append(chunk)
+
+        reader = threading.Thread(target=read_all, daemon=True)
+        reader.start()
+        for i in range(0, len(lines), 500):
+            s.sendall(b"\n".join(lines[i:i + 500]) + b"\n")
+        s.shutdown(socket.SHUT_WR)
+        reader.join(60)
+        replies = [json.loads(x) for x in b"".join(chunks).splitlines() if x.strip()]
+        s.close()
+        assert len(replies) >= 9_000 and not any(r.get("error", {}).get("code") == "internal" for r in replies)
+        assert agent.status()["owner"] in ("none", "tenant") and agent.proc.poll() is None
+    finally:
+        agent.stop()
+
+
+# --------------------------------------------------------------------------- 12. another user's tagged process
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to start a process as another user")
+def test_tag_discovery_never_takes_another_users_process(tmp_path):
+    theirs = subprocess.Popen(["sleep", "60"],
+                              env=dict(os.environ, TIMESLICE_JOB="shared-name"), user=12345)
+    ours = spawn_worker("shared-name")
+    agent = AgentProc(tmp_path).start()
+    try:
+        time.sleep(0.2)
+        with agent.client() as c:
+            c.acquire("shared-name")
+            c.release("shared-name", wait=True)
+        eventually(lambda: stopped(ours.pid), what="our process frozen")
+        assert not stopped(theirs.pid), "uid 12345's process carries the tag but is not ours"
+        assert agent.job("shared-name")["pids"] == [ours.pid]
+    finally:
+        for p in (theirs, ours):
+            os.kill(p.pid, signal.SIGCONT)
+            p.kill()
+        agent.stop()
