@@ -166,8 +166,12 @@ def test_connections_are_bounded(tmp_path):
             s.connect(str(agent.socket))
             socks.append(s)
         time.sleep(0.5)
-        extra = raw_requests(agent.socket, {"v": 1, "id": 1, "op": "hello"}, read=1)
-        assert extra[0]["error"]["code"] == "busy" and str(MAX_CONNECTIONS) in extra[0]["error"]["message"]
+        extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        extra.settimeout(15)
+        extra.connect(str(agent.socket))
+        reply = json.loads(extra.makefile("rb").readline())  # the agent says why before it closes
+        extra.close()
+        assert reply["error"]["code"] == "busy" and str(MAX_CONNECTIONS) in reply["error"]["message"]
     finally:
         for s in socks:
             s.close()
@@ -348,4 +352,122 @@ def test_tag_discovery_never_takes_another_users_process(tmp_path):
         for p in (theirs, ours):
             os.kill(p.pid, signal.SIGCONT)
             p.kill()
+        agent.stop()
+
+
+# --------------------------------------------------------------------------- 7. thousands of job names
+
+
+def test_job_names_are_bounded_per_client_and_the_trainer_is_not_starved(tmp_path):
+    from timeslice_verl.agent.arbiter import MAX_JOBS_PER_CLIENT
+    from timeslice_verl.agent.client import AgentError
+
+    worker = spawn_worker("real-job")
+    agent = AgentProc(tmp_path).start()
+    try:
+        with agent.client() as flood:
+            for i in range(MAX_JOBS_PER_CLIENT):
+                flood.prepare(f"idle-{i}")
+            with pytest.raises(AgentError, match="too many jobs"):
+                flood.prepare("one-too-many")
+            with agent.client() as trainer:
+                t0 = time.monotonic()
+                trainer.acquire("real-job", timeout_s=20)
+                assert time.monotonic() - t0 < 10, "the trainer gets its GPU despite the idle names"
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+        worker.kill()
+        agent.stop()
+
+
+# --------------------------------------------------------------------------- 9. a hanging tenant
+
+
+def test_a_hanging_wake_up_never_delays_the_trainer(tmp_path):
+    vllm = FakeVllmProc("--hang", "wake_up")
+    worker = spawn_worker("hang-job")
+    agent = AgentProc(tmp_path, tenant_url=vllm.url).start()
+    try:
+        with agent.client() as c:
+            c.acquire("hang-job")
+            c.release("hang-job")  # the agent freezes the job and starts waking the tenant: /wake_up hangs
+            eventually(lambda: "tenant reclaim" in agent.status()["transition"], timeout=10, what="reclaim under way")
+            t0 = time.monotonic()
+            c.acquire("hang-job", timeout_s=20)
+            assert time.monotonic() - t0 < 5, "the trainer does not wait for the tenant's hanging wake-up"
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+        worker.kill()
+        agent.stop()
+        vllm.stop()
+
+
+def test_sigterm_exits_promptly_during_a_hanging_pause(tmp_path):
+    vllm = FakeVllmProc("--hang", "pause")
+    worker = spawn_worker("hang-pause")
+    agent = AgentProc(tmp_path, tenant_url=vllm.url).start()
+    try:
+        client = agent.client()
+        threading.Thread(target=lambda: _quietly(client.acquire, "hang-pause"), daemon=True).start()
+        eventually(lambda: "tenant yield" in agent.status()["transition"], timeout=10, what="yield under way")
+        t0 = time.monotonic()
+        assert agent.kill(signal.SIGTERM) == 0
+        assert time.monotonic() - t0 < 15, "SIGTERM does not wait for a tenant that never answers"
+        assert not stopped(worker.pid)
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+        worker.kill()
+        agent.stop()
+        vllm.stop()
+
+
+def _quietly(fn, *args):
+    try:
+        fn(*args)
+    except Exception:
+        pass
+
+
+# --------------------------------------------------------------------------- 12. tenant URLs, 6. clients that never read
+
+
+def test_a_client_cannot_point_the_agent_at_a_remote_tenant(tmp_path):
+    from timeslice_verl.agent.client import AgentError
+
+    vllm = FakeVllmProc()
+    agent = AgentProc(tmp_path, tenant_url=vllm.url).start()
+    try:
+        with agent.client() as c:
+            c.call("unregister_tenant")
+            with pytest.raises(AgentError, match="not on this node"):
+                c.call("register_tenant", url="http://10.20.30.40:8000")  # refused before any connection is made
+            c.call("register_tenant", url=vllm.url)  # the configured one (loopback) is fine
+            assert agent.status()["tenant"]["url"] == vllm.url
+    finally:
+        agent.stop()
+        vllm.stop()
+
+
+def test_a_client_that_pipelines_and_never_reads_is_bounded_and_harmless(tmp_path):
+    agent = AgentProc(tmp_path).start()
+    try:
+        before = int(Path(f"/proc/{agent.proc.pid}/status").read_text().split("VmRSS:")[1].split()[0])
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(agent.socket))
+        s.setblocking(False)
+        line = json.dumps({"v": 1, "id": 1, "op": "status"}).encode() + b"\n"
+        sent, deadline = 0, time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                s.send(line * 100)
+                sent += 100
+            except BlockingIOError:  # the agent stopped reading us: backpressure
+                time.sleep(0.01)
+        after = int(Path(f"/proc/{agent.proc.pid}/status").read_text().split("VmRSS:")[1].split()[0])
+        assert after - before < 64 * 1024, f"agent RSS grew {(after - before) / 1024:.0f} MiB after {sent} unread requests"
+        s.close()
+        t0 = time.monotonic()
+        assert agent.status()["owner"] in ("none", "tenant")
+        assert time.monotonic() - t0 < 5, "the agent answers others promptly after that client leaves"
+    finally:
         agent.stop()

@@ -21,8 +21,9 @@ from timeslice_verl.agent.gpu import NvmlProbe
 from timeslice_verl.agent.policy import TENANT_FAULTED, JobView, World, next_move
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.recovery import RecoveryMixin
+from timeslice_verl.agent.tenancy import TenancyMixin
 from timeslice_verl.agent.state import RUNNING, Job, StateStore, TenantRecord
-from timeslice_verl.agent.tenant import ASLEEP, AWAKE, TenantError, VllmTenant
+from timeslice_verl.agent.tenant import ASLEEP, AWAKE, VllmTenant
 from timeslice_verl.agent.freeze.base import ThawError, TrainerBackend
 from timeslice_verl.agent.transitions import TransitionsMixin
 from timeslice_verl.agent.watchdog import WatchdogMixin
@@ -32,8 +33,12 @@ from timeslice_verl.log import get_logger
 log = get_logger("agent")
 
 
+MAX_JOBS_PER_CLIENT = 16
+"""Job names one connection may create (a trainer uses one): thousands of idle names would each cost a /proc scan."""
+MAX_JOBS = 256
 
-class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
+
+class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
     def __init__(
         self,
         backend: TrainerBackend,
@@ -48,6 +53,8 @@ class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
         reattach_grace_s: float = 60.0,
     ) -> None:
         self.reattach_grace_s = reattach_grace_s
+        self.configured_tenant_url = ""
+        """The tenant URL of the agent's own config: the one URL a client may not choose freely."""
         self.backend = backend
         self.store = store
         self.probe = probe
@@ -91,6 +98,10 @@ class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
             raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the agent is shutting down")
         job = self.jobs.get(name)
         if job is None:
+            mine = sum(1 for j in self.jobs.values() if conn is not None and j.attached == conn)
+            if mine >= MAX_JOBS_PER_CLIENT or len(self.jobs) >= MAX_JOBS:
+                raise ProtocolError(ErrorCode.BUSY, f"too many jobs ({mine} of this client, {len(self.jobs)} in all; the limits "
+                                    f"are {MAX_JOBS_PER_CLIENT} and {MAX_JOBS}): one trainer needs one job name")
             job = self.jobs[name] = Job(name=name, cursor=self.seq)
         if conn is not None:
             if job.attached not in (None, conn) and job.attached in self._live_connections:
@@ -223,44 +234,6 @@ class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
         self._persist()
         self.wake()
 
-    async def register_tenant(self, url: str, sleep_level: int = 1, *, persist: bool = True) -> dict[str, Any]:
-        if self.tenant is not None and self.tenant.url != url.rstrip("/"):
-            raise ProtocolError(ErrorCode.BUSY, f"a tenant is already registered ({self.tenant.url}); unregister it first")
-        tenant = self.tenant or self._make_tenant(url, sleep_level)
-        try:
-            info = await tenant.register()
-        except TenantError as exc:
-            if self.tenant is None:
-                await tenant.close()
-            raise ProtocolError(ErrorCode.TENANT, str(exc)) from None
-        self.tenant = tenant
-        self.tenant_rec = TenantRecord(url=tenant.url, state=tenant.state, version=info.version, sleep_level=sleep_level)
-        if persist:
-            self._persist()
-        self.wake()
-        return self.tenant_rec.to_dict()
-
-    def _make_tenant(self, url: str, sleep_level: int) -> VllmTenant:
-        return VllmTenant(
-            url, sleep_level=sleep_level, request_timeout_s=self.tenant_request_timeout_s,
-            drain_timeout_s=self.tenant_drain_timeout_s, pause_mode=self.tenant_pause_mode,
-        )
-
-    async def unregister_tenant(self) -> dict[str, Any]:
-        """Forget the tenant, waking it first (it is never left asleep)."""
-        if self.tenant is None:
-            return {"unregistered": False}
-        async with self._step_lock:  # no transition runs meanwhile
-            if self.tenant_rec and self.tenant_rec.state in (ASLEEP, TENANT_FAULTED):
-                try:
-                    await self._tenant_reclaim(check_memory=False)
-                except Exception as exc:
-                    log.error("unregister: tenant could not be woken: %s", exc)
-            url = self.tenant.url
-            await self.tenant.close()
-            self.tenant, self.tenant_rec = None, None
-            self._persist()
-        return {"unregistered": True, "url": url}
 
     # ================================================================== the reconciler
 
@@ -355,18 +328,6 @@ class Arbiter(RecoveryMixin, TransitionsMixin, WatchdogMixin):
             fut.set_result(True)
         log.info("grant: job %s owns the GPU", job.name)
         self._persist()
-
-
-
-
-
-
-
-
-
-
-
-
 
 
     # ================================================================== status / persistence

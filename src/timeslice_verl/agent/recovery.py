@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from timeslice_verl.agent import procfs
@@ -16,6 +17,9 @@ from timeslice_verl.log import get_logger
 
 log = get_logger("agent")
 
+SHUTDOWN_STEP_S = 10.0
+"""How long shutdown waits for each step (a transition to stop, the tenant to wake) before going on."""
+
 
 class RecoveryMixin:
     """Start: bring recorded jobs back to a consistent state, wake a tenant left asleep, start the loops.
@@ -23,7 +27,10 @@ class RecoveryMixin:
 
     async def start(self, tenant_url: str = "", sleep_level: int = 1) -> None:
         """Reconcile the persisted state with reality, then start the reconciler and the watchdog."""
-        jobs, tenant_rec, _ = self.store.load()
+        self.configured_tenant_url = tenant_url.rstrip("/")
+        jobs, tenant_rec, extra = self.store.load()
+        for name in extra.get("salvaged_jobs", []):  # the record is lost: thaw what this agent may have frozen
+            await self._thaw_tagged(name)
         for job in jobs.values():
             await self._reconcile_job(job)
         self.jobs = {name: job for name, job in jobs.items() if job.procs or job.registered or job.holding}
@@ -55,13 +62,18 @@ class RecoveryMixin:
                 fut.set_exception(ProtocolError(ErrorCode.SHUTTING_DOWN, "the agent is shutting down"))
         self.queue.clear()
         self.waiters.clear()
-        await self._step_lock.acquire()  # let a transition in progress finish, start no new one
+        if self.current.startswith("tenant"):  # an HTTP call to the tenant (maybe hanging): safe to cancel
+            for task in self._tasks:
+                task.cancel()
+        # A freeze or thaw in progress finishes first (its driver calls have timeouts): cancelling the
+        # coroutine would not stop the driver thread, and thawing beside it could race it.
+        await self._step_lock.acquire()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             try:
-                await task
-            except (asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, SHUTDOWN_STEP_S)
+            except (asyncio.CancelledError, asyncio.TimeoutError, Exception):
                 pass
         for job in list(self.jobs.values()):
             if job.state in (FROZEN, FAULTED, TRANSITIONING) and job.pids():
@@ -71,9 +83,9 @@ class RecoveryMixin:
                     log.error("shutdown: job %s could not be thawed: %s", job.name, exc)
         if self.tenant is not None and self.tenant_rec and self.tenant_rec.state in (ASLEEP, TENANT_FAULTED):
             try:
-                await self._tenant_reclaim(check_memory=True)
-            except Exception as exc:
-                log.error("shutdown: tenant could not be woken: %s", exc)
+                await asyncio.wait_for(self._tenant_reclaim(check_memory=True), SHUTDOWN_STEP_S)
+            except (Exception, asyncio.TimeoutError) as exc:
+                log.error("shutdown: tenant could not be woken: %r", exc)
         self._persist()
         if self.tenant is not None:
             await self.tenant.close()
@@ -91,6 +103,19 @@ class RecoveryMixin:
             log.info("restart: previously registered tenant %s: %s", record.url, exc)
         finally:
             await old.close()
+
+    async def _thaw_tagged(self, name: str) -> None:
+        """Thaw the processes tagged for job ``name`` that the driver does not report as running."""
+        pids = await asyncio.to_thread(self.backend.discover, name, [], {os.getpid()})
+        states = await asyncio.to_thread(self.backend.states, pids)
+        frozen = [pid for pid, state in states.items() if state in (ProcState.CHECKPOINTED, ProcState.LOCKED)]
+        if not frozen:
+            return
+        try:
+            await asyncio.to_thread(self.backend.thaw, frozen)
+            log.warning("restart: the state file was invalid; thawed job %s's processes %s", name, frozen)
+        except ThawError as exc:
+            log.error("restart: could not thaw job %s's processes %s: %s", name, frozen, exc)
 
     async def _reconcile_job(self, job: Job) -> None:
         before = (job.state, [p.pid for p in job.procs])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from timeslice_verl.agent.procfs import ProcId
+from timeslice_verl.names import valid_job, valid_url
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent.state")
@@ -107,6 +109,53 @@ class TenantRecord:
         return {"url": self.url, "state": self.state, "version": self.version, "sleep_level": self.sleep_level, "error": self.error}
 
 
+class StateError(ValueError):
+    """The state file does not say what this version of the agent writes."""
+
+
+_NAME_RE = re.compile(rb'"name"\s*:\s*"([A-Za-z0-9][A-Za-z0-9._-]{0,63})"')
+_JOB_STATES = {RUNNING, TRANSITIONING, FROZEN, FAULTED, *LEGACY_STATES}
+_TENANT_STATES = {"", "awake", "asleep", "dead", "faulted"}
+
+
+def _need(cond: bool, what: str) -> None:
+    if not cond:
+        raise StateError(what)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _validate(data: Any) -> tuple[dict[str, Job], TenantRecord | None]:
+    """Jobs and tenant from a parsed state file, or :class:`StateError` naming what is wrong."""
+    _need(isinstance(data, dict), f"top level is {type(data).__name__}, not an object")
+    _need(_int(data.get("version")) and data["version"] == STATE_VERSION, f"version {data.get('version')!r} is not {STATE_VERSION}")
+    _need(isinstance(data.get("jobs", []), list), "jobs is not a list")
+    jobs: dict[str, Job] = {}
+    for entry in data.get("jobs", []):
+        _need(isinstance(entry, dict) and valid_job(entry.get("name")), f"a job entry is not a named job: {str(entry)[:80]}")
+        _need(entry.get("state", RUNNING) in _JOB_STATES, f"job {entry['name']}: unknown state {entry.get('state')!r}")
+        for key in ("procs", "registered"):
+            procs = entry.get(key, [])
+            _need(isinstance(procs, list) and all(isinstance(p, dict) and _int(p.get("pid")) and p["pid"] > 1
+                                                  and _int(p.get("start")) and p["start"] >= 0 for p in procs),
+                  f"job {entry['name']}: {key} is not a list of (pid, start)")
+        _need(isinstance(entry.get("holding", False), bool), f"job {entry['name']}: holding is not true/false")
+        jobs[entry["name"]] = Job.from_dict(entry)
+    tenant_data = data.get("tenant")
+    tenant = None
+    if tenant_data is not None:
+        _need(isinstance(tenant_data, dict), "tenant is not an object")
+        url = tenant_data.get("url", "")
+        _need(url == "" or valid_url(url), f"tenant url {str(url)[:80]!r} is not an http(s) URL")
+        _need(tenant_data.get("state", "") in _TENANT_STATES, f"tenant state {tenant_data.get('state')!r} is unknown")
+        _need(tenant_data.get("sleep_level", 1) in (1, 2) and _int(tenant_data.get("sleep_level", 1)), "tenant sleep_level is not 1 or 2")
+        known = {k: tenant_data[k] for k in ("url", "state", "version", "sleep_level", "error") if k in tenant_data}
+        tenant = TenantRecord(**{k: (str(v) if k != "sleep_level" else v) for k, v in known.items()}) if url else None
+    return jobs, tenant
+
+
 class StateStore:
     """Atomic JSON persistence of jobs and tenant (write to a temp file, fsync, rename)."""
 
@@ -114,19 +163,32 @@ class StateStore:
         self.path = path
 
     def load(self) -> tuple[dict[str, Job], TenantRecord | None, dict[str, Any]]:
+        """The recorded jobs and tenant. A file that does not validate is moved aside (never deleted);
+        the job names still legible in it are returned as ``extra["salvaged_jobs"]`` so the agent can
+        thaw those jobs' processes instead of forgetting them frozen."""
         if not self.path.exists():
             return {}, None, {}
         try:
-            data = json.loads(self.path.read_text())
-            jobs = {j["name"]: Job.from_dict(j) for j in data.get("jobs", [])}
-            tenant_data = data.get("tenant") or None
-            tenant = TenantRecord(**tenant_data) if tenant_data and tenant_data.get("url") else None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            broken = self.path.with_suffix(f".broken-{int(time.time())}")
-            log.error("state file %s is unreadable (%s); moved aside to %s", self.path, exc, broken)
-            os.replace(self.path, broken)
-            return {}, None, {}
+            raw = self.path.read_bytes()
+        except OSError as exc:
+            return self._quarantine(b"", f"cannot read it: {exc}")
+        try:
+            data = json.loads(raw)
+            jobs, tenant = _validate(data)
+        except (ValueError, KeyError, TypeError, RecursionError, StateError) as exc:
+            return self._quarantine(raw, str(exc)[:300])
         return jobs, tenant, data
+
+    def _quarantine(self, raw: bytes, why: str) -> tuple[dict[str, Job], TenantRecord | None, dict[str, Any]]:
+        broken = self.path.with_name(f"{self.path.name}.broken-{int(time.time())}")
+        names = sorted({m.decode() for m in _NAME_RE.findall(raw) if valid_job(m.decode(errors="replace"))})
+        log.error("state file %s is invalid (%s); moved aside to %s; jobs named in it: %s", self.path, why, broken,
+                  ", ".join(names) or "none")
+        try:
+            os.replace(self.path, broken)
+        except OSError as exc:  # pragma: no cover - read-only directory
+            log.error("could not move %s aside: %s", self.path, exc)
+        return {}, None, {"salvaged_jobs": names}
 
     def save(self, jobs: dict[str, Job], tenant: TenantRecord | None, extra: dict[str, Any]) -> None:
         data = {

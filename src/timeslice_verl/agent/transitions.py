@@ -20,6 +20,11 @@ from timeslice_verl.events import Transition
 from timeslice_verl.log import get_logger
 
 RESTORE_MEMORY_WAIT_S = 15.0
+
+
+class ReclaimAbandoned(Exception):
+    """A tenant reclaim gave way to a trainer that asked for the GPU."""
+
 RESTORE_MARGIN_BYTES = 256 * 1024**2
 
 log = get_logger("agent")
@@ -165,13 +170,39 @@ class TransitionsMixin:
                 )
             await asyncio.sleep(0.1)
 
+    async def _unless_a_trainer_asks(self, reclaim: Any) -> Any:
+        """Run a tenant reclaim, abandoning it the moment a trainer queues: no acquire waits on a reclaim."""
+        task = asyncio.ensure_future(reclaim)
+
+        async def trainer_queued() -> None:
+            while not self.queue:
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.ensure_future(trainer_queued())
+        try:
+            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        raise ReclaimAbandoned(f"tenant reclaim abandoned: job {self.queue[0]!r} asked for the GPU")
+
     async def _tenant_move(self, action: str, move: Callable[[], Any]) -> float | None:
         """Run a tenant yield/reclaim; on failure record it, mark the tenant dead or faulted, return None."""
         assert self.tenant is not None and self.tenant_rec is not None
         start = time.time()
         self.current = action.replace("_", " ")
         try:
+            if action == "tenant_reclaim":
+                return await self._unless_a_trainer_asks(move())
             return await move()
+        except ReclaimAbandoned as exc:  # the tenant may be half awake: the next step yields it again
+            self.tenant_rec.state, self.tenant_rec.error = AWAKE, str(exc)
+            self._record(action, self.tenant.url, start, False, detail=str(exc))
+            log.warning("%s", exc)
+            self._persist()
+            return None
         except TenantError as exc:
             dead = isinstance(exc, TenantDead)
             self.tenant_rec.state, self.tenant_rec.error = (DEAD if dead else TENANT_FAULTED), str(exc)

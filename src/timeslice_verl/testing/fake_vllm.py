@@ -36,8 +36,11 @@ class FakeVllm:
     def __init__(
         self, *, version: str = "0.24.0", dev_mode: bool = True, sleep_in_flight: str = "crash", token_s: float = 0.01,
         fail_wake_up: bool = False,
+        hang: str = "",
     ) -> None:
         self.version = version
+        self.hang = hang
+        """An endpoint (``pause``, ``wake_up``…) that never answers: a broken engine."""
         self.fail_wake_up = fail_wake_up
         self.wake_up_calls = 0
         self.dev_mode = dev_mode
@@ -221,6 +224,9 @@ def make_handler(engine: FakeVllm) -> type[BaseHTTPRequestHandler]:
                 return
             if not self._dev():
                 return
+            if engine.hang and url.path == "/" + engine.hang:
+                time.sleep(3600)  # never answers
+                return
             if url.path == "/pause" and engine.has_pause:
                 engine.pause(query.get("mode", ["abort"])[0])
                 self._send(200, {})
@@ -276,10 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sleep-in-flight", choices=("crash", "abort"), default="crash")
     ap.add_argument("--token-s", type=float, default=0.01)
     ap.add_argument("--fail-wake-up", action="store_true", help="answer every /wake_up with 500 (a broken engine)")
+    ap.add_argument("--hang", default="", help="an endpoint that never answers, e.g. wake_up or pause")
     a = ap.parse_args(argv)
     server = FakeVllmServer(
         a.host, a.port, version=a.vllm_version, dev_mode=not a.no_dev_mode, sleep_in_flight=a.sleep_in_flight, token_s=a.token_s,
-        fail_wake_up=a.fail_wake_up,
+        fail_wake_up=a.fail_wake_up, hang=a.hang,
     )
     print(f"listening on {server.url}", flush=True)
     try:

@@ -1,0 +1,66 @@
+"""Corrupt state files: the agent starts anyway, moves the file aside, and thaws what it may have frozen."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from agent_support import AgentProc, eventually, spawn_worker, stopped
+from timeslice_verl.agent import procfs
+
+VALID_JOB = {"name": "j", "state": "RUNNING", "procs": [], "registered": [], "holding": False}
+
+CORRUPT = {
+    "top-level-list": "[]",
+    "top-level-null": "null",
+    "top-level-number": "42",
+    "tenant-list": json.dumps({"version": 1, "jobs": [], "tenant": ["http://127.0.0.1:9"]}),
+    "tenant-string": json.dumps({"version": 1, "jobs": [], "tenant": "http://127.0.0.1:9"}),
+    "tenant-bad-url": json.dumps({"version": 1, "jobs": [], "tenant": {"url": "localhost", "state": "asleep"}}),
+    "deep-nesting": "[" * 5000 + "]" * 5000,
+    "future-version": json.dumps({"version": 999, "jobs": [VALID_JOB]}),
+    "unknown-state-holding": json.dumps({"version": 1, "jobs": [{**VALID_JOB, "state": "PARKED", "holding": True}]}),
+    "v-true": json.dumps({"version": True, "jobs": []}),
+}
+
+
+@pytest.mark.parametrize("content", CORRUPT.values(), ids=CORRUPT.keys())
+def test_a_corrupt_state_file_is_moved_aside_and_the_agent_serves(tmp_path, content):
+    agent = AgentProc(tmp_path)
+    agent.state_file.parent.mkdir(mode=0o700, exist_ok=True)
+    agent.state_file.write_text(content)
+    agent.start()
+    try:
+        status = agent.status()
+        assert status["jobs"] == [] and status["owner"] in ("none", "tenant")
+        moved = list(agent.state_file.parent.glob(agent.state_file.name + ".broken-*"))
+        assert moved and moved[0].read_text() == content, "the file is kept, not deleted"
+        assert "is invalid" in agent.log() and "Traceback" not in agent.log()
+    finally:
+        agent.stop()
+
+
+def test_a_truncated_state_file_still_gets_its_frozen_job_thawed(tmp_path):
+    worker = spawn_worker("trunc-job")
+    try:
+        eventually(lambda: procfs.identify(worker.pid) is not None)
+        os.kill(worker.pid, signal.SIGSTOP)  # frozen by the agent that crashed (sigstop backend)
+        eventually(lambda: stopped(worker.pid))
+        proc = procfs.identify(worker.pid)
+        full = json.dumps({"version": 1, "jobs": [{"name": "trunc-job", "state": "FROZEN", "holding": False,
+                                                   "procs": [{"pid": proc.pid, "start": proc.start}], "registered": []}]})
+        agent = AgentProc(tmp_path)
+        agent.state_file.parent.mkdir(mode=0o700, exist_ok=True)
+        agent.state_file.write_text(full[: len(full) // 2 + 10])  # the crash cut the write short
+        agent.start()
+        try:
+            eventually(lambda: not stopped(worker.pid), what="the salvaged job's process thawed")
+            assert "jobs named in it: trunc-job" in agent.log()
+        finally:
+            agent.stop()
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+        worker.kill()
