@@ -7,13 +7,13 @@ tests drive the real :class:`Arbiter` with a backend whose discovery can be held
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -25,7 +25,7 @@ from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker, sto
 from timeslice_verl.agent import procfs
 from timeslice_verl.agent.arbiter import Arbiter
 from timeslice_verl.agent.freeze import make_backend
-from timeslice_verl.agent.state import FROZEN, RUNNING, Job, StateStore
+from timeslice_verl.agent.state import FROZEN, Job, StateStore
 
 
 def raw_requests(sock_path: Path, *messages: dict, read: int, timeout: float = 15.0) -> list[dict]:
@@ -47,6 +47,21 @@ def raw_requests(sock_path: Path, *messages: dict, read: int, timeout: float = 1
     finally:
         s.close()
     return replies
+
+
+@contextlib.contextmanager
+def node(tmp_path: Path, job: str, *vllm_args: str):
+    """A stand-in vLLM (with ``vllm_args``), a worker tagged ``job`` and an agent serving both; all stopped after."""
+    vllm = FakeVllmProc(*vllm_args)
+    worker = spawn_worker(job)
+    agent = AgentProc(tmp_path, tenant_url=vllm.url).start()
+    try:
+        yield agent, vllm, worker
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+        worker.kill()
+        agent.stop()
+        vllm.stop()
 
 
 # --------------------------------------------------------------------------- 1. frozen, then forgotten
@@ -256,21 +271,13 @@ def test_pipelined_acquires_each_get_a_reply(tmp_path):
 
 
 def test_a_failing_wake_up_is_retried_with_backoff(tmp_path):
-    vllm = FakeVllmProc("--fail-wake-up")
-    worker = spawn_worker("backoff-job")
-    agent = AgentProc(tmp_path, tenant_url=vllm.url).start()
-    try:
+    with node(tmp_path, "backoff-job", "--fail-wake-up") as (agent, vllm, _worker):
         with agent.client() as c:
             c.acquire("backoff-job")
             c.release("backoff-job")
         time.sleep(3.0)
         attempts = vllm.stats()["wake_up_calls"]
         assert 1 <= attempts <= 6, f"{attempts} /wake_up calls in 3 s: no hot loop"
-    finally:
-        os.kill(worker.pid, signal.SIGCONT)
-        worker.kill()
-        agent.stop()
-        vllm.stop()
 
 
 # --------------------------------------------------------------------------- 11. bad input
@@ -384,10 +391,7 @@ def test_job_names_are_bounded_per_client_and_the_trainer_is_not_starved(tmp_pat
 
 
 def test_a_hanging_wake_up_never_delays_the_trainer(tmp_path):
-    vllm = FakeVllmProc("--hang", "wake_up")
-    worker = spawn_worker("hang-job")
-    agent = AgentProc(tmp_path, tenant_url=vllm.url).start()
-    try:
+    with node(tmp_path, "hang-job", "--hang", "wake_up") as (agent, _vllm, _worker):
         with agent.client() as c:
             c.acquire("hang-job")
             c.release("hang-job")  # the agent freezes the job and starts waking the tenant: /wake_up hangs
@@ -395,18 +399,10 @@ def test_a_hanging_wake_up_never_delays_the_trainer(tmp_path):
             t0 = time.monotonic()
             c.acquire("hang-job", timeout_s=20)
             assert time.monotonic() - t0 < 5, "the trainer does not wait for the tenant's hanging wake-up"
-    finally:
-        os.kill(worker.pid, signal.SIGCONT)
-        worker.kill()
-        agent.stop()
-        vllm.stop()
 
 
 def test_sigterm_exits_promptly_during_a_hanging_pause(tmp_path):
-    vllm = FakeVllmProc("--hang", "pause")
-    worker = spawn_worker("hang-pause")
-    agent = AgentProc(tmp_path, tenant_url=vllm.url).start()
-    try:
+    with node(tmp_path, "hang-pause", "--hang", "pause") as (agent, _vllm, worker):
         client = agent.client()
         threading.Thread(target=lambda: _quietly(client.acquire, "hang-pause"), daemon=True).start()
         eventually(lambda: "tenant yield" in agent.status()["transition"], timeout=10, what="yield under way")
@@ -414,11 +410,6 @@ def test_sigterm_exits_promptly_during_a_hanging_pause(tmp_path):
         assert agent.kill(signal.SIGTERM) == 0
         assert time.monotonic() - t0 < 15, "SIGTERM does not wait for a tenant that never answers"
         assert not stopped(worker.pid)
-    finally:
-        os.kill(worker.pid, signal.SIGCONT)
-        worker.kill()
-        agent.stop()
-        vllm.stop()
 
 
 def _quietly(fn, *args):
