@@ -201,7 +201,7 @@ def test_restart_after_sigkill_mid_freeze_brings_the_job_back_running(tmp_path, 
     a.state_file.write_text(json.dumps(state))
     a.start()
     job = a.job("job-a")
-    assert job["state"] == "FROZEN", "recovered to running, then parked again as nobody holds it"
+    assert job["state"] == "FROZEN", "recovered to running, then frozen again as nobody holds it"
     assert stopped(w1.pid) and stopped(w2.pid) and not vllm.sleeping()
     assert "restart: job job-a was TRANSITIONING" in a.log()
 

@@ -31,7 +31,7 @@ def test_cuda_backend_checkpoints_and_restores_a_torch_process_through_the_agent
     assert len(results["cycles"]) == 3, Path(results["agent_log"]).read_text()[-3000:]
     assert results["gpu_bytes_before"] >= 8 * GIB
     for cycle in results["cycles"]:
-        assert cycle["bytes"] >= 8 * GIB, "the freeze parked the worker's memory"
+        assert cycle["bytes"] >= 8 * GIB, "the freeze moved the worker's memory off the GPU"
         assert cycle["gpu_bytes_frozen"] is not None and cycle["gpu_bytes_frozen"] < 0.5 * GIB, "NVML: memory freed"
         assert cycle["gpu_bytes_restored"] >= 0.95 * cycle["bytes"], "NVML: memory returned"
         assert cycle["data_intact"], "data survived checkpoint/restore"

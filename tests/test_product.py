@@ -130,7 +130,7 @@ def test_doctor_on_a_cpu_machine_fails_with_reasons(tmp_path):
     assert "NCCL_NVLS_ENABLE unset" in bad_line and "NCCL_P2P_DISABLE unset" in bad_line
     assert "PASS  vLLM reachable with dev mode + sleep mode" in lines
     assert "PASS  agent socket reachable" in lines
-    assert "FAIL  host RAM >= GPU bytes to park" in lines
+    assert "FAIL  host RAM >= GPU bytes to freeze" in lines
     assert "fix: launch the job with +timeslice=interleave" in out
     assert "checks passed" in out.splitlines()[-1]
 

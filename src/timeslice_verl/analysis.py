@@ -171,7 +171,7 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "acquire_wait_ms": {f"p{q}": ms(percentile(waits, q)) for q in (50, 90, 99)} | {"max": ms(max(waits) if waits else None)},
         "restore_ms": {"p50": ms(percentile(restores, 50)), "max": ms(max(restores) if restores else None)},
         "freeze_ms": {"p50": ms(percentile(freezes, 50)), "max": ms(max(freezes) if freezes else None)},
-        "parked_gib_max": round(max((t.get("bytes", 0) for t in trans if t["action"] == "freeze"), default=0) / 2**30, 3),
+        "frozen_gib_max": round(max((t.get("bytes", 0) for t in trans if t["action"] == "freeze"), default=0) / 2**30, 3),
     }
 
 
@@ -189,7 +189,7 @@ def render_summary(s: dict[str, Any]) -> str:
         f"  swapping               {s['swapping_fraction'] * 100:5.1f} %",
         f"  acquire wait ms        p50 {fmt(w['p50'])}  p90 {fmt(w['p90'])}  p99 {fmt(w['p99'])}  max {fmt(w['max'])}",
         f"  restore ms p50 {fmt(s['restore_ms']['p50'])} · freeze ms p50 {fmt(s['freeze_ms']['p50'])} · "
-        f"parked up to {s['parked_gib_max']:.2f} GiB",
+        f"frozen up to {s['frozen_gib_max']:.2f} GiB",
         f"  handoffs {s['handoffs']} · transitions {s['transitions']} · failed {s['failed_transitions']}",
     ])
 

@@ -127,7 +127,7 @@ def mem_available() -> int:
 
 
 def check_host_ram(settings: TimesliceSettings) -> Check:
-    name = "host RAM >= GPU bytes to park"
+    name = "host RAM >= GPU bytes to freeze"
     nvml, err = _nvml()
     if nvml is None:
         return Check(name, False, f"cannot read GPU memory ({err})", "run on the GPU node")
@@ -139,7 +139,7 @@ def check_host_ram(settings: TimesliceSettings) -> Check:
             return Check(name, False, f"GPU {i}: {exc}", "fix timeslice.agent.gpus")
     avail = mem_available()
     return Check(name, avail >= total, f"{avail / 2**30:.1f} GiB available for {total / 2**30:.1f} GiB of GPU memory",
-                 "a frozen trainer's GPU memory lives in host RAM: free RAM or park fewer GPUs per node")
+                 "a frozen trainer's GPU memory lives in host RAM: free RAM or freeze fewer GPUs per node")
 
 
 def run_checks(settings: TimesliceSettings) -> list[Check]:

@@ -23,7 +23,7 @@ SHUTDOWN_STEP_S = 10.0
 
 class RecoveryMixin:
     """Start: bring recorded jobs back to a consistent state, wake a tenant left asleep, start the loops.
-    Shutdown: thaw every frozen job and wake the tenant, so nothing is left parked."""
+    Shutdown: thaw every frozen job and wake the tenant, so nothing is left frozen."""
 
     async def start(self, tenant_url: str = "", sleep_level: int = 1) -> None:
         """Reconcile the persisted state with reality, then start the reconciler and the watchdog."""
@@ -55,7 +55,7 @@ class RecoveryMixin:
         self.wake()
 
     async def shutdown(self) -> None:
-        """Stop serving; thaw every frozen job and wake the tenant, so nothing is left parked."""
+        """Stop serving; thaw every frozen job and wake the tenant, so nothing is left frozen."""
         self.shutting_down = True
         for _name, fut in list(self.waiters.items()):
             if not fut.done():

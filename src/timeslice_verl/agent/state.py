@@ -1,7 +1,7 @@
 """The agent's state machine records and their persistence.
 
 A job is RUNNING (its processes are on the GPU), TRANSITIONING (being frozen or thawed), FROZEN
-(frozen: GPU memory parked in host RAM) or FAULTED (a transition failed; ``fault`` says why). The
+(frozen: GPU memory held in host RAM) or FAULTED (a transition failed; ``fault`` says why). The
 file is rewritten atomically after every change, so an agent restarted after a crash knows which
 processes it froze and can ask the driver what state they are really in before serving requests.
 """

@@ -73,7 +73,7 @@ class TransitionsMixin:
             log.info("freeze of job %s dropped: the job was forgotten meanwhile", job.name)
             return
         start = time.time()
-        if not pids:  # nothing of this job is on the GPU (yet): nothing to park
+        if not pids:  # nothing of this job is on the GPU (yet): nothing to freeze
             job.state, job.saved_bytes, job.procs = FROZEN, 0, []
             self._record("freeze", job.name, start, True, 0, "no process of the job found")
             self._persist()

@@ -52,7 +52,7 @@ class CudaWorker:
         self.nbytes = self.data.numel() * 2 + self.a.numel() * 4
 
     def checksum(self) -> str:
-        # chunked, so the check itself does not grow the allocator cache (it would be parked too)
+        # chunked, so the check itself does not grow the allocator cache (it would be frozen too)
         words = self.data.view(self.torch.int16)
         total = 0
         for chunk in words.split(1 << 26):

@@ -206,7 +206,7 @@ class AgentPlugin:
         if result.get("restored"):
             self.planner.observe_restore(restore + yield_s)
         log.info(
-            "[timeslice] job=%s ACQUIRE at=%s waited=%.0fms restored=%s restore=%.0fms parked=%.2fGiB",
+            "[timeslice] job=%s ACQUIRE at=%s waited=%.0fms restored=%s restore=%.0fms frozen=%.2fGiB",
             self.job, point, waited * 1e3, bool(result.get("restored")), restore * 1e3, result.get("bytes", 0) / 2**30,
         )
         self._report("acquire", point, waited, result)

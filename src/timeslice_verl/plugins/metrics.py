@@ -5,7 +5,7 @@ backends (console, wandb, tensorboard…), so these keys show up next to verl's 
 Prometheus endpoint (``timeslice.agent.metrics_port``) covers the node-level view.
 
 Keys (prefix ``timeslice.metrics.prefix``, default ``timeslice/``): ``acquire_wait_s``,
-``restore_s``, ``restore_gbps``, ``freeze_s``, ``freeze_gbps``, ``parked_gib``,
+``restore_s``, ``restore_gbps``, ``freeze_s``, ``freeze_gbps``, ``frozen_gib``,
 ``tenant_yield_s``, ``tenant_reclaim_s``, ``handoffs``.
 """
 
@@ -43,7 +43,7 @@ class MetricsPlugin:
             if t.action in ("thaw", "freeze") and t.bytes and t.seconds > 0:
                 out[f"{key}_gbps"] = t.bytes / 1e9 / t.seconds
             if t.action == "freeze":
-                out["parked_gib"] = t.bytes / 2**30
+                out["frozen_gib"] = t.bytes / 2**30
         return out
 
     @hookimpl

@@ -8,7 +8,7 @@ from typing import IO, Any
 
 from timeslice_verl import hookimpl
 
-COLUMNS = ["time", "job", "step", "param_version", "action", "point", "waited_ms", "restore_ms", "freeze_ms", "parked_gib"]
+COLUMNS = ["time", "job", "step", "param_version", "action", "point", "waited_ms", "restore_ms", "freeze_ms", "frozen_gib"]
 
 
 class CsvHandoffPlugin:

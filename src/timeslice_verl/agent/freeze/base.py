@@ -6,7 +6,7 @@ a frozen partner) and **restore all, then unlock all**. Every primitive call has
 failure part-way is unwound — restore what was checkpointed, unlock what was locked — so the job
 ends either fully frozen or fully running; only when unwinding fails too is the error marked as
 leaving the job inconsistent. GPU memory is read through NVML before and after each freeze/thaw
-when available, to record what was parked and to verify it left and came back.
+when available, to record what was frozen and to verify it left and came back.
 """
 
 from __future__ import annotations
@@ -270,7 +270,7 @@ class TrainerBackend:
                     self._timed("unlock", pid, lambda pid=pid: self.primitives.unlock(pid))
             report.unlock_s = time.perf_counter() - t1
         except Exception as exc:
-            # Put the restored ones back, so the job is consistently frozen (its memory is parked).
+            # Put the restored ones back, so the job is consistently frozen (its memory stays in host RAM).
             rewound = True
             for pid in reversed(report.restored):
                 try:
