@@ -239,32 +239,27 @@ def test_a_tenant_left_paused_is_resumed_after_a_restart(tmp_path):
 # --------------------------------------------------------------------------- 5. pipelined acquires
 
 
-def test_pipelined_acquires_each_get_a_reply(tmp_path):
-    worker_a, worker_b = spawn_worker("pipe-a"), spawn_worker("pipe-b")
+def test_pipelined_acquires_each_get_a_reply(tmp_path, procs):
+    procs += [spawn_worker("pipe-a"), spawn_worker("pipe-b")]
     agent = AgentProc(tmp_path).start()
-    try:
-        holder = agent.client()
-        holder.acquire("pipe-b")
+    procs.append(agent)
+    holder = agent.client()
+    holder.acquire("pipe-b")
 
-        def release_later() -> None:
-            time.sleep(1.5)
-            holder.release("pipe-b")
+    def release_later() -> None:
+        time.sleep(1.5)
+        holder.release("pipe-b")
 
-        threading.Thread(target=release_later, daemon=True).start()
-        replies = raw_requests(
-            agent.socket,
-            {"v": 1, "id": 1, "op": "acquire", "job": "pipe-a", "timeout_s": 0.3},
-            {"v": 1, "id": 2, "op": "acquire", "job": "pipe-a"},
-            read=2,
-        )
-        by_id = {r["id"]: r for r in replies}
-        assert by_id[1]["ok"] is False and by_id[1]["error"]["code"] == "timeout"
-        assert by_id[2]["ok"] is True, "the second acquire still gets the GPU once it is free"
-    finally:
-        for w in (worker_a, worker_b):
-            os.kill(w.pid, signal.SIGCONT)
-            w.kill()
-        agent.stop()
+    threading.Thread(target=release_later, daemon=True).start()
+    replies = raw_requests(
+        agent.socket,
+        {"v": 1, "id": 1, "op": "acquire", "job": "pipe-a", "timeout_s": 0.3},
+        {"v": 1, "id": 2, "op": "acquire", "job": "pipe-a"},
+        read=2,
+    )
+    by_id = {r["id"]: r for r in replies}
+    assert by_id[1]["ok"] is False and by_id[1]["error"]["code"] == "timeout"
+    assert by_id[2]["ok"] is True, "the second acquire still gets the GPU once it is free"
 
 
 # --------------------------------------------------------------------------- 8. a failing tenant is retried with backoff
@@ -342,49 +337,39 @@ def test_ten_thousand_malformed_messages_leave_the_agent_serving(tmp_path):
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to start a process as another user")
-def test_tag_discovery_never_takes_another_users_process(tmp_path):
-    theirs = subprocess.Popen(["sleep", "60"],
-                              env=dict(os.environ, TIMESLICE_JOB="shared-name"), user=12345)
+def test_tag_discovery_never_takes_another_users_process(tmp_path, procs):
+    theirs = subprocess.Popen(["sleep", "60"], env=dict(os.environ, TIMESLICE_JOB="shared-name"), user=12345)
     ours = spawn_worker("shared-name")
     agent = AgentProc(tmp_path).start()
-    try:
-        time.sleep(0.2)
-        with agent.client() as c:
-            c.acquire("shared-name")
-            c.release("shared-name", wait=True)
-        eventually(lambda: stopped(ours.pid), what="our process frozen")
-        assert not stopped(theirs.pid), "uid 12345's process carries the tag but is not ours"
-        assert agent.job("shared-name")["pids"] == [ours.pid]
-    finally:
-        for p in (theirs, ours):
-            os.kill(p.pid, signal.SIGCONT)
-            p.kill()
-        agent.stop()
+    procs += [theirs, ours, agent]
+    time.sleep(0.2)
+    with agent.client() as c:
+        c.acquire("shared-name")
+        c.release("shared-name", wait=True)
+    eventually(lambda: stopped(ours.pid), what="our process frozen")
+    assert not stopped(theirs.pid), "uid 12345's process carries the tag but is not ours"
+    assert agent.job("shared-name")["pids"] == [ours.pid]
 
 
 # --------------------------------------------------------------------------- 7. thousands of job names
 
 
-def test_job_names_are_bounded_per_client_and_the_trainer_is_not_starved(tmp_path):
+def test_job_names_are_bounded_per_client_and_the_trainer_is_not_starved(tmp_path, procs):
     from timeslice_verl.agent.arbiter import MAX_JOBS_PER_CLIENT
     from timeslice_verl.agent.client import AgentError
 
-    worker = spawn_worker("real-job")
+    procs.append(spawn_worker("real-job"))
     agent = AgentProc(tmp_path).start()
-    try:
-        with agent.client() as flood:
-            for i in range(MAX_JOBS_PER_CLIENT):
-                flood.prepare(f"idle-{i}")
-            with pytest.raises(AgentError, match="too many jobs"):
-                flood.prepare("one-too-many")
-            with agent.client() as trainer:
-                t0 = time.monotonic()
-                trainer.acquire("real-job", timeout_s=20)
-                assert time.monotonic() - t0 < 10, "the trainer gets its GPU despite the idle names"
-    finally:
-        os.kill(worker.pid, signal.SIGCONT)
-        worker.kill()
-        agent.stop()
+    procs.append(agent)
+    with agent.client() as flood:
+        for i in range(MAX_JOBS_PER_CLIENT):
+            flood.prepare(f"idle-{i}")
+        with pytest.raises(AgentError, match="too many jobs"):
+            flood.prepare("one-too-many")
+        with agent.client() as trainer:
+            t0 = time.monotonic()
+            trainer.acquire("real-job", timeout_s=20)
+            assert time.monotonic() - t0 < 10, "the trainer gets its GPU despite the idle names"
 
 
 # --------------------------------------------------------------------------- 9. a hanging tenant

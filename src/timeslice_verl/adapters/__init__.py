@@ -14,3 +14,5 @@ except verl's entry point and the tests.
 
 TRAINER_MODULE = "verl.experimental.fully_async_policy.fully_async_trainer"
 """The module of PyPI verl's fully-async trainer class (the stock adapter's target)."""
+V1_MODULE = "verl.trainer.ppo.v1.trainer_separate_async"
+"""The module of verl's v1 ``separate_async`` trainer (the v1 adapter's base class)."""

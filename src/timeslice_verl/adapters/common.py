@@ -1,4 +1,4 @@
-"""What both adapters share: the per-trainer Lifecycle, adapter choice, and events read off verl."""
+"""What the adapters share: the per-trainer Lifecycle, adapter choice, and events read off verl."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import sys
 import threading
 from typing import Any
 
-from timeslice_verl.config import JOB_TAG_ENV, ConfigError, TimesliceSettings, enabled_settings
-from timeslice_verl.events import RolloutEvent, TrainStepEvent
 from timeslice_verl.adapters import TRAINER_MODULE
 from timeslice_verl.adapters.workers import VerlWorkers
+from timeslice_verl.config import JOB_TAG_ENV, ConfigError, TimesliceSettings, enabled_settings
+from timeslice_verl.events import RolloutEvent, TrainStepEvent
 from timeslice_verl.lifecycle import Lifecycle
 from timeslice_verl.log import get_logger
 

@@ -43,8 +43,6 @@ log = get_logger("adapter.v1")
 
 NAME = "v1"
 TRAINER_NAME = "timeslice"
-MODULE = "verl.trainer.ppo.v1.trainer_separate_async"
-_VERSION_ATTR = _V1_VERSION_ATTR
 
 
 @contextlib.contextmanager
@@ -144,7 +142,7 @@ def build(module: ModuleType) -> type:
                 lc.report_exception("update_weights", exc)
                 raise
             if not initial:
-                self.__dict__[_VERSION_ATTR] = self.__dict__.get(_VERSION_ATTR, 0) + 1
+                self.__dict__[_V1_VERSION_ATTR] = self.__dict__.get(_V1_VERSION_ATTR, 0) + 1
             # v1 saves before it pushes, so no save follows a push in the same step
             lc.weight_sync_end(lc.event(WeightSyncEvent, initial=initial, synced=True,
                                                 elapsed_s=round(time.monotonic() - t0, 6)))

@@ -12,7 +12,8 @@ from types import ModuleType
 
 import wrapt
 
-from timeslice_verl.adapters import TRAINER_MODULE
+from timeslice_verl.adapters import TRAINER_MODULE, V1_MODULE
+from timeslice_verl.adapters.workers import WORKER_MODULE
 from timeslice_verl.log import get_logger
 
 log = get_logger("adapter")
@@ -64,6 +65,6 @@ def install_v1_adapter(module: ModuleType) -> None:
 
 
 wrapt.register_post_import_hook(install_adapters, TRAINER_MODULE)
-wrapt.register_post_import_hook(install_v1_adapter, "verl.trainer.ppo.v1.trainer_separate_async")
+wrapt.register_post_import_hook(install_v1_adapter, V1_MODULE)
 wrapt.register_post_import_hook(install_preflight, "verl.trainer.main_ppo")
-wrapt.register_post_import_hook(install_worker_methods, "verl.single_controller.base.worker")
+wrapt.register_post_import_hook(install_worker_methods, WORKER_MODULE)
