@@ -97,3 +97,56 @@ def test_real_vllm_tenant_sleeps_and_wakes_through_the_agent(tmp_path):
     finally:
         worker.kill()
         agent.stop()
+
+
+def test_twenty_parks_on_the_gpu_are_bit_identical_and_free_the_tensors():
+    """In this process: an fp32 MLP with AdamW parks into pinned host RAM and back, 20 times."""
+    torch = pytest.importorskip("torch")
+    import standin
+
+    from timeslice_verl.park import Parker
+
+    model = standin.StandIn(width=2048, depth=8, batch=512, micro=2, device="cuda")
+    parker = Parker()
+    parker.reserve()
+    model.step()
+    for cycle in range(20):
+        snap = model.snapshot()
+        live = torch.cuda.memory_allocated()
+        report = parker.park()
+        assert report.parked >= model.state_bytes() and report.pin_s == 0.0, "reserve() pinned enough at the start"
+        assert torch.cuda.memory_allocated() < 0.05 * live, f"cycle {cycle}: the tensors left the GPU"
+        back = parker.unpark()
+        assert model.identical_to(snap), f"cycle {cycle}: parameters and optimizer state are bit-identical"
+        assert back.parked / back.copy_s > 5e9, f"unpark at {back.parked / back.copy_s / 1e9:.1f} GB/s: not copy-engine speed"
+        model.step()
+
+
+@pytest.mark.parametrize("modes", ["park", "park+checkpoint"])
+def test_park_and_park_checkpoint_cycles_through_the_agent_are_bit_identical(tmp_path, procs, modes):
+    """The stand-in trainer (benchmarks/swap.py --verify) with the agent's CUDA backend: 20 handoffs."""
+    import subprocess
+
+    from agent_support import PY, AgentProc
+
+    gpu = os.environ.get("TIMESLICE_TEST_GPU", "0")
+    agent = AgentProc(tmp_path, extra=("timeslice.agent.backend=cuda", f"timeslice.agent.gpus=[{gpu}]")).start()
+    procs.append(agent)
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "swap.py"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu, NCCL_P2P_DISABLE="1", TIMESLICE_JOB="gpu-test")
+    run = subprocess.run(
+        [PY, str(bench), "--socket", str(agent.socket), "--job", "gpu-test", "--modes", modes, "--prepare", "no", "--cycles", "20",
+         "--valley", "0.3", "--warmup-valley", "0.3", "--width", "2048", "--depth", "8", "--batch", "512", "--micro", "2",
+         "--verify", "--out", str(tmp_path / "out")],
+        env=env, capture_output=True, text=True, timeout=540,
+    )
+    print(run.stdout[-3000:])
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:] + agent.log()[-3000:]
+    rank = json.loads((tmp_path / "out" / "swap.json").read_text())["ranks"][0]
+    (phase,) = rank["phases"]
+    assert len(phase["cycles"]) == 20 and all(c["identical"] for c in phase["cycles"]), "bit-identical after every cycle"
+    assert phase["losses"] == rank["solo"]["losses"], "the time-sliced run trains exactly as the solo run"
+    freezes = [t for c in phase["cycles"] for t in c["transitions"] if t["action"] == "freeze"]
+    assert len(freezes) >= 19 and all(t["ok"] for t in freezes)
+    if modes == "park":
+        assert all("locked only" in t["detail"] for t in freezes)

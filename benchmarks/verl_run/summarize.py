@@ -58,9 +58,12 @@ def row(out: Path) -> dict[str, Any]:
     thaws = [t for t in trans if t.get("action") == "thaw" and t.get("ok")]
     failed = [t for t in trans if not t.get("ok")]
     releases = [r for r in records if r.get("hook") == "handoff" and r.get("action") == "release" and r.get("reserved_before")]
+    parks = [r for r in records if r.get("hook") == "handoff" and r.get("action") == "release" and r.get("parked_bytes")]
+    unparks = [r for r in records if r.get("hook") == "handoff" and r.get("action") == "acquire" and r.get("parked_bytes")]
+    swap = parks[0]["swap"] if parks else ""
     load = json.loads((out / "load.json").read_text()) if (out / "load.json").exists() else {}
     return {
-        "mode": run.get("mode", out.name),
+        "mode": run.get("mode", out.name) + (f" ({swap})" if swap else ""),
         "rc": run.get("rc"),
         "steps": len(set(GLOBAL_STEP_RE.findall(log))),
         "step_s_median": _med([f["timing_s/step"] for f in trained.values() if "timing_s/step" in f]),
@@ -75,6 +78,9 @@ def row(out: Path) -> dict[str, Any]:
         "reserved_gb_before_after": (
             [_med([r["reserved_before"] / 1e9 for r in releases]), _med([r["reserved_after"] / 1e9 for r in releases])] if releases else None
         ),
+        "parked_gb_median": _med([r["parked_bytes"] / 1e9 for r in parks]),
+        "park_s_median": _med([r["park_s"] for r in parks]),
+        "unpark_s_median": _med([r["park_s"] for r in unparks]),
         "failed_transitions": len(failed),
         "batch_completed": load.get("completed"),
         "batch_failed": (load.get("errors", 0) + load.get("aborted", 0)) if load else None,
@@ -96,7 +102,8 @@ COLUMNS = [
     ("mode", "run"), ("steps", "steps"), ("step_s_median", "step s (median)"), ("param_sync_s_median", "weight sync s"),
     ("acquire_wait_s_median", "acquire wait s (median)"), ("acquire_wait_s_max", "(max)"), ("freezes", "freezes"),
     ("freeze_s_median", "freeze s"), ("restore_s_median", "restore s"), ("frozen_gb_median", "frozen GB"),
-    ("live_gb_median", "live tensors GB"), ("reserved_gb_before_after", "reserved GB before → after"),
+    ("live_gb_median", "live tensors GB"), ("parked_gb_median", "parked GB"), ("park_s_median", "park s"),
+    ("unpark_s_median", "unpark s"), ("reserved_gb_before_after", "reserved GB before → after"),
     ("batch_completed", "batch completions"), ("batch_failed", "failed/aborted"), ("final", "final metrics"),
 ]
 

@@ -44,6 +44,8 @@ Backend = Choice("Backend", [(v, v) for v in ("cuda", "cuda-cli", "sigstop")])
 """How the agent freezes a job's processes (``timeslice.agent.backend``)."""
 PauseMode = Choice("PauseMode", [(v, v) for v in ("wait", "keep")])
 """How vLLM hands the GPU over (``timeslice.tenant.pause_mode``)."""
+Swap = Choice("Swap", [(v, v) for v in ("checkpoint", "park", "park+checkpoint")])
+"""How the trainer's GPU memory leaves the GPU (``timeslice.handoff.swap``)."""
 
 
 class ConfigError(ValueError):
@@ -79,6 +81,9 @@ class AgentSettings:
     freeze_off_gpu: bool = False
     """Also freeze tagged or registered processes that NVML does not place on ``gpus`` (off: a job's
     processes on other GPUs, such as verl's rollouter, are never touched)."""
+    park_overhead_gib: float = 3.0
+    """After a worker parked (``handoff.swap=park``), how much GPU memory it may still show beyond what it
+    reported keeping (CUDA context, NCCL, cuBLAS workspaces) before the agent refuses to lend the GPU."""
     metrics_port: int = 0
     """Prometheus endpoint port on ``metrics_host``; 0 turns it off."""
     metrics_host: str = "127.0.0.1"
@@ -92,6 +97,9 @@ class TenantSettings:
 
     url: str = ""
     """Base URL, e.g. ``http://127.0.0.1:8000``; empty: no tenant (the GPU just idles)."""
+    urls: List[str] = field(default_factory=list)
+    """Instead of ``url``: one vLLM per GPU of a multi-GPU trainer (they yield and wake together), e.g.
+    ``timeslice.tenant.urls='[http://127.0.0.1:8001,http://127.0.0.1:8002]'``."""
     sleep_level: int = 1
     """vLLM sleep level: 1 keeps weights in host RAM (fast wake), 2 drops them."""
     pause_mode: PauseMode = PauseMode["wait"]
@@ -114,6 +122,12 @@ class HandoffSettings:
     """Ask the agent to start restoring before the batch is complete."""
     prepare_lead_s: float = 0.0
     """How early to prepare; 0: the restore time the agent last measured for this job."""
+    swap: Swap = Swap["checkpoint"]
+    """How the trainer's GPU memory leaves the GPU: ``checkpoint`` (the agent's driver checkpoint moves
+    the whole process, ~2 GB/s), ``park`` (each worker copies its tensors to pinned host RAM at copy-engine
+    speed, ~50 GB/s, and the agent only locks it; context and NCCL stay, ~1–2 GB) or ``park+checkpoint``
+    (park, then the driver checkpoint moves the remainder: the GPU is left empty). Park modes pin host
+    RAM once per worker, the size of its parameters, gradients and optimizer state."""
 
 
 @dataclass
@@ -169,6 +183,7 @@ NON_NEGATIVE = (
     "agent.driver_timeout_s",
     "agent.reattach_grace_s",
     "agent.connect_timeout_s",
+    "agent.park_overhead_gib",
     "tenant.request_timeout_s",
     "tenant.drain_timeout_s",
     "handoff.acquire_timeout_s",
@@ -230,6 +245,13 @@ def _check_values(settings: TimesliceSettings) -> None:
         raise ConfigError(_full_key("agent.gpus"), f"GPU indices must be >= 0, got {settings.agent.gpus}")
     if not 0 <= settings.agent.metrics_port <= 65535:
         raise ConfigError(_full_key("agent.metrics_port"), f"not a TCP port: {settings.agent.metrics_port}")
+    for i, each in enumerate(settings.tenant.urls):
+        if not valid_url(each) or "," in each:
+            raise ConfigError(_full_key(f"tenant.urls[{i}]"), f"{each!r} is not an http(s) URL")
+    if settings.tenant.urls:
+        if settings.tenant.url and settings.tenant.url.split(",") != list(settings.tenant.urls):
+            raise ConfigError(_full_key("tenant.urls"), "set tenant.url or tenant.urls, not both")
+        settings.tenant.url = ",".join(settings.tenant.urls)  # what the agent's protocol carries
     url = settings.tenant.url
     if url and not valid_url(url):
         raise ConfigError(_full_key("tenant.url"), f"{url!r} is not an http(s) URL")

@@ -173,6 +173,12 @@ class HandoffEvent(Event):
     reserved_after: int = 0
     """Release: the same after freeing (the rest of the difference to a freeze's bytes is context and
     library workspaces)."""
+    swap: str = ""
+    """``park`` or ``park+checkpoint`` when the workers parked (release) or unparked (acquire) themselves."""
+    parked_bytes: int = 0
+    """Bytes the workers parked in (release) or brought back from (acquire) pinned host RAM, over ranks."""
+    park_s: float = 0.0
+    """The slowest rank's park or unpark, seconds (the trainer waited for it)."""
 
     kind: ClassVar[str] = "handoff"
 

@@ -19,6 +19,11 @@ def valid_job(name: object) -> bool:
     return isinstance(name, str) and JOB_RE.fullmatch(name) is not None
 
 
+def split_urls(url: str) -> list[str]:
+    """A tenant setting's URLs: one, or several separated by commas (one vLLM per GPU of the agent)."""
+    return [u.strip().rstrip("/") for u in url.split(",")]
+
+
 def valid_url(url: object) -> bool:
-    """An http(s) URL with a host (whole string, no whitespace)."""
-    return isinstance(url, str) and URL_RE.fullmatch(url) is not None
+    """An http(s) URL with a host, or several separated by commas (no whitespace)."""
+    return isinstance(url, str) and bool(url) and all(URL_RE.fullmatch(u) is not None for u in url.split(","))

@@ -24,6 +24,8 @@ log = get_logger("adapter.workers")
 
 RELEASE_CACHES = "timeslice_release_caches"
 """Worker-group method (``Dispatch.ONE_TO_ALL``): free this rank's GPU caches, report the bytes."""
+PARK, UNPARK, PARK_RESERVE = "timeslice_park", "timeslice_unpark", "timeslice_park_reserve"
+"""Worker-group methods (``Dispatch.ONE_TO_ALL``): park/unpark this rank's tensors, pin its host buffer."""
 WORKER_MODULE = "verl.single_controller.base.worker"
 _GROUPS = ("actor_wg", "actor_rollout_wg", "critic_wg", "ref_policy_wg")
 
@@ -63,6 +65,28 @@ def _worker_release_caches(self: Any) -> dict[str, Any]:  # bound to verl's Work
     return release_caches_here()
 
 
+def _worker_park(self: Any) -> dict[str, Any]:  # bound to verl's Worker
+    from timeslice_verl.park import parker
+
+    return {**parker().park().to_dict(), "host": socket.gethostname()}
+
+
+def _worker_unpark(self: Any) -> dict[str, Any]:
+    from timeslice_verl.park import parker
+
+    return {**parker().unpark().to_dict(), "host": socket.gethostname()}
+
+
+def _worker_park_reserve(self: Any) -> dict[str, Any]:
+    from timeslice_verl.park import parker
+
+    return {**parker().reserve().to_dict(), "host": socket.gethostname()}
+
+
+_METHODS = {RELEASE_CACHES: _worker_release_caches, PARK: _worker_park, UNPARK: _worker_unpark,
+            PARK_RESERVE: _worker_park_reserve}
+
+
 def install_worker_methods(module: Any) -> None:
     """Give verl's base ``Worker`` our registered methods (idempotent; called on module import)."""
     worker = getattr(module, "Worker", None)
@@ -71,8 +95,9 @@ def install_worker_methods(module: Any) -> None:
     if worker is None or register is None or dispatch is None:
         log.warning("timeslice: %s has no Worker/register/Dispatch; worker methods not installed", module.__name__)
         return
-    if RELEASE_CACHES not in worker.__dict__:
-        setattr(worker, RELEASE_CACHES, register(dispatch_mode=dispatch.ONE_TO_ALL)(_worker_release_caches))
+    for name, fn in _METHODS.items():
+        if name not in worker.__dict__:
+            setattr(worker, name, register(dispatch_mode=dispatch.ONE_TO_ALL)(fn))
 
 
 def _whoami(_actor: Any) -> tuple[str, int]:
@@ -110,15 +135,34 @@ class VerlWorkers:
         here = socket.gethostname()
         return sorted({pid for host, pid in answers if host == here})
 
-    def release_caches(self) -> list[dict[str, Any]]:
-        """Every rank frees its caches (one report per worker process); [] when verl lacks the method."""
+    def _on_every_rank(self, name: str) -> list[dict[str, Any]]:
+        """Call a worker-group method on every rank; one report per worker process ([] without the method)."""
         reports: dict[int, dict[str, Any]] = {}
         for group in self.groups():
-            method = getattr(group, RELEASE_CACHES, None)
+            method = getattr(group, name, None)
             if method is None:
                 continue
             for report in method() or []:
                 if isinstance(report, dict):
                     reports.setdefault(int(report.get("pid", 0)), report)
         return list(reports.values())
+
+    def release_caches(self) -> list[dict[str, Any]]:
+        """Every rank frees its caches (one report per worker process); [] when verl lacks the method."""
+        return self._on_every_rank(RELEASE_CACHES)
+
+    def can_park(self) -> bool:
+        return any(getattr(g, PARK, None) is not None for g in self.groups())
+
+    def park_reserve(self) -> list[dict[str, Any]]:
+        """Every rank pins its host buffer (slow, once: at ``init_workers_end``)."""
+        return self._on_every_rank(PARK_RESERVE)
+
+    def park(self) -> list[dict[str, Any]]:
+        """Every rank parks its tensors in pinned host RAM (see :mod:`timeslice_verl.park`)."""
+        return self._on_every_rank(PARK)
+
+    def unpark(self) -> list[dict[str, Any]]:
+        """Every rank brings its tensors back (after the agent unlocked it)."""
+        return self._on_every_rank(UNPARK)
 

@@ -23,7 +23,7 @@ from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.recovery import RecoveryMixin
 from timeslice_verl.agent.tenancy import TenancyMixin
 from timeslice_verl.agent.state import RUNNING, Job, StateStore, TenantRecord
-from timeslice_verl.agent.tenant import ASLEEP, AWAKE, VllmTenant
+from timeslice_verl.agent.tenant import ASLEEP, AWAKE, TenantGroup, VllmTenant
 from timeslice_verl.agent.freeze.base import ThawError, TrainerBackend
 from timeslice_verl.agent.transitions import TransitionsMixin
 from timeslice_verl.agent.watchdog import WatchdogMixin
@@ -51,8 +51,10 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
         prepare_ttl_s: float = 60.0,
         watch_interval_s: float = 0.2,
         reattach_grace_s: float = 60.0,
+        park_overhead_bytes: int = 3 * 2**30,
     ) -> None:
         self.reattach_grace_s = reattach_grace_s
+        self.park_overhead_bytes = park_overhead_bytes
         self.configured_tenant_url = ""
         """The tenant URL of the agent's own config: the one URL a client may not choose freely."""
         self.backend = backend
@@ -66,7 +68,7 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
         self.jobs: dict[str, Job] = {}
         self.queue: deque[str] = deque()
         self.waiters: dict[str, asyncio.Future] = {}
-        self.tenant: VllmTenant | None = None
+        self.tenant: VllmTenant | TenantGroup | None = None
         self.tenant_rec: TenantRecord | None = None
         self.tenant_bytes = 0
         self.transitions: deque[tuple[int, Transition]] = deque(maxlen=4096)
@@ -189,11 +191,19 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
             pass
         self.wake()
 
-    async def release(self, name: str, conn: int | None, *, wait: bool = False, done: bool = False) -> dict[str, Any]:
+    async def release(
+        self, name: str, conn: int | None, *, wait: bool = False, done: bool = False, swap: str = "checkpoint",
+        parked: list[dict[str, int]] | None = None,
+    ) -> dict[str, Any]:
         job = self.jobs.get(name)
         if job is None:
             return {"job": name, "released": False, "transitions": []}
         self._job(name, conn)
+        if swap != "checkpoint" and not parked and not done:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"swap {swap!r} needs 'parked': what each worker parked and kept")
+        job.swap = swap
+        job.parked = {int(r["pid"]): int(r["kept"]) for r in parked or []}
+        job.parked_bytes = sum(int(r["parked"]) for r in parked or [])
         was_holding = job.holding
         job.holding = False
         job.ending = job.ending or done
@@ -309,9 +319,12 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
             return False
         return True
 
-    def _client_pids(self) -> set[int]:
-        """Never frozen: the agent itself and every connected client (a trainer driver, say)."""
-        return {os.getpid(), *self._peers.values()}
+    def _client_pids(self, job: Job | None = None) -> set[int]:
+        """Never frozen: the agent itself and every connected client (a trainer driver, say) — except a
+        client that registered itself for ``job`` (an SPMD rank is both its job's client and a GPU
+        process) where the backend leaves processes running (a stopped client could not ask back)."""
+        own = {p.pid for p in job.registered} if job is not None and self.backend.frees_gpu_memory else set()
+        return {os.getpid(), *(set(self._peers.values()) - own)}
 
     def _room_for_tenant(self) -> bool:
         if self.probe is None or not self.tenant_bytes:

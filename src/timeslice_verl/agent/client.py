@@ -168,11 +168,19 @@ class AgentClient:
             args["pids"] = list(pids)
         return self.call("acquire", reply_timeout_s=(timeout_s + 30) if timeout_s else None, **args)
 
-    def release(self, job: str, *, wait: bool = False, done: bool = False) -> dict[str, Any]:
-        """Give the GPU back; ``done``: the job has ended, so forget it instead of freezing its exiting processes."""
+    def release(
+        self, job: str, *, wait: bool = False, done: bool = False, swap: str = "checkpoint",
+        parked: list[dict[str, int]] | None = None,
+    ) -> dict[str, Any]:
+        """Give the GPU back; ``done``: the job has ended, so forget it instead of freezing its exiting processes.
+        ``swap`` ``park``/``park+checkpoint``: the workers parked their tensors (``parked``: one
+        ``{"pid", "parked", "kept"}`` per worker), so the agent locks (and checkpoints) only what is left."""
         args: dict[str, Any] = {"job": job, "wait": wait}
         if done:
             args["done"] = True
+        if swap != "checkpoint":
+            args["swap"] = swap
+            args["parked"] = [{"pid": int(r["pid"]), "parked": int(r["parked"]), "kept": int(r["kept"])} for r in parked or []]
         return self.call("release", reply_timeout_s=None if wait else 30, **args)
 
     def prepare(self, job: str, *, ttl_s: float | None = None) -> dict[str, Any]:

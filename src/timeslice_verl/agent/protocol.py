@@ -18,13 +18,17 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from timeslice_verl.names import valid_job, valid_url
+from timeslice_verl.names import split_urls, valid_job, valid_url
 
 PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 64 * 1024
 MAX_SECONDS = 30 * 86400.0
 """The longest timeout or TTL a request may ask for."""
 MAX_PIDS = 4096
+SWAP_MODES = ("checkpoint", "park", "park+checkpoint")
+"""How a released job's memory leaves the GPU: the agent checkpoints it, or its workers parked it
+(the agent then only locks them), or both."""
+MAX_BYTES = 2**50
 
 
 class ErrorCode:
@@ -53,14 +57,15 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True)
 class Field:
-    kind: str  # job | number | bool | pids | url | level | str
+    kind: str  # job | number | bool | pids | url | level | str | swap | parked
     required: bool = False
 
 
 OPS: dict[str, dict[str, Field]] = {
     "hello": {"client": Field("str")},
     "acquire": {"job": Field("job", True), "timeout_s": Field("number"), "pids": Field("pids")},
-    "release": {"job": Field("job", True), "wait": Field("bool"), "done": Field("bool")},
+    "release": {"job": Field("job", True), "wait": Field("bool"), "done": Field("bool"), "swap": Field("swap"),
+                "parked": Field("parked")},
     "prepare": {"job": Field("job", True), "ttl_s": Field("number")},
     "register_pids": {"job": Field("job", True), "pids": Field("pids", True)},
     "status": {},
@@ -96,15 +101,40 @@ def _check(name: str, field: Field, value: Any) -> Any:
         ):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected a list of process ids, got {value!r:.200}")
     elif kind == "url":
-        if not valid_url(value) or not _url_parts_ok(value):
+        if not valid_url(value) or not all(_url_parts_ok(u) for u in split_urls(value)):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: {value!r:.200} is not an http(s) URL")
     elif kind == "level":
         if value not in (1, 2) or isinstance(value, bool):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: vLLM sleep level must be 1 or 2, got {value!r}")
+    elif kind == "swap":
+        if value not in SWAP_MODES:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: {value!r:.60} is not one of {', '.join(SWAP_MODES)}")
+    elif kind == "parked":
+        value = _parked(name, value)
     elif kind == "str":
         if not isinstance(value, str) or len(value) > 200:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected a short string")
     return value
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_BYTES
+
+
+def _parked(name: str, value: Any) -> list[dict[str, int]]:
+    """``[{"pid": 123, "parked": bytes, "kept": bytes}, ...]``: what each worker parked and still holds."""
+    if not isinstance(value, list) or len(value) > MAX_PIDS:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected a list of park reports, got {value!r:.200}")
+    out = []
+    for item in value:
+        if (
+            not isinstance(item, dict) or set(item) != {"pid", "parked", "kept"}
+            or not (_count(item["pid"]) and 1 < item["pid"] < 2**31) or not _count(item["parked"]) or not _count(item["kept"])
+        ):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: each report is {{\"pid\": int, \"parked\": bytes, "
+                                f"\"kept\": bytes}}, got {item!r:.200}")
+        out.append({"pid": item["pid"], "parked": item["parked"], "kept": item["kept"]})
+    return out
 
 
 def _url_parts_ok(url: str) -> bool:

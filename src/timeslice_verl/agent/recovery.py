@@ -14,6 +14,7 @@ from timeslice_verl.agent.state import FAULTED, FROZEN, RUNNING, TRANSITIONING, 
 from timeslice_verl.agent.tenant import ASLEEP, DEAD, TenantError
 from timeslice_verl.agent.freeze.base import ProcState, ThawError
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import split_urls
 
 log = get_logger("agent")
 
@@ -27,7 +28,7 @@ class RecoveryMixin:
 
     async def start(self, tenant_url: str = "", sleep_level: int = 1) -> None:
         """Reconcile the persisted state with reality, then start the reconciler and the watchdog."""
-        self.configured_tenant_url = tenant_url.rstrip("/")
+        self.configured_tenant_url = ",".join(split_urls(tenant_url)) if tenant_url else ""
         jobs, tenant_rec, extra = self.store.load()
         for name in extra.get("salvaged_jobs", []):  # the record is lost: thaw what this agent may have frozen
             await self._thaw_tagged(name)
@@ -38,7 +39,7 @@ class RecoveryMixin:
             if job.holding:  # its client must come back to keep the GPU (see the watchdog)
                 job.orphaned_at = time.monotonic()
         url, level = tenant_url, sleep_level
-        if tenant_rec and tenant_rec.url.rstrip("/") != tenant_url.rstrip("/"):
+        if tenant_rec and tenant_rec.url.rstrip("/") != self.configured_tenant_url:
             if tenant_url:  # the configured tenant replaces the recorded one: never leave that one asleep
                 await self._wake_forgotten(tenant_rec)
             else:

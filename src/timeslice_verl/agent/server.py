@@ -237,7 +237,8 @@ class AgentServer:
         if op == "acquire":
             return await a.acquire(args["job"], conn, timeout_s=args.get("timeout_s"), pids=args.get("pids"), peer_uid=peer_uid)
         if op == "release":
-            return await a.release(args["job"], conn, wait=args.get("wait", False), done=args.get("done", False))
+            return await a.release(args["job"], conn, wait=args.get("wait", False), done=args.get("done", False),
+                                   swap=args.get("swap", "checkpoint"), parked=args.get("parked"))
         if op == "prepare":
             return a.prepare(args["job"], conn, args.get("ttl_s"))
         if op == "register_pids":
@@ -273,6 +274,7 @@ async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None 
         tenant_drain_timeout_s=settings.tenant.drain_timeout_s,
         tenant_pause_mode=settings.tenant.pause_mode,
         reattach_grace_s=settings.agent.reattach_grace_s,
+        park_overhead_bytes=int(settings.agent.park_overhead_gib * 2**30),
     )
     server = AgentServer(settings, arbiter, path)
     server.claim_path()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from timeslice_verl.agent.procfs import ProcId
+from timeslice_verl.agent.protocol import SWAP_MODES
 from timeslice_verl.names import valid_job, valid_url
 from timeslice_verl.log import get_logger
 
@@ -45,7 +46,14 @@ class Job:
     last_restore_s: float = 0.0
     direction: str = ""
     """While TRANSITIONING: ``freeze`` or ``thaw``."""
+    swap: str = "checkpoint"
+    """How its last release asked the memory to leave: ``checkpoint``, ``park`` (only lock: the workers
+    parked their tensors) or ``park+checkpoint``."""
+    parked_bytes: int = 0
+    """What its workers parked in host RAM at the last release (they need it back on the GPU after a thaw)."""
     # not persisted
+    parked: dict[int, int] = field(default_factory=dict)
+    """pid → bytes each worker reported keeping on the GPU after its park (the footprint check's limits)."""
     owner_uid: int | None = None
     """The uid of the job's client (its tagged processes must be that user's)."""
     orphaned_at: float = 0.0
@@ -78,6 +86,8 @@ class Job:
             "last_freeze_s": self.last_freeze_s,
             "last_restore_s": self.last_restore_s,
             "direction": self.direction,
+            "swap": self.swap,
+            "parked_bytes": self.parked_bytes,
         }
 
     @classmethod
@@ -93,6 +103,8 @@ class Job:
             last_freeze_s=float(data.get("last_freeze_s", 0.0)),
             last_restore_s=float(data.get("last_restore_s", 0.0)),
             direction=str(data.get("direction", "")),
+            swap=str(data.get("swap", "checkpoint")),
+            parked_bytes=int(data.get("parked_bytes", 0)),
         )
 
 
@@ -142,6 +154,8 @@ def _validate(data: Any) -> tuple[dict[str, Job], TenantRecord | None]:
                                                   and _int(p.get("start")) and p["start"] >= 0 for p in procs),
                   f"job {entry['name']}: {key} is not a list of (pid, start)")
         _need(isinstance(entry.get("holding", False), bool), f"job {entry['name']}: holding is not true/false")
+        _need(entry.get("swap", "checkpoint") in SWAP_MODES, f"job {entry['name']}: unknown swap {entry.get('swap')!r}")
+        _need(_int(entry.get("parked_bytes", 0)) and entry.get("parked_bytes", 0) >= 0, f"job {entry['name']}: parked_bytes is not a byte count")
         jobs[entry["name"]] = Job.from_dict(entry)
     tenant_data = data.get("tenant")
     tenant = None

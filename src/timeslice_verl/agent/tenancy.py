@@ -9,7 +9,8 @@ from typing import Any
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import TenantRecord
-from timeslice_verl.agent.tenant import ASLEEP, TenantError, VllmTenant
+from timeslice_verl.agent.tenant import ASLEEP, TenantError, TenantGroup, VllmTenant, make_tenant
+from timeslice_verl.names import split_urls
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent")
@@ -29,10 +30,11 @@ class TenancyMixin:
     """Register, replace and forget the tenant (a tenant is never left asleep when it is forgotten)."""
 
     async def register_tenant(self, url: str, sleep_level: int = 1, *, persist: bool = True) -> dict[str, Any]:
-        if not _loopback(url) and url.rstrip("/") != self.configured_tenant_url:
+        url = ",".join(split_urls(url))
+        if not all(_loopback(u) for u in split_urls(url)) and url != self.configured_tenant_url:
             raise ProtocolError(ErrorCode.PERMISSION, f"tenant {url!r} is not on this node (loopback): only the URL the agent "
                                 "was started with (timeslice.tenant.url) may point elsewhere")
-        if self.tenant is not None and self.tenant.url != url.rstrip("/"):
+        if self.tenant is not None and self.tenant.url != url:
             raise ProtocolError(ErrorCode.BUSY, f"a tenant is already registered ({self.tenant.url}); unregister it first")
         tenant = self.tenant or self._make_tenant(url, sleep_level)
         try:
@@ -48,8 +50,8 @@ class TenancyMixin:
         self.wake()
         return self.tenant_rec.to_dict()
 
-    def _make_tenant(self, url: str, sleep_level: int) -> VllmTenant:
-        return VllmTenant(
+    def _make_tenant(self, url: str, sleep_level: int) -> VllmTenant | TenantGroup:
+        return make_tenant(
             url, sleep_level=sleep_level, request_timeout_s=self.tenant_request_timeout_s,
             drain_timeout_s=self.tenant_drain_timeout_s, pause_mode=self.tenant_pause_mode,
         )

@@ -191,3 +191,60 @@ class VllmTenant:
             await self._request("POST", "/resume")
         self.state = AWAKE
         return time.perf_counter() - t0
+
+
+class TenantGroup:
+    """Several vLLM servers (one per GPU of a multi-GPU trainer) that yield and wake together.
+
+    Same interface as :class:`VllmTenant`; each move runs on every server at once and fails if any
+    server fails (the group is then faulted, and the next reclaim wakes every server again: waking an
+    awake vLLM is harmless).
+    """
+
+    def __init__(self, urls: list[str], **kwargs: Any) -> None:
+        self.members = [VllmTenant(u, **kwargs) for u in urls]
+        self.info = TenantInfo(url=",".join(m.url for m in self.members), sleep_level=self.members[0].info.sleep_level)
+        self.state = AWAKE
+
+    @property
+    def url(self) -> str:
+        return self.info.url
+
+    async def _all(self, calls: list[Any]) -> list[Any]:
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            dead = all(isinstance(e, TenantDead) for e in errors)
+            raise (TenantDead if dead else TenantError)("; ".join(str(e) for e in errors))
+        return results
+
+    async def close(self) -> None:
+        await asyncio.gather(*(m.close() for m in self.members), return_exceptions=True)
+
+    async def register(self) -> TenantInfo:
+        infos = await self._all([m.register() for m in self.members])
+        self.info.version = ",".join(sorted({i.version for i in infos}))
+        self.info.pause = "wait" if all(i.pause == "wait" for i in infos) else "drain"
+        self.state = ASLEEP if any(m.state == ASLEEP for m in self.members) else AWAKE
+        return self.info
+
+    async def alive(self) -> bool:
+        return all(await asyncio.gather(*(m.alive() for m in self.members)))
+
+    async def yield_gpu(self) -> float:
+        t0 = time.perf_counter()
+        await self._all([m.yield_gpu() for m in self.members])
+        self.state = ASLEEP
+        return time.perf_counter() - t0
+
+    async def reclaim(self) -> float:
+        t0 = time.perf_counter()
+        await self._all([m.reclaim() for m in self.members])
+        self.state = AWAKE
+        return time.perf_counter() - t0
+
+
+def make_tenant(url: str, **kwargs: Any) -> VllmTenant | TenantGroup:
+    """One server, or a group for a comma-separated list of URLs."""
+    urls = [u.strip() for u in url.split(",")]
+    return VllmTenant(urls[0], **kwargs) if len(urls) == 1 else TenantGroup(urls, **kwargs)

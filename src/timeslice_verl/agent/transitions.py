@@ -68,7 +68,7 @@ class TransitionsMixin:
             job.busy = False
 
     async def _freeze_busy(self, job: Job) -> None:
-        pids = await asyncio.to_thread(self.backend.discover, job.name, job.pids(), self._client_pids(), job.owner_uid)
+        pids = await asyncio.to_thread(self.backend.discover, job.name, job.pids(), self._client_pids(job), job.owner_uid)
         if self.jobs.get(job.name) is not job:  # forgotten while the /proc scan ran: touch nothing
             log.info("freeze of job %s dropped: the job was forgotten meanwhile", job.name)
             return
@@ -82,8 +82,10 @@ class TransitionsMixin:
         self.current = f"freeze {job.name}"
         self._persist()
         identities = {p.pid: p.start for p in (procfs.identify(pid) for pid in pids) if p is not None}
+        lock_only = job.swap == "park"
+        limits = {pid: job.parked.get(pid, 0) + self.park_overhead_bytes for pid in pids} if lock_only else None
         try:
-            report = await asyncio.to_thread(self.backend.freeze, pids, identities)
+            report = await asyncio.to_thread(self.backend.freeze, pids, identities, lock_only=lock_only, limits=limits)
         except FreezeError as exc:
             if exc.refused:  # nothing was touched: the job keeps the GPU for this valley, the tenant sleeps on
                 job.state, job.direction, job.refused = RUNNING, "", str(exc)
@@ -99,9 +101,12 @@ class TransitionsMixin:
         finally:
             self.current = ""
         job.procs = [p for p in (procfs.identify(pid) for pid in pids) if p is not None]
-        job.state, job.direction, job.saved_bytes, job.fault = FROZEN, "", report.bytes, ""
+        job.state, job.direction, job.fault = FROZEN, "", ""
+        job.saved_bytes = 0 if lock_only else report.bytes  # a lock moves nothing: a thaw needs no room for it
         job.last_freeze_s = report.total_s
         detail = f"{len(pids)} process(es)" + (f", {report.gb_per_s:.2f} GB/s" if report.gb_per_s else "")
+        if job.swap != "checkpoint":
+            detail += f", {job.swap}: workers parked {job.parked_bytes / 2**30:.2f} GiB" + (", locked only" if lock_only else "")
         phases = {"lock": report.lock_s, "checkpoint": report.checkpoint_s}
         self._record("freeze", job.name, start, True, report.bytes, detail, phases)
         log.info(
@@ -122,7 +127,7 @@ class TransitionsMixin:
     async def _thaw(self, job: Job, reason: str) -> None:
         pids = job.pids()
         start = time.time()
-        if self.probe is not None and self.backend.frees_gpu_memory and job.saved_bytes:
+        if self.probe is not None and self.backend.frees_gpu_memory and (job.saved_bytes or job.parked_bytes):
             await self._wait_for_room(job)
         job.state, job.direction = TRANSITIONING, "thaw"
         self.current = f"thaw {job.name}"
@@ -155,7 +160,7 @@ class TransitionsMixin:
 
     async def _wait_for_room(self, job: Job) -> None:
         """A restore that runs out of GPU memory leaves the process stuck: check first."""
-        need = job.saved_bytes + RESTORE_MARGIN_BYTES
+        need = job.saved_bytes + job.parked_bytes + RESTORE_MARGIN_BYTES  # the restore, then the workers' unpark
         deadline = time.monotonic() + RESTORE_MEMORY_WAIT_S
         while True:
             free = self.probe.memory().free  # type: ignore[union-attr]

@@ -98,6 +98,9 @@ class AgentPlugin:
         self.held_for_save = False
         self.release_after_save = False
         self.planner = PreparePlanner()
+        self.swap = "checkpoint"
+        self.parked = False
+        """The workers' tensors are in pinned host RAM (released with a park swap, not yet unparked)."""
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
 
@@ -109,6 +112,12 @@ class AgentPlugin:
         self.lifecycle = lifecycle
         self.job = lifecycle.job
         self.planner = PreparePlanner(lead_s=self.settings.handoff.prepare_lead_s)
+        self.swap = str(self.settings.handoff.swap)
+        workers = getattr(lifecycle, "workers", None)
+        if self.swap != "checkpoint" and workers is None:
+            raise ValueError(f"timeslice.handoff.swap={self.swap} needs trainer workers that can park their tensors "
+                             "(verl's worker groups, or a RankHandoff in an SPMD trainer); this trainer has none: "
+                             "use timeslice.handoff.swap=checkpoint")
         path = socket_path(self.settings)
         self.client = AgentClient(path, connect_timeout_s=self.settings.agent.connect_timeout_s, client=f"trainer:{self.job}")
         try:
@@ -132,7 +141,7 @@ class AgentPlugin:
             f"timeslice.agent.socket={socket_path(s)}",
             f"timeslice.agent.backend={s.agent.backend}",
             f"timeslice.agent.gpus=[{','.join(map(str, s.agent.gpus))}]",
-            f"timeslice.tenant.url={s.tenant.url}",
+            "timeslice.tenant.urls=[" + ",".join(f'"{u}"' for u in s.tenant.url.split(",") if u) + "]",
         ]
         log_path = socket_path(s).with_name("agent.log")
         socket_path(s).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -176,9 +185,45 @@ class AgentPlugin:
             )
         return totals
 
+    def _park(self) -> list[dict[str, Any]] | None:
+        """Every worker parks its tensors; None (nothing left parked) when any rank could not."""
+        workers = self.lifecycle.workers
+        try:
+            reports = workers.park()
+        except Exception as exc:  # some ranks may have parked: bring them back, keep the GPU this valley
+            log.error("[timeslice] job=%s park failed, keeping the GPU for this valley: %s", self.job, exc)
+            try:
+                workers.unpark()
+            except Exception as again:
+                log.error("[timeslice] job=%s unpark after a failed park failed too: %s", self.job, again)
+                raise
+            return None
+        self.parked = True
+        log.info("[timeslice] job=%s PARK %.2f GiB on %d rank(s) in %.0fms (slowest), kept %.2f GiB",
+                 self.job, sum(r["parked"] for r in reports) / 2**30, len(reports),
+                 max((r["seconds"] for r in reports), default=0) * 1e3, sum(r["kept"] for r in reports) / 2**30)
+        return reports
+
+    def _unpark(self) -> list[dict[str, Any]]:
+        reports = self.lifecycle.workers.unpark()
+        self.parked = False
+        return reports
+
+    def _unpark_for_good(self, point: str) -> None:
+        """Never leave workers parked when the run stops or fails: take the GPU back, then unpark."""
+        if not self.parked or self.client is None:
+            return
+        try:
+            self.client.acquire(self.job, timeout_s=120)
+            self.held = True
+            self._unpark()
+            log.info("[timeslice] job=%s workers unparked at %s", self.job, point)
+        except Exception as exc:  # no grant: the processes may still be locked, so no CUDA call now
+            log.error("[timeslice] job=%s could not unpark the workers at %s: %s", self.job, point, exc)
+
     def _report(
         self, action: str, point: str, waited: float, result: dict[str, Any], ok: bool = True, detail: str = "",
-        memory: dict[str, int] | None = None,
+        memory: dict[str, int] | None = None, park: list[dict[str, Any]] | None = None,
     ) -> None:
         if self.lifecycle is None:
             return
@@ -187,7 +232,9 @@ class AgentPlugin:
         event = self.lifecycle.event(HandoffEvent, action=action, point=point, waited_s=round(waited, 6), ok=ok,
                                      detail=detail, transitions=transitions, live_bytes=memory.get("live", 0),
                                      reserved_before=memory.get("reserved_before", 0),
-                                     reserved_after=memory.get("reserved_after", 0))
+                                     reserved_after=memory.get("reserved_after", 0),
+                                     swap=self.swap if park else "", parked_bytes=sum(r["parked"] for r in park or []),
+                                     park_s=max((r["seconds"] for r in park or []), default=0.0))
         self.lifecycle.notify("handoff", event)
 
     def acquire(self, point: str) -> None:
@@ -199,17 +246,19 @@ class AgentPlugin:
         t0 = time.perf_counter()
         timeout = self.settings.handoff.acquire_timeout_s or None
         result = self.client.acquire(self.job, timeout_s=timeout)
-        waited = time.perf_counter() - t0
         self.held = True
+        unpark = self._unpark() if self.parked else None  # after the agent unlocked (and restored) the workers
+        waited = time.perf_counter() - t0
         restore = float(result.get("restore_s", 0.0))
         yield_s = sum(t["end"] - t["start"] for t in result.get("transitions", []) if t["action"] == "tenant_yield")
+        unpark_s = max((r["seconds"] for r in unpark or []), default=0.0)
         if result.get("restored"):
-            self.planner.observe_restore(restore + yield_s)
+            self.planner.observe_restore(restore + yield_s + unpark_s)
         log.info(
             "[timeslice] job=%s ACQUIRE at=%s waited=%.0fms restored=%s restore=%.0fms frozen=%.2fGiB",
             self.job, point, waited * 1e3, bool(result.get("restored")), restore * 1e3, result.get("bytes", 0) / 2**30,
         )
-        self._report("acquire", point, waited, result)
+        self._report("acquire", point, waited, result, park=unpark)
 
     def release(self, point: str, *, crash: bool = False, force: bool = False, done: bool = False) -> None:
         """Give the GPU back (``force``: also when not held, to cancel a prepare; ``done``: the run is over,
@@ -217,19 +266,28 @@ class AgentPlugin:
         if self.client is None or (not self.held and not crash and not force):
             return
         t0 = time.perf_counter()
-        memory = {} if (crash or done or not self.held) else self._release_caches()
+        if crash or done:
+            self._unpark_for_good(point)
+        idle = not (crash or done or not self.held)
+        park = self._park() if idle and self.swap != "checkpoint" else None
+        if idle and self.swap != "checkpoint" and park is None:
+            return  # the workers could not park: they keep the GPU until the next release
+        memory = self._release_caches() if idle and park is None else {}
         self.held = False
         self.held_for_save = False
         self.release_after_save = False
         try:
-            result = self.client.release(self.job, done=done)
+            if park is not None:
+                result = self.client.release(self.job, done=done, swap=self.swap, parked=park)
+            else:
+                result = self.client.release(self.job, done=done)
         except Exception as exc:  # the agent also releases when our connection drops
             log.error("[timeslice] job=%s RELEASE at=%s failed (ignored): %s", self.job, point, exc)
             self._report("crash_release" if crash else "release", point, time.perf_counter() - t0, {}, ok=False, detail=str(exc))
             return
         waited = time.perf_counter() - t0
         log.info("[timeslice] job=%s %s at=%s took=%.1fms", self.job, "CRASH-RELEASE" if crash else "RELEASE", point, waited * 1e3)
-        self._report("crash_release" if crash else "release", point, waited, result, memory=memory)
+        self._report("crash_release" if crash else "release", point, waited, result, memory=memory, park=park)
         if not crash and not force:
             self._schedule_prepare()
 
@@ -276,6 +334,15 @@ class AgentPlugin:
     @hookimpl
     def init_workers_end(self, trainer: Any) -> None:
         workers = getattr(self.lifecycle, "workers", None)
+        if self.swap != "checkpoint" and workers is not None and not workers.can_park():
+            log.error("[timeslice] job=%s handoff.swap=%s but the workers have no park method (is timeslice-verl installed "
+                      "where the workers run?): swapping by checkpoint instead", self.job, self.swap)
+            self.swap = "checkpoint"
+        if self.swap != "checkpoint" and workers is not None:
+            t0 = time.perf_counter()
+            pinned = workers.park_reserve()  # pinning is slow: once, here, not in a handoff
+            log.info("[timeslice] job=%s pinned %.2f GiB of host RAM for parking on %d rank(s) in %.1f s", self.job,
+                     sum(r["pinned"] for r in pinned) / 2**30, len(pinned), time.perf_counter() - t0)
         pids = workers.local_pids() if workers is not None else []
         if pids and self.client is not None:
             try:

@@ -53,6 +53,10 @@ class FreezeError(RuntimeError):
         self.refused = refused
 
 
+class FootprintError(RuntimeError):
+    """A parked process still holds more GPU memory than it reported keeping."""
+
+
 class ThawError(RuntimeError):
     def __init__(self, message: str, *, still_frozen: bool) -> None:
         super().__init__(message)
@@ -184,7 +188,7 @@ class TrainerBackend:
             log.warning("NVML query failed: %s", exc)
             return 0
 
-    def precheck(self, pids: list[int]) -> list[int]:
+    def precheck(self, pids: list[int], *, lock_only: bool = False) -> list[int]:
         """The live ``pids``, or :class:`FreezeError` (``refused``, nothing touched) for any process a
         freeze could not undo: one the driver does not report as running (already locked or
         checkpointed by someone else, or failed), or one whose NCCL could block its restore."""
@@ -196,19 +200,25 @@ class TrainerBackend:
                 f"refusing to freeze: the driver reports {odd} (only running processes are frozen; "
                 "another tool may be checkpointing them)", unwound=True, refused=True,
             )
-        if getattr(self.primitives, "checkpoints_cuda", False):
+        if getattr(self.primitives, "checkpoints_cuda", False) and not lock_only:  # a lock maps nothing
             hazards = [h for h in (procfs.nccl_p2p_hazard(p) for p in live) if h]
             if hazards:
                 raise FreezeError(f"refusing to freeze: {hazards[0]}", unwound=True, refused=True)
         return live
 
-    def freeze(self, pids: list[int], identities: dict[int, int] | None = None) -> FreezeReport:
+    def freeze(
+        self, pids: list[int], identities: dict[int, int] | None = None, *, lock_only: bool = False,
+        limits: dict[int, int] | None = None,
+    ) -> FreezeReport:
         """Precheck, lock all, then checkpoint all. On failure, unwind and raise :class:`FreezeError`.
 
         ``identities`` (pid → start time, when the caller recorded them) guard every driver call
-        against a pid that was reused meanwhile; without them the start times are read now."""
+        against a pid that was reused meanwhile; without them the start times are read now.
+        ``lock_only`` (the job's workers parked their tensors themselves): lock, never checkpoint.
+        ``limits`` (pid → bytes): after the lock, NVML must show each process within its limit — the
+        proof that a park really freed the GPU — or the locks are undone and the freeze is refused."""
         self._remember(pids, identities)
-        pids = self.precheck(pids)
+        pids = self.precheck(pids, lock_only=lock_only)
         report = FreezeReport(pids=list(pids), bytes=self._used(pids))
         t0 = time.perf_counter()
         locked: list[int] = []
@@ -220,7 +230,9 @@ class TrainerBackend:
                 locked.append(pid)
             t1 = time.perf_counter()
             report.lock_s = t1 - t0
-            for pid in pids:
+            if limits is not None:
+                self._check_footprint(pids, limits)
+            for pid in ([] if lock_only else pids):
                 self._timed("checkpoint", pid, lambda pid=pid: self.primitives.checkpoint(pid))
                 checkpointed.append(pid)
             report.checkpoint_s = time.perf_counter() - t1
@@ -228,15 +240,30 @@ class TrainerBackend:
             problems = self._unwind(locked, checkpointed)
             if problems:
                 raise FreezeError(f"{exc}; unwinding failed too: {'; '.join(problems)}", unwound=False) from exc
-            raise FreezeError(f"{exc} (unwound: the job's processes run again)", unwound=True) from exc
+            refused = isinstance(exc, FootprintError)  # nothing was moved: the job keeps the GPU
+            raise FreezeError(f"{exc} (unwound: the job's processes run again)", unwound=True, refused=refused) from exc
         report.total_s = time.perf_counter() - t0
         report.residual_bytes = self._used(pids)
-        if self.probe is not None and self.frees_gpu_memory and report.residual_bytes > RESIDUAL_OK_BYTES:
+        if self.probe is not None and self.frees_gpu_memory and not lock_only and report.residual_bytes > RESIDUAL_OK_BYTES:
             log.warning(
                 "after checkpoint NVML still shows %.2f GiB for pids %s (was %.2f GiB)",
                 report.residual_bytes / 2**30, pids, report.bytes / 2**30,
             )
         return report
+
+    def _check_footprint(self, pids: list[int], limits: dict[int, int]) -> None:
+        """Each locked process within its byte limit by NVML (skipped without NVML: nothing to read)."""
+        if self.probe is None or not self.frees_gpu_memory:
+            return
+        usage = self.probe.process_memory()
+        over = {pid: usage.get(pid, 0) for pid in pids if usage.get(pid, 0) > limits.get(pid, 0)}
+        if over:
+            pid, used = next(iter(over.items()))
+            raise FootprintError(
+                f"refusing to lend the GPU: pid {pid} still uses {used / 2**30:.2f} GiB after its park (at most "
+                f"{limits.get(pid, 0) / 2**30:.2f} GiB expected: what it kept plus timeslice.agent.park_overhead_gib); "
+                f"over the limit: {sorted(over)}"
+            )
 
     def _unwind(self, locked: list[int], checkpointed: list[int]) -> list[str]:
         problems = []
