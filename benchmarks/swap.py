@@ -39,7 +39,6 @@ from standin import StandIn  # noqa: E402
 from swap_report import report  # noqa: E402
 
 from timeslice_verl.adapters.spmd import RankHandoff  # noqa: E402
-from timeslice_verl.agent.gpu import process_bytes  # noqa: E402
 
 log = logging.getLogger("timeslice.bench")
 
@@ -103,10 +102,6 @@ def run_phase(args: argparse.Namespace, h: RankHandoff, mode: str, prepare: bool
             time.sleep(max(0.0, wake_at - lead_s - time.time()))
             rec["t_prepare"] = time.time()
             h.prepare()
-        else:
-            sample_at = rec["t_release"] + 0.6 * valley
-            time.sleep(max(0.0, sample_at - time.time()))
-            rec["gpu_left"] = process_bytes(os.getpid())
         time.sleep(max(0.0, wake_at - time.time()))
         rec["t_acquire"] = time.time()
         acq = h.acquire()

@@ -62,7 +62,7 @@ def summarize(rank0: dict[str, Any], ranks: list[dict[str, Any]]) -> list[dict[s
             out_s.append(c["park_s"] + freeze)
             back_s.append(thaw + c["unpark_s"])
             moved.append(c["parked"] + checkpointed)
-        left = [c["gpu_left"] for c in steady if c.get("gpu_left") is not None]
+        left = [t["left"] for c in steady for t in _moves(c, "freeze") if "left" in t]
         before, after = phase["load_before"], phase["load_after"]
         failed = (after["aborted"] - before["aborted"]) + (after["errors"] - before["errors"])
         losses_same = all(r["phases"][i]["losses"] == r["solo"]["losses"][: len(r["phases"][i]["losses"])] for r in ranks)

@@ -138,6 +138,9 @@ class Transition:
     detail: str = ""
     phases: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
     """Seconds per step (``lock``, ``checkpoint``, ``restore``, ``unlock``…) where known."""
+    left: int = 0
+    """``freeze``: GPU bytes the job's processes still use after it (NVML; 0 without it). A frozen
+    process cannot measure this itself: NVML calls from a locked process block until it is unlocked."""
 
     @property
     def seconds(self) -> float:

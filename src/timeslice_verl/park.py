@@ -278,6 +278,9 @@ class Parker:
             slot.storage.resize_(0)
         self.parked = True
         if cuda:
+            clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear_workspaces is not None:  # cuBLAS keeps tens of MiB per stream in torch's allocator
+                clear_workspaces()
             torch.cuda.empty_cache()
             report.kept = int(torch.cuda.memory_reserved(self._device()))
         report.parked = sum(s.nbytes for s in self.slots)

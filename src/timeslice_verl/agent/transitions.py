@@ -34,11 +34,12 @@ class TransitionsMixin:
     """Freeze/thaw/tenant moves and their record (the transitions log)."""
 
     def _record(
-        self, action: str, subject: str, start: float, ok: bool, nbytes: int = 0, detail: str = "", phases: dict[str, float] | None = None
+        self, action: str, subject: str, start: float, ok: bool, nbytes: int = 0, detail: str = "",
+        phases: dict[str, float] | None = None, left: int = 0,
     ) -> Transition:
         t = Transition(
             action=action, subject=subject, start=start, end=time.time(), ok=ok, bytes=nbytes, detail=detail,
-            phases={k: round(v, 6) for k, v in (phases or {}).items()},
+            phases={k: round(v, 6) for k, v in (phases or {}).items()}, left=left,
         )
         self.seq += 1
         self.transitions.append((self.seq, t))
@@ -108,7 +109,7 @@ class TransitionsMixin:
         if job.swap != "checkpoint":
             detail += f", {job.swap}: workers parked {job.parked_bytes / 2**30:.2f} GiB" + (", locked only" if lock_only else "")
         phases = {"lock": report.lock_s, "checkpoint": report.checkpoint_s}
-        self._record("freeze", job.name, start, True, report.bytes, detail, phases)
+        self._record("freeze", job.name, start, True, report.bytes, detail, phases, left=report.residual_bytes)
         log.info(
             "freeze: job %s pids %s %.2f GiB in %.3f s (lock %.1f ms, checkpoint %.3f s)",
             job.name, pids, report.bytes / 2**30, report.total_s, report.lock_s * 1e3, report.checkpoint_s,
