@@ -179,9 +179,10 @@ def main() -> int:
     try:
         solo = StandIn(width=args.width, depth=args.depth, batch=args.batch, micro=args.micro, device=device)
         h.start()  # the leader registers every rank and acquires; every rank pins its host buffer (estimate)
+        solo_steps = [solo.step() for _ in range(args.cycles + 1)]
+        # the pinned-copy reference: the same bytes as the trainer's state once gradients and Adam exist
         result["state_bytes"] = solo.state_bytes()
         result["pinned_rate"] = pinned_rate(result["state_bytes"], device)
-        solo_steps = [solo.step() for _ in range(args.cycles + 1)]
         result["solo"] = {"losses": [s[0] for s in solo_steps], "step_s": [s[1] for s in solo_steps],
                           "state_bytes": solo.state_bytes()}
         solo.close()

@@ -98,3 +98,13 @@ def test_options_ship_with_the_package():
     assert compose("interleave", ["timeslice.agent.backend=sigstop"]).agent.backend == "sigstop"
     with pytest.raises(ConfigError, match="trainer.total_epochs"):
         compose("interleave", ["trainer.total_epochs=3"])  # refused: the command could not apply it
+
+
+def test_one_tenant_per_gpu_replaces_the_options_single_url():
+    from timeslice_verl.config import compose
+
+    urls = '["http://127.0.0.1:8001","http://127.0.0.1:8002/"]'
+    settings = compose("interleave", [f"timeslice.tenant.urls={urls}"])  # interleave sets tenant.url too
+    assert settings.tenant.url == "http://127.0.0.1:8001,http://127.0.0.1:8002"
+    with pytest.raises(ConfigError, match=r"timeslice.tenant.urls\[1\]"):
+        compose("interleave", ['timeslice.tenant.urls=["http://127.0.0.1:8001","ftp://x"]'])

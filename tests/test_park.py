@@ -24,7 +24,7 @@ def _step(model, optim, i: int) -> float:
     loss = (model(x) * model.scale).pow(2).mean()
     loss.backward()
     optim.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def _state(model, optim) -> list:

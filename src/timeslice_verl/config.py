@@ -98,8 +98,8 @@ class TenantSettings:
     url: str = ""
     """Base URL, e.g. ``http://127.0.0.1:8000``; empty: no tenant (the GPU just idles)."""
     urls: List[str] = field(default_factory=list)
-    """Instead of ``url``: one vLLM per GPU of a multi-GPU trainer (they yield and wake together), e.g.
-    ``timeslice.tenant.urls='[http://127.0.0.1:8001,http://127.0.0.1:8002]'``."""
+    """One vLLM per GPU of a multi-GPU trainer, yielding and waking together; when set it replaces ``url``,
+    e.g. ``'timeslice.tenant.urls=["http://127.0.0.1:8001","http://127.0.0.1:8002"]'``."""
     sleep_level: int = 1
     """vLLM sleep level: 1 keeps weights in host RAM (fast wake), 2 drops them."""
     pause_mode: PauseMode = PauseMode["wait"]
@@ -248,10 +248,8 @@ def _check_values(settings: TimesliceSettings) -> None:
     for i, each in enumerate(settings.tenant.urls):
         if not valid_url(each) or "," in each:
             raise ConfigError(_full_key(f"tenant.urls[{i}]"), f"{each!r} is not an http(s) URL")
-    if settings.tenant.urls:
-        if settings.tenant.url and settings.tenant.url.split(",") != list(settings.tenant.urls):
-            raise ConfigError(_full_key("tenant.urls"), "set tenant.url or tenant.urls, not both")
-        settings.tenant.url = ",".join(settings.tenant.urls)  # what the agent's protocol carries
+    if settings.tenant.urls:  # replaces url (the options set a default one): the agent's protocol carries them joined
+        settings.tenant.url = ",".join(u.rstrip("/") for u in settings.tenant.urls)
     url = settings.tenant.url
     if url and not valid_url(url):
         raise ConfigError(_full_key("tenant.url"), f"{url!r} is not an http(s) URL")

@@ -28,7 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from typing import Any
 
 from timeslice_verl.agent.client import AgentClient, AgentError
@@ -36,6 +35,7 @@ from timeslice_verl.config import TimesliceSettings, socket_path
 from timeslice_verl.events import Event, HandoffEvent, RolloutEvent, Transition
 from timeslice_verl.hookspecs import hookimpl
 from timeslice_verl.log import get_logger
+from timeslice_verl.plugins.prepare import PreparePlanner
 
 log = get_logger("handoff")
 
@@ -49,41 +49,6 @@ def summarize(reports: list[dict[str, Any]]) -> dict[str, int]:
         total["reserved_after"] += int(r.get("reserved_after", 0))
         total["cupy_freed"] += int(r.get("cupy_before", 0)) - int(r.get("cupy_after", 0))
     return total
-
-
-class PreparePlanner:
-    """When to send ``prepare`` after a release, so the restore overlaps the end of the queue wait.
-
-    The next batch is expected after the shortest of the recent queue waits (conservative: the
-    trainer must not wait for its restore); the restore is expected to take ``lead_s`` if set,
-    else the last measured restore (plus the tenant's yield) with a 20 % margin. Prepare fires at
-    ``expected wait - expected restore`` after the release; with no history, not at all.
-    """
-
-    def __init__(self, lead_s: float = 0.0, history: int = 5) -> None:
-        self.lead_s = lead_s
-        self.waits: deque[float] = deque(maxlen=history)
-        self.restore_s: float | None = None
-
-    def observe_wait(self, seconds: float) -> None:
-        if seconds >= 0:
-            self.waits.append(seconds)
-
-    def observe_restore(self, seconds: float) -> None:
-        if seconds > 0:
-            self.restore_s = seconds
-
-    def lead(self) -> float | None:
-        if self.lead_s > 0:
-            return self.lead_s
-        return None if self.restore_s is None else self.restore_s * 1.2
-
-    def delay(self) -> float | None:
-        """Seconds from a release to the prepare; None when there is nothing to go on yet."""
-        lead = self.lead()
-        if lead is None or not self.waits:
-            return None
-        return max(0.0, min(self.waits) - lead)
 
 
 class AgentPlugin:
