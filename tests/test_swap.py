@@ -24,9 +24,10 @@ GIB = 2**30
 class FakeWorkers:
     """verl's worker groups as the agent plugin sees them (``lifecycle.workers``), one rank."""
 
-    def __init__(self, pid: int, *, fail_park: bool = False) -> None:
+    def __init__(self, pid: int, *, fail_park: bool = False, fail_unpark: int = 0) -> None:
         self.pid = pid
         self.fail_park = fail_park
+        self.fail_unpark = fail_unpark
         self.calls: list[tuple[str, float, bool]] = []
         """(method, time, whether the worker process was stopped at that moment)."""
         self.parked = False
@@ -50,14 +51,17 @@ class FakeWorkers:
 
     def park(self) -> list[dict]:
         self._log("park")
+        self.parked = True  # as far as the ranks that got to it are concerned
         if self.fail_park:
-            raise RuntimeError("rank 0: park: CUDA error: out of memory")
-        self.parked = True
+            raise RuntimeError("rank 1: park: CUDA error: out of memory")
         return [{"pid": self.pid, "parked": GIB, "kept": 0, "seconds": 0.02}]
 
     def unpark(self) -> list[dict]:
         self._log("unpark")
         assert not stopped(self.pid), "unpark ran while the agent still had the worker frozen"
+        if self.fail_unpark:
+            self.fail_unpark -= 1
+            raise RuntimeError("rank 0: unpark: CUDA error: out of memory")
         self.parked = False
         return [{"pid": self.pid, "parked": GIB, "kept": 0, "seconds": 0.02}]
 
@@ -142,15 +146,17 @@ def test_a_crash_while_parked_gives_the_workers_their_memory_back_and_the_gpu_to
     assert not stopped(worker.pid)
 
 
-def test_a_park_that_fails_keeps_the_gpu_and_parks_nothing(node):
+@pytest.mark.parametrize("fail_unpark", [0, 1])
+def test_a_park_that_fails_keeps_the_gpu_and_leaves_nothing_parked(node, fail_unpark):
     tmp_path, agent, vllm, worker = node
-    workers = FakeWorkers(worker.pid, fail_park=True)
+    workers = FakeWorkers(worker.pid, fail_park=True, fail_unpark=fail_unpark)
     recorder = RecordingPlugin()
     play(lifecycle(tmp_path, agent, workers, "park", recorder), fake_event_sequence(2))
     assert not _freezes(recorder), "the agent was never asked to lend the GPU"
     assert all(e.action != "release" or e.point == "timeslice_stop" for e in recorder.events("handoff"))
     names = [c[0] for c in workers.calls]
-    assert names.count("unpark") >= names.count("park"), "ranks that parked were brought back at once"
+    assert names.count("unpark") >= names.count("park") + fail_unpark, "ranks that parked were brought back"
+    assert not workers.parked, "an unpark that failed is retried before the next step touches the GPU"
 
 
 def test_the_swap_setting_is_checked_and_needs_workers_that_park(tmp_path):

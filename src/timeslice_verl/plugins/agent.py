@@ -159,9 +159,9 @@ class AgentPlugin:
             log.error("[timeslice] job=%s park failed, keeping the GPU for this valley: %s", self.job, exc)
             try:
                 workers.unpark()
-            except Exception as again:
+            except Exception as again:  # the next acquire tries again before the step touches the GPU
+                self.parked = True
                 log.error("[timeslice] job=%s unpark after a failed park failed too: %s", self.job, again)
-                raise
             return None
         self.parked = True
         log.info("[timeslice] job=%s PARK %.2f GiB on %d rank(s) in %.0fms (slowest), kept %.2f GiB",
@@ -207,6 +207,8 @@ class AgentPlugin:
         assert self.client is not None and self.settings is not None
         self._cancel_timer()
         if self.held:
+            if self.parked:  # a park that failed half-way left ranks parked: they need their tensors now
+                self._unpark()
             return
         t0 = time.perf_counter()
         timeout = self.settings.handoff.acquire_timeout_s or None
