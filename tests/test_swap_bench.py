@@ -1,0 +1,46 @@
+"""The multi-GPU swap benchmark's own code path, dry-run on CPU: ``torchrun`` with two ranks (FSDP2 over
+gloo), one agent (CPU test backend) lending to a stand-in vLLM per "GPU", every swap mode, bit-identity
+and loss checks, and the report. On the H200s the same command runs with ``--device cuda``."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from agent_support import AgentProc, FakeVllmProc  # noqa: E402
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "swap.py"
+
+
+def test_two_ranks_one_agent_a_tenant_per_gpu_every_swap_mode(tmp_path, procs):
+    tenants = [FakeVllmProc(), FakeVllmProc()]
+    procs.extend(tenants)
+    urls = ",".join(f'"{t.url}"' for t in tenants)
+    agent = AgentProc(tmp_path, extra=(f"timeslice.tenant.urls=[{urls}]",)).start()
+    procs.append(agent)
+    env = {k: v for k, v in os.environ.items() if k != "TIMESLICE_JOB"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", port, str(BENCH),
+         "--device", "cpu", "--socket", str(agent.socket), "--job", "dry", "--tenants", ",".join(t.url for t in tenants),
+         "--clients", "1", "--prepare", "no", "--cycles", "3", "--valley", "0.3", "--warmup-valley", "0.3",
+         "--width", "64", "--depth", "2", "--batch", "16", "--micro", "1", "--verify", "--out", str(tmp_path / "out")],
+        env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:] + agent.log()[-2000:]
+    ranks = json.loads((tmp_path / "out" / "swap.json").read_text())["ranks"]
+    assert len(ranks) == 2 and [p["mode"] for p in ranks[0]["phases"]] == ["checkpoint", "park", "park+checkpoint"]
+    rows = json.loads((tmp_path / "out" / "rows.json").read_text())
+    assert all(r["losses_as_solo"] and r["bit_identical"] and r["p6"] == 0 for r in rows), rows
+    assert all(r["served"] > 0 for r in rows), "both tenants served in the valleys"
+    assert (tmp_path / "out" / "swap.md").read_text().count("| park") == 2
