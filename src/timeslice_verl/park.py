@@ -181,7 +181,8 @@ class Parker:
     def estimate(self) -> int:
         """Bytes a park will need once training has run: today's storages, plus gradients not yet
         created, plus Adam-family optimizer state not yet created."""
-        total = sum(n for _, n in self.storages()) + ALIGN * len(self.storages())
+        present = self.storages()
+        total = sum(n for _, n in present) + ALIGN * len(present)
         for ref in self._modules:
             module = ref()
             if module is None:
