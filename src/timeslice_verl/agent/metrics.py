@@ -39,7 +39,9 @@ class AgentMetrics:
             action = data["action"]
             self.transitions.labels(action=action, ok=str(bool(data["ok"])).lower()).inc()
             self.transition_seconds.labels(action=action).observe(max(0.0, data["end"] - data["start"]))
-            if data.get("bytes"):
+            phases = data.get("phases") or {}
+            moving = phases.get("checkpoint" if action == "freeze" else "restore", 1.0)
+            if data.get("bytes") and moving > 0:  # a lock after a park moves nothing: its bytes stayed on the GPU
                 self.transition_bytes.labels(action=action).inc(data["bytes"])
         elif kind == "acquire":
             self.acquire_wait.labels(job=data["job"]).observe(data["waited_s"])

@@ -6,7 +6,8 @@ Prometheus endpoint (``timeslice.agent.metrics_port``) covers the node-level vie
 
 Keys (prefix ``timeslice.metrics.prefix``, default ``timeslice/``): ``acquire_wait_s``,
 ``restore_s``, ``restore_gbps``, ``freeze_s``, ``freeze_gbps``, ``frozen_gib``,
-``tenant_yield_s``, ``tenant_reclaim_s``, ``handoffs``.
+``tenant_yield_s``, ``tenant_reclaim_s``, ``handoffs``; with a park swap mode also ``park_s``,
+``unpark_s`` and ``parked_gib``.
 """
 
 from __future__ import annotations
@@ -40,10 +41,17 @@ class MetricsPlugin:
             if key is None:
                 continue
             out[f"{key}_s"] = out.get(f"{key}_s", 0.0) + t.seconds
-            if t.action in ("thaw", "freeze") and t.bytes and t.seconds > 0:
-                out[f"{key}_gbps"] = t.bytes / 1e9 / t.seconds
+            if t.action not in ("thaw", "freeze"):
+                continue
+            # the driver's byte-moving step; 0 after a park, where the agent only locked and unlocked
+            moving = t.phases.get("checkpoint" if t.action == "freeze" else "restore", t.seconds)
+            if t.bytes and moving > 0:
+                out[f"{key}_gbps"] = t.bytes / 1e9 / moving
             if t.action == "freeze":
-                out["frozen_gib"] = t.bytes / 2**30
+                out["frozen_gib"] = t.bytes / 2**30 if moving > 0 else 0.0
+        if event.parked_bytes:
+            out["park_s" if event.action in ("release", "crash_release") else "unpark_s"] = event.park_s
+            out["parked_gib"] = event.parked_bytes / 2**30
         return out
 
     @hookimpl
