@@ -171,7 +171,10 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "acquire_wait_ms": {f"p{q}": ms(percentile(waits, q)) for q in (50, 90, 99)} | {"max": ms(max(waits) if waits else None)},
         "restore_ms": {"p50": ms(percentile(restores, 50)), "max": ms(max(restores) if restores else None)},
         "freeze_ms": {"p50": ms(percentile(freezes, 50)), "max": ms(max(freezes) if freezes else None)},
-        "frozen_gib_max": round(max((t.get("bytes", 0) for t in trans if t["action"] == "freeze"), default=0) / 2**30, 3),
+        "frozen_gib_max": round(max((t.get("bytes", 0) for t in trans if t["action"] == "freeze"
+                                     and (t.get("phases") or {}).get("checkpoint", 1.0) > 0), default=0) / 2**30, 3),
+        "parked_gib_max": round(max((r.get("parked_bytes", 0) for r in records if r.get("hook") == "handoff"), default=0)
+                                / 2**30, 3),
     }
 
 

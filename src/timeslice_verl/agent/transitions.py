@@ -109,6 +109,8 @@ class TransitionsMixin:
         if job.swap != "checkpoint":
             detail += f", {job.swap}: workers parked {job.parked_bytes / 2**30:.2f} GiB" + (", locked only" if lock_only else "")
         phases = {"lock": report.lock_s, "checkpoint": report.checkpoint_s}
+        if report.check_s:
+            phases["check"] = report.check_s
         self._record("freeze", job.name, start, True, report.bytes, detail, phases, left=report.residual_bytes)
         log.info(
             "freeze: job %s pids %s %.2f GiB in %.3f s (lock %.1f ms, checkpoint %.3f s)",

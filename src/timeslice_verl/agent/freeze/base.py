@@ -94,6 +94,8 @@ class FreezeReport:
     """GPU bytes the processes used before the freeze (NVML; 0 without it)."""
     residual_bytes: int = 0
     lock_s: float = 0.0
+    check_s: float = 0.0
+    """The NVML footprint check after a park's lock."""
     checkpoint_s: float = 0.0
     total_s: float = 0.0
 
@@ -114,7 +116,7 @@ class ThawReport:
 
     @property
     def gb_per_s(self) -> float:
-        return _gb_per_s(self.bytes, self.restore_s)
+        return _gb_per_s(self.bytes, self.restore_s) if self.restored else 0.0  # an unlock moves nothing
 
 
 class TrainerBackend:
@@ -232,10 +234,12 @@ class TrainerBackend:
             report.lock_s = t1 - t0
             if limits is not None:
                 self._check_footprint(pids, limits)
+                report.check_s = time.perf_counter() - t1
+                t1 += report.check_s
             for pid in ([] if lock_only else pids):
                 self._timed("checkpoint", pid, lambda pid=pid: self.primitives.checkpoint(pid))
                 checkpointed.append(pid)
-            report.checkpoint_s = time.perf_counter() - t1
+            report.checkpoint_s = 0.0 if lock_only else time.perf_counter() - t1
         except Exception as exc:
             problems = self._unwind(locked, checkpointed)
             if problems:
