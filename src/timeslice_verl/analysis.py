@@ -192,7 +192,7 @@ def render_summary(s: dict[str, Any]) -> str:
         f"  swapping               {s['swapping_fraction'] * 100:5.1f} %",
         f"  acquire wait ms        p50 {fmt(w['p50'])}  p90 {fmt(w['p90'])}  p99 {fmt(w['p99'])}  max {fmt(w['max'])}",
         f"  restore ms p50 {fmt(s['restore_ms']['p50'])} · freeze ms p50 {fmt(s['freeze_ms']['p50'])} · "
-        f"frozen up to {s['frozen_gib_max']:.2f} GiB",
+        f"frozen up to {s['frozen_gib_max']:.2f} GiB" + (f" · parked up to {s['parked_gib_max']:.2f} GiB" if s.get("parked_gib_max") else ""),
         f"  handoffs {s['handoffs']} · transitions {s['transitions']} · failed {s['failed_transitions']}",
     ])
 
