@@ -213,15 +213,15 @@ def test_run_ppo_is_wrapped_by_the_preflight():
 
 
 @needs_verl
-def test_verl_workers_get_the_release_caches_method_on_every_rank():
+def test_verl_workers_get_the_release_caches_and_park_methods_on_every_rank():
     from verl.single_controller.base.decorator import MAGIC_ATTR, Dispatch
     from verl.single_controller.base.worker import Worker
     from verl.single_controller.ray.base import _bind_workers_method_to_parent
 
-    from timeslice_verl.adapters.workers import RELEASE_CACHES, release_caches_here
+    from timeslice_verl.adapters.workers import PARK, PARK_RESERVE, RELEASE_CACHES, UNPARK, release_caches_here
 
-    method = getattr(Worker, RELEASE_CACHES)
-    assert getattr(method, MAGIC_ATTR)["dispatch_mode"] == Dispatch.ONE_TO_ALL
+    for name in (RELEASE_CACHES, PARK_RESERVE, PARK, UNPARK):
+        assert getattr(getattr(Worker, name), MAGIC_ATTR)["dispatch_mode"] == Dispatch.ONE_TO_ALL, name
 
     class Colocated:  # what create_colocated_worker_cls builds: role-prefixed copies of registered methods
         pass
@@ -230,6 +230,6 @@ def test_verl_workers_get_the_release_caches_method_on_every_rank():
         pass
 
     _bind_workers_method_to_parent(Colocated, "actor", ActorWorker)
-    assert hasattr(Colocated, f"actor_{RELEASE_CACHES}")
+    assert all(hasattr(Colocated, f"actor_{name}") for name in (RELEASE_CACHES, PARK_RESERVE, PARK, UNPARK))
     report = release_caches_here()
     assert report["pid"] == os.getpid() and "live_before" not in report  # no CUDA here: nothing to free

@@ -68,7 +68,14 @@ def _worker_release_caches(self: Any) -> dict[str, Any]:  # bound to verl's Work
 def _worker_park(self: Any) -> dict[str, Any]:  # bound to verl's Worker
     from timeslice_verl.park import parker
 
-    return {**parker().park().to_dict(), "host": socket.gethostname()}
+    report = {**parker().park().to_dict(), "host": socket.gethostname()}
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:  # verl's NCCL weight-sync buffers come from cupy's pool, not torch's: free its idle blocks too
+        pool = cupy.get_default_memory_pool()
+        before = int(pool.total_bytes())
+        pool.free_all_blocks()
+        report["cupy_freed"] = before - int(pool.total_bytes())
+    return report
 
 
 def _worker_unpark(self: Any) -> dict[str, Any]:
