@@ -158,3 +158,13 @@ class FakeVllmProc:
         self.proc.wait(10)
         if self.proc.stdout:
             self.proc.stdout.close()
+
+
+def agent_with_a_tenant_per_gpu(tmp: Path, procs: list, gpus: int = 2) -> tuple[AgentProc, list[FakeVllmProc]]:
+    """One agent (CPU test backend) lending to a stand-in vLLM per "GPU" (``timeslice.tenant.urls``)."""
+    tenants = [FakeVllmProc() for _ in range(gpus)]
+    procs.extend(tenants)
+    urls = ",".join(f'"{t.url}"' for t in tenants)
+    agent = AgentProc(tmp, extra=(f"timeslice.tenant.urls=[{urls}]",)).start()
+    procs.append(agent)
+    return agent, tenants

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker, stopped
+from agent_support import AgentProc, FakeVllmProc, agent_with_a_tenant_per_gpu, eventually, spawn_worker, stopped
 from timeslice_verl import hookimpl
 from timeslice_verl.agent.client import AgentError
 from timeslice_verl.config import ConfigError, compose
@@ -186,11 +186,7 @@ def test_the_agent_checks_what_a_park_release_carries(agent):
 
 
 def test_one_agent_puts_a_tenant_per_gpu_to_sleep_and_wakes_them_together(tmp_path, procs):
-    tenants = [FakeVllmProc(), FakeVllmProc()]
-    procs.extend(tenants)
-    urls = ",".join(f'"{t.url}"' for t in tenants)
-    agent = AgentProc(tmp_path, extra=(f"timeslice.tenant.urls=[{urls}]",)).start()
-    procs.append(agent)
+    agent, tenants = agent_with_a_tenant_per_gpu(tmp_path, procs)
     assert agent.status()["tenant"]["url"] == ",".join(t.url for t in tenants)
     with agent.client() as c:
         c.acquire("two-gpus")

@@ -15,17 +15,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from agent_support import AgentProc, FakeVllmProc  # noqa: E402
+from agent_support import agent_with_a_tenant_per_gpu  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "swap.py"
 
 
 def test_two_ranks_one_agent_a_tenant_per_gpu_every_swap_mode(tmp_path, procs):
-    tenants = [FakeVllmProc(), FakeVllmProc()]
-    procs.extend(tenants)
-    urls = ",".join(f'"{t.url}"' for t in tenants)
-    agent = AgentProc(tmp_path, extra=(f"timeslice.tenant.urls=[{urls}]",)).start()
-    procs.append(agent)
+    agent, tenants = agent_with_a_tenant_per_gpu(tmp_path, procs)
     env = {k: v for k, v in os.environ.items() if k != "TIMESLICE_JOB"}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
