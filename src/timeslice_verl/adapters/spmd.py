@@ -22,12 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from timeslice_verl.agent.client import AgentClient, AgentError
+from timeslice_verl.agent.protocol import SWAP_MODES
 from timeslice_verl.log import get_logger
 from timeslice_verl.park import Parker, parker
 
 log = get_logger("adapter.spmd")
-
-SWAPS = ("checkpoint", "park", "park+checkpoint")
 
 
 class RankLost(RuntimeError):
@@ -58,8 +57,8 @@ class RankHandoff:
         self, job: str, socket_path: str, *, swap: str = "park", group: Any = None, node: str | None = None,
         acquire_timeout_s: float | None = None, park: Parker | None = None,
     ) -> None:
-        if swap not in SWAPS:
-            raise ValueError(f"swap {swap!r} is not one of {', '.join(SWAPS)}")
+        if swap not in SWAP_MODES:
+            raise ValueError(f"swap {swap!r} is not one of {', '.join(SWAP_MODES)}")
         self.job, self.socket_path, self.swap, self.group = job, socket_path, swap, group
         self.node = node or socket.gethostname()
         self.acquire_timeout_s = acquire_timeout_s

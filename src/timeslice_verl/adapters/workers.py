@@ -65,10 +65,15 @@ def _worker_release_caches(self: Any) -> dict[str, Any]:  # bound to verl's Work
     return release_caches_here()
 
 
-def _worker_park(self: Any) -> dict[str, Any]:  # bound to verl's Worker
+def _parker_here(action: str) -> dict[str, Any]:
+    """This process's parker does ``action`` (``reserve``, ``park``, ``unpark``); its report, with the host."""
     from timeslice_verl.park import parker
 
-    report = {**parker().park().to_dict(), "host": socket.gethostname()}
+    return {**getattr(parker(), action)().to_dict(), "host": socket.gethostname()}
+
+
+def _worker_park(self: Any) -> dict[str, Any]:  # bound to verl's Worker
+    report = _parker_here("park")
     cupy = sys.modules.get("cupy")
     if cupy is not None:  # verl's NCCL weight-sync buffers come from cupy's pool, not torch's: free its idle blocks too
         pool = cupy.get_default_memory_pool()
@@ -79,15 +84,11 @@ def _worker_park(self: Any) -> dict[str, Any]:  # bound to verl's Worker
 
 
 def _worker_unpark(self: Any) -> dict[str, Any]:
-    from timeslice_verl.park import parker
-
-    return {**parker().unpark().to_dict(), "host": socket.gethostname()}
+    return _parker_here("unpark")
 
 
 def _worker_park_reserve(self: Any) -> dict[str, Any]:
-    from timeslice_verl.park import parker
-
-    return {**parker().reserve().to_dict(), "host": socket.gethostname()}
+    return _parker_here("reserve")
 
 
 _METHODS = {RELEASE_CACHES: _worker_release_caches, PARK: _worker_park, UNPARK: _worker_unpark,

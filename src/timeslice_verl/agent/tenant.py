@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import split_urls
 
 log = get_logger("agent.tenant")
 
@@ -246,5 +247,5 @@ class TenantGroup:
 
 def make_tenant(url: str, **kwargs: Any) -> VllmTenant | TenantGroup:
     """One server, or a group for a comma-separated list of URLs."""
-    urls = [u.strip() for u in url.split(",")]
+    urls = split_urls(url)
     return VllmTenant(urls[0], **kwargs) if len(urls) == 1 else TenantGroup(urls, **kwargs)

@@ -35,6 +35,7 @@ from timeslice_verl.config import TimesliceSettings, socket_path
 from timeslice_verl.events import Event, HandoffEvent, RolloutEvent, Transition
 from timeslice_verl.hookspecs import hookimpl
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import split_urls
 from timeslice_verl.plugins.prepare import PreparePlanner
 
 log = get_logger("handoff")
@@ -106,7 +107,7 @@ class AgentPlugin:
             f"timeslice.agent.socket={socket_path(s)}",
             f"timeslice.agent.backend={s.agent.backend}",
             f"timeslice.agent.gpus=[{','.join(map(str, s.agent.gpus))}]",
-            "timeslice.tenant.urls=[" + ",".join(f'"{u}"' for u in s.tenant.url.split(",") if u) + "]",
+            "timeslice.tenant.urls=[" + ",".join(f'"{u}"' for u in split_urls(s.tenant.url) if u) + "]",
         ]
         log_path = socket_path(s).with_name("agent.log")
         socket_path(s).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
