@@ -2,7 +2,8 @@
 
 The order follows the CUDA checkpoint API's rules: **lock all, then checkpoint all** (no process
 of the job makes CUDA calls while another one is being checkpointed, so NCCL peers do not wait on
-a frozen partner) and **restore all, then unlock all**. Every primitive call has a timeout. A
+a frozen partner) and **restore all, then unlock all**. Locks and unlocks go one process at a time
+(milliseconds); checkpoints and restores of a job's processes run side by side (seconds each). Every primitive call has a timeout. A
 failure part-way is unwound — restore what was checkpointed, unlock what was locked — so the job
 ends either fully frozen or fully running; only when unwinding fails too is the error marked as
 leaving the job inconsistent. GPU memory is read through NVML before and after each freeze/thaw
@@ -172,16 +173,43 @@ class TrainerBackend:
         """Record who each pid is (its start time), checked again before every driver call."""
         self._ident = {pid: (identities or {}).get(pid, procfs.start_time(pid)) for pid in pids}
 
-    def _timed(self, what: str, pid: int, fn: Callable[[], None]) -> None:
+    def _submit(self, what: str, pid: int, fn: Callable[[], None]) -> concurrent.futures.Future:
         expected = self._ident.get(pid)
         if expected is not None and procfs.start_time(pid) != expected:
             raise ProcessLookupError(f"pid {pid} is no longer the process the agent recorded (it exited or the pid "
                                      f"was reused): no {self.name} {what}")
-        future = self._pool.submit(fn)
+        return self._pool.submit(fn)
+
+    def _timeout(self, what: str, pid: int) -> DriverTimeout:
+        return DriverTimeout(f"{self.name} {what} of pid {pid} did not return within {self.timeout_s:g} s")
+
+    def _timed(self, what: str, pid: int, fn: Callable[[], None]) -> None:
         try:
-            future.result(timeout=self.timeout_s)
+            self._submit(what, pid, fn).result(timeout=self.timeout_s)
         except concurrent.futures.TimeoutError:
-            raise DriverTimeout(f"{self.name} {what} of pid {pid} did not return within {self.timeout_s:g} s") from None
+            raise self._timeout(what, pid) from None
+
+    def _each(self, what: str, pids: list[int], call: Callable[[int], None], done: list[int]) -> None:
+        """``call`` on every pid at once, one driver thread each: ranks on different GPUs move their
+        memory side by side instead of one after the other. ``done`` gets the pids that succeeded (in
+        ``pids`` order) once every call returned or timed out; then the first error is raised."""
+        futures: dict[int, concurrent.futures.Future] = {}
+        error: BaseException | None = None
+        for pid in pids:
+            try:
+                futures[pid] = self._submit(what, pid, lambda pid=pid: call(pid))
+            except Exception as exc:
+                error = exc
+                break
+        _, pending = concurrent.futures.wait(list(futures.values()), timeout=self.timeout_s)
+        for pid, future in futures.items():
+            failure = self._timeout(what, pid) if future in pending else future.exception()
+            if failure is None:
+                done.append(pid)
+            elif error is None:
+                error = failure
+        if error is not None:
+            raise error
 
     def _used(self, pids: list[int]) -> int:
         try:
@@ -236,9 +264,8 @@ class TrainerBackend:
                 self._check_footprint(pids, limits)
                 report.check_s = time.perf_counter() - t1
                 t1 += report.check_s
-            for pid in ([] if lock_only else pids):
-                self._timed("checkpoint", pid, lambda pid=pid: self.primitives.checkpoint(pid))
-                checkpointed.append(pid)
+            if not lock_only:
+                self._each("checkpoint", pids, self.primitives.checkpoint, checkpointed)
             report.checkpoint_s = 0.0 if lock_only else time.perf_counter() - t1
         except Exception as exc:
             problems = self._unwind(locked, checkpointed)
@@ -290,10 +317,8 @@ class TrainerBackend:
         t0 = time.perf_counter()
         states = self.states(pids)
         try:
-            for pid in pids:
-                if states[pid] == ProcState.CHECKPOINTED:
-                    self._timed("restore", pid, lambda pid=pid: self.primitives.restore(pid))
-                    report.restored.append(pid)
+            self._each("restore", [p for p in pids if states[p] == ProcState.CHECKPOINTED], self.primitives.restore,
+                       report.restored)
             t1 = time.perf_counter()
             report.restore_s = t1 - t0
             for pid in pids:
