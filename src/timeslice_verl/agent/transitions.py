@@ -22,6 +22,11 @@ from timeslice_verl.log import get_logger
 RESTORE_MEMORY_WAIT_S = 15.0
 
 
+def _durations(phases: dict[str, float]) -> str:
+    """``lock 1.1 ms, checkpoint 1.220 s``: milliseconds under a second, seconds above."""
+    return ", ".join(f"{k} {v * 1e3:.1f} ms" if v < 1 else f"{k} {v:.3f} s" for k, v in phases.items())
+
+
 class ReclaimAbandoned(Exception):
     """A tenant reclaim gave way to a trainer that asked for the GPU."""
 
@@ -112,10 +117,9 @@ class TransitionsMixin:
         if report.check_s:
             phases["check"] = report.check_s
         self._record("freeze", job.name, start, True, report.bytes, detail, phases, left=report.residual_bytes)
-        log.info(
-            "freeze: job %s pids %s %.2f GiB in %.3f s (lock %.1f ms, checkpoint %.3f s)",
-            job.name, pids, report.bytes / 2**30, report.total_s, report.lock_s * 1e3, report.checkpoint_s,
-        )
+        shown = {"lock": report.lock_s, "footprint check": report.check_s} if lock_only else phases
+        log.info("freeze: job %s pids %s %.2f GiB in %.3f s (%s)", job.name, pids, report.bytes / 2**30, report.total_s,
+                 _durations(shown))
         self._persist()
 
     async def _thaw_for(self, job: Job, waiting: bool) -> None:
@@ -152,8 +156,8 @@ class TransitionsMixin:
         detail = f"{len(report.restored)} process(es) restored" + (f", {report.gb_per_s:.2f} GB/s" if report.gb_per_s else "")
         phases = {"restore": report.restore_s, "unlock": report.unlock_s}
         self._record("thaw", job.name, start, True, nbytes, detail, phases)
-        log.info("thaw: job %s pids %s in %.3f s (restore %.3f s, unlock %.1f ms)", job.name, pids, report.total_s,
-                 report.restore_s, report.unlock_s * 1e3)
+        shown = phases if report.restored else {"unlock": report.unlock_s}
+        log.info("thaw: job %s pids %s in %.3f s (%s)", job.name, pids, report.total_s, _durations(shown))
         self._persist()
 
     @staticmethod
@@ -208,7 +212,7 @@ class TransitionsMixin:
         except ReclaimAbandoned as exc:  # the tenant may be half awake: the next step yields it again
             self.tenant_rec.state, self.tenant_rec.error = AWAKE, str(exc)
             self._record(action, self.tenant.url, start, False, detail=str(exc))
-            log.warning("%s", exc)
+            log.info("%s (the valley ended before the tenant was awake)", exc)  # by design: the trainer comes first
             self._persist()
             return None
         except TenantError as exc:
