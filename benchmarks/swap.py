@@ -175,7 +175,8 @@ def main() -> int:
         clients = [BatchClients(u, args.clients, max_tokens=64).start() for u in args.tenants.split(",")]
     h = RankHandoff(args.job, args.socket, swap="park", group=group)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run)"
-    result: dict[str, Any] = {"world": world, "gpu": name, "args": vars(args), "phases": []}
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))  # the ranks one node agent freezes
+    result: dict[str, Any] = {"world": world, "local_world": local_world, "gpu": name, "args": vars(args), "phases": []}
     try:
         solo = StandIn(width=args.width, depth=args.depth, batch=args.batch, micro=args.micro, device=device)
         h.start()  # the leader registers every rank and acquires; every rank pins its host buffer (estimate)

@@ -46,6 +46,8 @@ def _moves(rec: dict[str, Any], action: str) -> list[dict[str, Any]]:
 def summarize(rank0: dict[str, Any], ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     solo_step = statistics.median(rank0["solo"]["step_s"][1:] or rank0["solo"]["step_s"])
     rate = rank0["pinned_rate"]
+    # byte figures are per rank: the node agent's (every rank of the node at once) are divided by its ranks
+    node_ranks = rank0.get("local_world", rank0["world"])
     rows = []
     for i, phase in enumerate(rank0["phases"]):
         steady = phase["cycles"][1:] or phase["cycles"]
@@ -58,14 +60,14 @@ def summarize(rank0: dict[str, Any], ranks: list[dict[str, Any]]) -> list[dict[s
         for c in steady:
             freeze = sum(t["end"] - t["start"] for t in _moves(c, "freeze"))
             thaw = sum(t["end"] - t["start"] for t in _moves(c, "thaw"))
-            checkpointed = sum(t["bytes"] for t in _moves(c, "freeze")) if phase["mode"] != "park" else 0
+            checkpointed = sum(t["bytes"] for t in _moves(c, "freeze")) / node_ranks if phase["mode"] != "park" else 0
             out_s.append(c["park_s"] + freeze)
             back_s.append(thaw + c["unpark_s"])
             moved.append(c["parked"] + checkpointed)
             # the part that moves bytes: the workers' park and the driver's checkpoint (not lock, checks, records)
             copying.append(c["park_s"] + sum(t.get("phases", {}).get("checkpoint", 0.0) for t in _moves(c, "freeze")
                                              if phase["mode"] != "park"))
-        left = [t["left"] for c in steady for t in _moves(c, "freeze") if "left" in t]
+        left = [t["left"] / node_ranks for c in steady for t in _moves(c, "freeze") if "left" in t]
         before, after = phase["load_before"], phase["load_after"]
         failed = (after["aborted"] - before["aborted"]) + (after["errors"] - before["errors"])
         losses_same = all(r["phases"][i]["losses"] == r["solo"]["losses"][: len(r["phases"][i]["losses"])] for r in ranks)
@@ -147,8 +149,8 @@ def report(ranks: list[dict[str, Any]], out: Path, title: str = "") -> str:
             f"copied in this run), valley {args['valley']} s (warm-up cycle {args['warmup_valley']} s, not in the table), "
             f"solo step {statistics.median(rank0['solo']['step_s'][1:]):.3f} s\n\n"
             "swap out = the workers' park + the agent's freeze (lock, checks, checkpoint); back = thaw + unpark; "
-            "moving s = the byte-moving part of swap out (park + driver checkpoint); P3 = moving s / pinned copy s "
-            "of the same bytes; P1 = the trainer's wait at acquire (unpark included); P4 = step / solo step; "
+            "moving s = the byte-moving part of swap out (park + driver checkpoint); moved, live and left on GPU are "
+            "per rank (ranks move their own bytes side by side); P3 = moving s / pinned copy s of the same bytes; P1 = the trainer's wait at acquire (unpark included); P4 = step / solo step; "
             "P5 = vLLM serving time / trainer idle time; P6 = failed or aborted batch requests")
     (out / "swap.md").write_text(f"{head}\n\n{table}\n")
     (out / "rows.json").write_text(json.dumps(rows, indent=1))
