@@ -3,8 +3,10 @@
 #   one   GPU 0: a vLLM tenant, the agent, the single-process stand-in trainer (25 s valleys, every swap mode,
 #         with and without prepare) — what produced benchmarks/results/2026-11-30-h200-swap/
 #   two   GPUs 0 and 1: a vLLM per GPU, one agent for both (tenant.urls), the 2-rank FSDP2 stand-in under
-#         torchrun, 20 handoffs per swap mode, bit-identity checked — not run on GPUs yet (issue 14)
-# usage: MODEL=dir OUT=dir bash benchmarks/swap_run.sh one|two      env: PYTHON (python3), TENANT_UTIL (0.35)
+#         torchrun, 20 handoffs per swap mode, bit-identity checked — what produced
+#         benchmarks/results/2026-11-30-h200x2-multigpu/
+# usage: MODEL=dir OUT=dir bash benchmarks/swap_run.sh one|two
+# env: PYTHON (python3), TENANT_UTIL (0.35); for two: VALLEY (1.0 s), MODES (checkpoint,park,park+checkpoint)
 set -uo pipefail
 MODE=${1:?one or two}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -36,7 +38,7 @@ elif [ "$MODE" = two ]; then
   pids+=($!); sleep 3
   NCCL_P2P_DISABLE=1 NCCL_CUMEM_ENABLE=0 NCCL_NVLS_ENABLE=0 TIMESLICE_JOB=mgpu "$PY" -m torch.distributed.run \
     --nproc-per-node 2 "$HERE/swap.py" --socket "$SOCK" --job mgpu --tenants http://127.0.0.1:8001,http://127.0.0.1:8002 \
-    --clients 4 --prepare no --cycles 20 --valley 1.0 --warmup-valley 1.0 --width 4096 --depth 6 --batch 2048 --micro 2 \
+    --clients 4 --modes "${MODES:-checkpoint,park,park+checkpoint}" --prepare no --cycles 20 --valley "${VALLEY:-1.0}" --warmup-valley 1.0 --width 4096 --depth 6 --batch 2048 --micro 2 \
     --verify --out "$OUT" --title "2-rank FSDP2 stand-in, a vLLM per GPU ($(date -u +%F))" 2>&1 | grep -v "HTTP Request" | tee "$OUT/bench.log"
 else
   echo "unknown mode $MODE (one, two)" >&2; exit 2
