@@ -193,7 +193,24 @@ def test_one_agent_puts_a_tenant_per_gpu_to_sleep_and_wakes_them_together(tmp_pa
         assert all(t.sleeping() for t in tenants)
         c.release("two-gpus", wait=True)
         eventually(lambda: not any(t.sleeping() for t in tenants), what="both tenants awake")
-    tenants[1].stop()  # one server dies: the group is dead or faulted, and a trainer is never kept waiting
+
+
+def test_a_dead_server_never_leaves_its_peers_asleep_and_rejoins_the_group_when_back(tmp_path, procs):
+    agent, tenants = agent_with_a_tenant_per_gpu(tmp_path, procs)
+    port = tenants[1].url.rsplit(":", 1)[1]
+    tenants[1].stop()  # one server dies: the other still yields and wakes, a trainer is never kept waiting
     with agent.client() as c:
         c.acquire("two-gpus", timeout_s=30)
         assert tenants[0].sleeping()
+        c.release("two-gpus")
+        eventually(lambda: not tenants[0].sleeping(), timeout=10, what="the live server woken although its peer is dead")
+        assert tenants[1].url in agent.status()["tenant"]["error"]
+        c.acquire("two-gpus", timeout_s=30)
+        assert tenants[0].sleeping()
+        back = FakeVllmProc("--port", port)  # restarted, awake, on a GPU the trainer holds
+        procs.append(back)
+        eventually(back.sleeping, timeout=15, what="the restarted server put to sleep with its group")
+        assert agent.status()["tenant"]["error"] == ""
+        c.release("two-gpus")
+        eventually(lambda: not tenants[0].sleeping() and not back.sleeping(), timeout=10, what="both awake again")
+    assert "answers again and follows the group: asleep" in agent.log()

@@ -10,7 +10,7 @@ import pytest
 
 from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker
 from timeslice_verl.agent.client import AgentError
-from timeslice_verl.agent.tenant import ASLEEP, AWAKE, TenantDead, TenantError, VllmTenant
+from timeslice_verl.agent.tenant import ASLEEP, AWAKE, TenantDead, TenantError, TenantGroup, VllmTenant
 from timeslice_verl.testing.fake_vllm import FakeVllmServer
 
 
@@ -98,6 +98,47 @@ def test_dev_mode_off_is_a_clear_error():
 def test_unreachable_server_is_dead():
     with pytest.raises(TenantDead, match="does not answer"):
         run(_with_tenant("http://127.0.0.1:9", lambda t: t.register()))
+
+
+@pytest.mark.parametrize(
+    ("members", "outcome", "left_out"),
+    [
+        (["ok", "ok"], None, 0),                  # both move
+        (["ok", "dead"], None, 1),                # the live one moves, the dead one is left out and named
+        (["dead", "dead"], TenantDead, 2),        # none answers: the group is dead
+        (["ok", "no-dev-mode"], TenantError, 0),  # a server that answers wrongly fails the move (faulted)
+        (["no-dev-mode", "dead"], TenantError, 1),
+    ],
+)
+def test_a_group_moves_the_servers_that_answer(members, outcome, left_out):
+    servers = {"ok": lambda: FakeVllmServer().start(), "no-dev-mode": lambda: FakeVllmServer(dev_mode=False).start()}
+    started = [servers[m]() if m in servers else None for m in members]
+    dead_urls = ["http://127.0.0.1:9", "http://127.0.0.1:1"]
+    urls = [srv.url if srv else dead_urls.pop() for srv in started]
+
+    async def scenario():
+        group = TenantGroup(urls, request_timeout_s=5)
+        try:
+            if outcome is not None:
+                with pytest.raises(outcome):
+                    await group.register()
+                return group.dead
+            await group.register()
+            await group.yield_gpu()
+            assert group.state == ASLEEP and all(srv.engine.sleeping for srv in started if srv)
+            await group.reclaim()
+            assert group.state == AWAKE and not any(srv.engine.sleeping for srv in started if srv)
+            assert group.note == ("not answering, left out: http://127.0.0.1:1" if left_out else "")
+            return group.dead
+        finally:
+            await group.close()
+
+    try:
+        assert len(run(scenario())) == left_out
+    finally:
+        for srv in started:
+            if srv:
+                srv.stop()
 
 
 def test_agent_with_an_old_crash_prone_vllm_never_crashes_it(tmp_path):

@@ -44,7 +44,8 @@ class TenancyMixin:
                 await tenant.close()
             raise ProtocolError(ErrorCode.TENANT, str(exc)) from None
         self.tenant = tenant
-        self.tenant_rec = TenantRecord(url=tenant.url, state=tenant.state, version=info.version, sleep_level=sleep_level)
+        self.tenant_rec = TenantRecord(url=tenant.url, state=tenant.state, version=info.version, sleep_level=sleep_level,
+                                       error=tenant.note)
         if persist:
             self._persist()
         self.wake()

@@ -20,7 +20,7 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import httpx
 
@@ -77,6 +77,9 @@ class VllmTenant:
     @property
     def url(self) -> str:
         return self.info.url
+
+    note = ""
+    """What is wrong while moves still succeed (a group's left-out servers); shown as the tenant's error."""
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -197,52 +200,95 @@ class VllmTenant:
 class TenantGroup:
     """Several vLLM servers (one per GPU of a multi-GPU trainer) that yield and wake together.
 
-    Same interface as :class:`VllmTenant`; each move runs on every server at once and fails if any
-    server fails (the group is then faulted, and the next reclaim wakes every server again: waking an
-    awake vLLM is harmless).
+    Same interface as :class:`VllmTenant`; each move runs on every server at once. A server that does
+    not answer (:class:`TenantDead`) is left out — like a single dead tenant it holds nothing the agent
+    could hand over — and the others still move, so one dead vLLM never leaves its peers asleep; the
+    group is dead only when none answers. Any other failure fails the move (the group is faulted, and
+    the next reclaim wakes every server: waking an awake vLLM is harmless). :meth:`revive` brings a
+    server that answers again into the group's state (a restarted vLLM comes up awake, on a GPU the
+    trainer may hold).
     """
 
     def __init__(self, urls: list[str], **kwargs: Any) -> None:
         self.members = [VllmTenant(u, **kwargs) for u in urls]
         self.info = TenantInfo(url=",".join(m.url for m in self.members), sleep_level=self.members[0].info.sleep_level)
         self.state = AWAKE
+        self.dead: set[str] = set()
+        """URLs of the servers that did not answer the last move."""
 
     @property
     def url(self) -> str:
         return self.info.url
 
-    async def _all(self, calls: list[Any]) -> list[Any]:
-        results = await asyncio.gather(*calls, return_exceptions=True)
+    @property
+    def note(self) -> str:
+        return f"not answering, left out: {', '.join(sorted(self.dead))}" if self.dead else ""
+
+    async def _each(self, move: str, call: Callable[[VllmTenant], Awaitable[Any]]) -> list[Any]:
+        """``call`` on every server at once; the dead are left out (and noted), all dead is TenantDead."""
+        results = await asyncio.gather(*(call(m) for m in self.members), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            dead = all(isinstance(e, TenantDead) for e in errors)
-            raise (TenantDead if dead else TenantError)("; ".join(str(e) for e in errors))
-        return results
+        dead = {m.url for m, r in zip(self.members, results) if isinstance(r, TenantDead)}
+        if all(isinstance(r, TenantDead) for r in results):
+            self.dead = dead
+            raise TenantDead("; ".join(str(e) for e in errors))
+        others = [e for e in errors if not isinstance(e, TenantDead)]
+        if others:
+            self.dead |= dead
+            raise TenantError("; ".join(str(e) for e in others))
+        if dead - self.dead:
+            log.warning("%s: vLLM at %s does not answer; the group moves without it until it does", move,
+                        ", ".join(sorted(dead - self.dead)))
+        self.dead = dead
+        return [r for r in results if not isinstance(r, BaseException)]
 
     async def close(self) -> None:
         await asyncio.gather(*(m.close() for m in self.members), return_exceptions=True)
 
     async def register(self) -> TenantInfo:
-        infos = await self._all([m.register() for m in self.members])
+        infos = await self._each("register", lambda m: m.register())
+        live = [m for m in self.members if m.url not in self.dead]
         self.info.version = ",".join(sorted({i.version for i in infos}))
         self.info.pause = "wait" if all(i.pause == "wait" for i in infos) else "drain"
-        self.state = ASLEEP if any(m.state == ASLEEP for m in self.members) else AWAKE
+        self.state = ASLEEP if any(m.state == ASLEEP for m in live) else AWAKE
         return self.info
 
     async def alive(self) -> bool:
-        return all(await asyncio.gather(*(m.alive() for m in self.members)))
+        return any(await asyncio.gather(*(m.alive() for m in self.members)))
 
     async def yield_gpu(self) -> float:
         t0 = time.perf_counter()
-        await self._all([m.yield_gpu() for m in self.members])
+        await self._each("yield", lambda m: m.yield_gpu())
         self.state = ASLEEP
         return time.perf_counter() - t0
 
     async def reclaim(self) -> float:
         t0 = time.perf_counter()
-        await self._all([m.reclaim() for m in self.members])
+        await self._each("reclaim", lambda m: m.reclaim())
         self.state = AWAKE
         return time.perf_counter() - t0
+
+    async def revive(self) -> list[str]:
+        """Bring each left-out server that answers again into the group's state; the URLs that rejoined.
+
+        Run it while no other move runs (the agent holds its step lock)."""
+        back = []
+        for m in [m for m in self.members if m.url in self.dead]:
+            if not await m.alive():
+                continue
+            try:
+                await m.register()
+                if self.state == ASLEEP and m.state == AWAKE:
+                    await m.yield_gpu()
+                elif self.state == AWAKE and m.state == ASLEEP:
+                    await m.reclaim()
+            except TenantError as exc:
+                log.warning("vLLM at %s answers again but could not join the group (%s): %s", m.url, self.state, exc)
+                continue
+            self.dead.discard(m.url)
+            back.append(m.url)
+            log.info("vLLM at %s answers again and follows the group: %s", m.url, self.state)
+        return back
 
 
 def make_tenant(url: str, **kwargs: Any) -> VllmTenant | TenantGroup:

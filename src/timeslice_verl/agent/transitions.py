@@ -237,7 +237,7 @@ class TransitionsMixin:
             return
         if self.probe is not None:
             self.tenant_bytes = max(0, self.probe.memory().free - free_before)
-        self.tenant_rec.state, self.tenant_rec.error = ASLEEP, ""
+        self.tenant_rec.state, self.tenant_rec.error = ASLEEP, self.tenant.note
         self._record("tenant_yield", self.tenant.url, start, True, self.tenant_bytes, f"pause+sleep in {seconds:.3f} s")
         log.info("tenant yield: vLLM paused and asleep in %.3f s", seconds)
         self._persist()
@@ -252,7 +252,7 @@ class TransitionsMixin:
         seconds = await self._tenant_move("tenant_reclaim", self.tenant.reclaim)
         if seconds is None:
             return
-        self.tenant_rec.state, self.tenant_rec.error = AWAKE, ""
+        self.tenant_rec.state, self.tenant_rec.error = AWAKE, self.tenant.note
         self.tenant_backoff_s = 0.0
         self._record("tenant_reclaim", self.tenant.url, start, True, self.tenant_bytes, f"wake+resume in {seconds:.3f} s")
         log.info("tenant reclaim: vLLM awake and serving in %.3f s", seconds)

@@ -71,12 +71,27 @@ class WatchdogMixin:
             if await self.tenant.alive():
                 try:
                     info = await self.tenant.register()
-                    self.tenant_rec.state, self.tenant_rec.version, self.tenant_rec.error = self.tenant.state, info.version, ""
+                    self.tenant_rec.state, self.tenant_rec.version, self.tenant_rec.error = self.tenant.state, info.version, self.tenant.note
                     log.info("tenant %s answers again (%s)", self.tenant.url, self.tenant.state)
                     changed = True
                 except TenantError as exc:
                     self.tenant_rec.error = str(exc)
+        if await self._revive_group_members(now):
+            changed = True
         if changed:
             self._persist()
             self.wake()
+
+    async def _revive_group_members(self, now: float) -> bool:
+        """A tenant group with servers left out: bring back those that answer again (never mid-move)."""
+        dead = getattr(self.tenant, "dead", None)
+        if not dead or self.tenant_rec is None or self.tenant_rec.state in (DEAD, TENANT_FAULTED):
+            return False
+        if now < self._next_tenant_probe or self._step_lock.locked():
+            return False
+        self._next_tenant_probe = now + 5.0
+        async with self._step_lock:
+            back = await self.tenant.revive()
+        self.tenant_rec.error = self.tenant.note
+        return bool(back)
 
