@@ -127,7 +127,9 @@ class TrainerBackend:
         self.primitives = primitives
         self.probe = probe
         self.timeout_s = driver_timeout_s if driver_timeout_s > 0 else None
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="ts-driver")
+        # one thread per process of a job at once (checkpoints run side by side), with room to spare for
+        # calls that hung past their timeout and still hold a thread; threads start only when needed
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="ts-driver")
         self._warned_namespace = False
         self.only_on_gpus = True
         """Freeze only processes NVML places on the agent's GPUs (``timeslice.agent.freeze_off_gpu`` clears it)."""
