@@ -3,11 +3,11 @@
 The order follows the CUDA checkpoint API's rules: **lock all, then checkpoint all** (no process
 of the job makes CUDA calls while another one is being checkpointed, so NCCL peers do not wait on
 a frozen partner) and **restore all, then unlock all**. Locks and unlocks go one process at a time
-(milliseconds); checkpoints and restores of a job's processes run side by side (seconds each). Every primitive call has a timeout. A
-failure part-way is unwound — restore what was checkpointed, unlock what was locked — so the job
-ends either fully frozen or fully running; only when unwinding fails too is the error marked as
-leaving the job inconsistent. GPU memory is read through NVML before and after each freeze/thaw
-when available, to record what was frozen and to verify it left and came back.
+(milliseconds); checkpoints and restores of a job's processes run side by side (seconds each). Every
+primitive call has a timeout. A failure part-way is unwound — restore what was checkpointed, unlock
+what was locked — so the job ends either fully frozen or fully running; only when unwinding fails too
+is the error marked as leaving the job inconsistent. GPU memory is read through NVML before and after
+each freeze/thaw when available, to record what was frozen and to verify it left and came back.
 """
 
 from __future__ import annotations
