@@ -49,16 +49,21 @@ class Handoff:
 class RankHandoff:
     """Release and acquire the GPUs of an SPMD job from every rank.
 
+    ``socket_path``: the node's agent (default: where ``timeslice-verl agent`` listens by default).
     ``group``: a gloo process group over all ranks (None: a single process). ``node``: what tells
-    nodes apart (default: the host name); ranks of one node must use the same agent ``socket``.
+    nodes apart (default: the host name); ranks of one node must use the same agent socket.
     """
 
     def __init__(
-        self, job: str, socket_path: str, *, swap: str = "park", group: Any = None, node: str | None = None,
-        acquire_timeout_s: float | None = None, park: Parker | None = None,
+        self, job: str, socket_path: str | None = None, *, swap: str = "park", group: Any = None,
+        node: str | None = None, acquire_timeout_s: float | None = None, park: Parker | None = None,
     ) -> None:
         if swap not in SWAP_MODES:
             raise ValueError(f"swap {swap!r} is not one of {', '.join(SWAP_MODES)}")
+        if socket_path is None:
+            from timeslice_verl.config import default_runtime_dir
+
+            socket_path = str(default_runtime_dir() / "agent.sock")
         self.job, self.socket_path, self.swap, self.group = job, socket_path, swap, group
         self.node = node or socket.gethostname()
         self.acquire_timeout_s = acquire_timeout_s
