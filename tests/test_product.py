@@ -151,6 +151,18 @@ def test_doctor_without_agent_or_vllm_names_the_fixes(tmp_path):
     assert "FAIL  vLLM reachable" in proc.stdout and "VLLM_SERVER_DEV_MODE=1" in proc.stdout
 
 
+def test_doctor_checks_every_server_of_a_tenant_group(tmp_path):
+    vllm = FakeVllmProc()
+    try:
+        proc = subprocess.run([*CLI, "doctor", f"timeslice.agent.socket={tmp_path}/nope.sock",
+                               f'timeslice.tenant.urls=["{vllm.url}","http://127.0.0.1:9"]'],
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        vllm.stop()
+    assert f"PASS  vLLM reachable with dev mode + sleep mode ({vllm.url})" in proc.stdout, proc.stdout
+    assert "FAIL  vLLM reachable with dev mode + sleep mode (http://127.0.0.1:9)" in proc.stdout
+
+
 def test_metrics_plugin_puts_handoff_figures_into_the_trainer_metrics():
     trainer = FakeTrainer()
     lc = make_lifecycle(MetricsPlugin(), trainer=trainer)

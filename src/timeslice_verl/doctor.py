@@ -11,6 +11,7 @@ import httpx
 from timeslice_verl.agent import procfs
 from timeslice_verl.agent.gpu import nvml
 from timeslice_verl.config import JOB_TAG_ENV, NCCL_ENV, TimesliceSettings, socket_path
+from timeslice_verl.names import split_urls
 
 MIN_DRIVER = 570
 
@@ -76,11 +77,16 @@ def check_nccl_env(settings: TimesliceSettings) -> list[Check]:
     return out
 
 
-def check_vllm(settings: TimesliceSettings) -> Check:
-    url = settings.tenant.url
-    name = "vLLM reachable with dev mode + sleep mode"
-    if not url:
-        return Check("batch tenant", True, "none configured (timeslice.tenant.url is empty): the trainer's valleys stay idle")
+def check_vllm(settings: TimesliceSettings) -> list[Check]:
+    """Each tenant server (one, or one per GPU with ``timeslice.tenant.urls``) follows the contract."""
+    urls = [u for u in split_urls(settings.tenant.url) if u]
+    if not urls:
+        return [Check("batch tenant", True, "none configured (timeslice.tenant.url is empty): the trainer's valleys stay idle")]
+    return [_check_one_vllm(url, "" if len(urls) == 1 else f" ({url})") for url in urls]
+
+
+def _check_one_vllm(url: str, which: str) -> Check:
+    name = f"vLLM reachable with dev mode + sleep mode{which}"
     fix = ("start vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode, e.g. "
            "VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --enable-sleep-mode --port 8000")
     try:
@@ -143,7 +149,7 @@ def check_host_ram(settings: TimesliceSettings) -> Check:
 
 
 def run_checks(settings: TimesliceSettings) -> list[Check]:
-    return [check_driver(), check_nvml(), check_backend(settings), *check_nccl_env(settings), check_vllm(settings),
+    return [check_driver(), check_nvml(), check_backend(settings), *check_nccl_env(settings), *check_vllm(settings),
             check_agent(settings), check_host_ram(settings)]
 
 
