@@ -214,3 +214,59 @@ def test_a_dead_server_never_leaves_its_peers_asleep_and_rejoins_the_group_when_
         c.release("two-gpus")
         eventually(lambda: not tenants[0].sleeping() and not back.sleeping(), timeout=10, what="both awake again")
     assert "answers again and follows the group: asleep" in agent.log()
+
+
+class TwoRanks(FakeWorkers):
+    """verl's worker groups with two ranks on the node (``trainer.n_gpus_per_node=2``)."""
+
+    def __init__(self, pids: list[int]) -> None:
+        super().__init__(pids[0])
+        self.pids = pids
+
+    def local_pids(self) -> list[int]:
+        return list(self.pids)
+
+    def park_reserve(self) -> list[dict]:
+        return [{"pid": p, "pinned": GIB} for p in self.pids]
+
+    def park(self) -> list[dict]:
+        self.parked = True
+        return [{"pid": p, "parked": GIB, "kept": 0, "seconds": 0.02} for p in self.pids]
+
+    def unpark(self) -> list[dict]:
+        assert not any(stopped(p) for p in self.pids), "unpark ran while a rank was still frozen"
+        self.parked = False
+        return [{"pid": p, "parked": GIB, "kept": 0, "seconds": 0.02} for p in self.pids]
+
+
+class EveryGpu:
+    """Records, in each valley and each step, whether every rank is stopped and every tenant asleep."""
+
+    name = "every-gpu"
+
+    def __init__(self, agent: AgentProc, pids: list[int], tenants: list) -> None:
+        self.agent, self.pids, self.tenants = agent, pids, tenants
+        self.valleys: list[tuple[bool, bool]] = []
+        self.steps: list[tuple[bool, bool]] = []
+
+    @hookimpl(trylast=True)
+    def post_rollout(self) -> None:
+        eventually(lambda: all(stopped(p) for p in self.pids) and not any(t.sleeping() for t in self.tenants),
+                   timeout=10, what="both ranks frozen and both tenants serving")
+        self.valleys.append((all(stopped(p) for p in self.pids), not any(t.sleeping() for t in self.tenants)))
+
+    @hookimpl(trylast=True)
+    def pre_train_step(self) -> None:  # after the agent plugin's acquire returned
+        self.steps.append((not any(stopped(p) for p in self.pids), all(t.sleeping() for t in self.tenants)))
+
+
+def test_verls_ranks_on_two_gpus_are_frozen_and_given_back_together_with_a_tenant_per_gpu(tmp_path, procs):
+    agent, tenants = agent_with_a_tenant_per_gpu(tmp_path, procs)
+    ranks = [spawn_worker("swap-job") for _ in range(2)]
+    procs.extend(ranks)
+    pids = [r.pid for r in ranks]
+    probe = EveryGpu(agent, pids, tenants)
+    play(lifecycle(tmp_path, agent, TwoRanks(pids), "park+checkpoint", probe), fake_event_sequence(3))
+    assert probe.valleys == [(True, True)] * 3, "in every valley: both ranks frozen, both tenants serving"
+    assert probe.steps == [(True, True)] * 3, "in every step: both ranks running, both tenants asleep"
+    eventually(lambda: agent.job("swap-job") is None and not any(t.sleeping() for t in tenants), what="run over")
