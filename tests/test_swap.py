@@ -270,3 +270,20 @@ def test_verls_ranks_on_two_gpus_are_frozen_and_given_back_together_with_a_tenan
     assert probe.valleys == [(True, True)] * 3, "in every valley: both ranks frozen, both tenants serving"
     assert probe.steps == [(True, True)] * 3, "in every step: both ranks running, both tenants asleep"
     eventually(lambda: agent.job("swap-job") is None and not any(t.sleeping() for t in tenants), what="run over")
+
+
+def test_a_server_rejoining_the_group_never_delays_the_trainer(tmp_path, procs):
+    agent, tenants = agent_with_a_tenant_per_gpu(tmp_path, procs)
+    port = tenants[1].url.rsplit(":", 1)[1]
+    tenants[1].stop()
+    with agent.client() as c:
+        c.acquire("two-gpus", timeout_s=30)
+        c.release("two-gpus")
+        eventually(lambda: not tenants[0].sleeping(), timeout=10, what="the group awake without its dead server")
+        back = FakeVllmProc("--port", port, "--asleep", "--hang", "wake_up")  # comes back asleep; waking it hangs
+        procs.append(back)
+        eventually(lambda: agent.status()["transition"] == "tenant revive", timeout=15, what="the agent waking it")
+        t0 = time.monotonic()
+        c.acquire("two-gpus", timeout_s=30)
+        assert time.monotonic() - t0 < 5, "the trainer does not wait for a rejoining server's hanging wake-up"
+        assert tenants[0].sleeping() and back.sleeping()

@@ -9,7 +9,8 @@ import time
 from timeslice_verl.agent import procfs
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.state import FROZEN, RUNNING, TRANSITIONING  # noqa: F401
-from timeslice_verl.agent.tenant import DEAD, TenantError
+from timeslice_verl.agent.tenant import AWAKE, DEAD, TenantError
+from timeslice_verl.agent.transitions import ReclaimAbandoned
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent")
@@ -91,7 +92,17 @@ class WatchdogMixin:
             return False
         self._next_tenant_probe = now + 5.0
         async with self._step_lock:
-            back = await self.tenant.revive()
+            self.current = "tenant revive"
+            revive = self.tenant.revive()
+            try:
+                if self.tenant.state == AWAKE:  # waking a server back never delays a trainer that asks meanwhile
+                    back = await self._unless_a_trainer_asks(revive)
+                else:  # the trainer holds the GPUs: putting a restarted server to sleep protects it
+                    back = await revive
+            except ReclaimAbandoned:  # a half-woken server answers the next yield, which puts it in step
+                back = []
+            finally:
+                self.current = ""
         self.tenant_rec.error = self.tenant.note
         return bool(back)
 

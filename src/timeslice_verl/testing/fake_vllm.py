@@ -283,11 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--token-s", type=float, default=0.01)
     ap.add_argument("--fail-wake-up", action="store_true", help="answer every /wake_up with 500 (a broken engine)")
     ap.add_argument("--hang", default="", help="an endpoint that never answers, e.g. wake_up or pause")
+    ap.add_argument("--asleep", action="store_true", help="start paused and asleep (as an agent left it)")
     a = ap.parse_args(argv)
     server = FakeVllmServer(
         a.host, a.port, version=a.vllm_version, dev_mode=not a.no_dev_mode, sleep_in_flight=a.sleep_in_flight, token_s=a.token_s,
         fail_wake_up=a.fail_wake_up, hang=a.hang,
     )
+    if a.asleep:
+        server.engine.sleeping = server.engine.paused = server.engine.frozen = True
     print(f"listening on {server.url}", flush=True)
     try:
         server.httpd.serve_forever()
