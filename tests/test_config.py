@@ -108,3 +108,7 @@ def test_one_tenant_per_gpu_replaces_the_options_single_url():
     assert settings.tenant.url == "http://127.0.0.1:8001,http://127.0.0.1:8002"
     with pytest.raises(ConfigError, match=r"timeslice.tenant.urls\[1\]"):
         compose("interleave", ['timeslice.tenant.urls=["http://127.0.0.1:8001","ftp://x"]'])
+    with pytest.raises(ConfigError, match=r"timeslice.tenant.urls: 'http://127.0.0.1:8001' is listed twice"):
+        compose("interleave", ['timeslice.tenant.urls=["http://127.0.0.1:8001","http://127.0.0.1:8001/"]'])
+    with pytest.raises(ConfigError, match=r"timeslice.tenant.url: 'http://a:1' is listed twice"):
+        compose("interleave", ["timeslice.tenant.url='http://a:1,http://a:1'"])

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 SECTION = "timeslice"
-from timeslice_verl.names import JOB_TAG_ENV, valid_job, valid_url  # noqa: E402,F401 (re-exported)
+from timeslice_verl.names import JOB_TAG_ENV, repeated_url, valid_job, valid_url  # noqa: E402,F401 (re-exported)
 NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "NCCL_P2P_DISABLE": "1"}
 """What NCCL in trainer workers needs to survive CUDA checkpoint/restore."""
 
@@ -253,6 +253,10 @@ def _check_values(settings: TimesliceSettings) -> None:
     url = settings.tenant.url
     if url and not valid_url(url):
         raise ConfigError(_full_key("tenant.url"), f"{url!r} is not an http(s) URL")
+    twice = repeated_url(url) if url else None
+    if twice:
+        raise ConfigError(_full_key("tenant.urls" if settings.tenant.urls else "tenant.url"),
+                          f"{twice!r} is listed twice (one vLLM server per GPU)")
     for entry in settings.plugins.modules:
         if not re.match(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$", entry):
             raise ConfigError(_full_key("plugins.modules"), f"{entry!r} is not 'package.module[:attr]'")

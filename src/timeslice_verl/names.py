@@ -24,6 +24,16 @@ def split_urls(url: str) -> list[str]:
     return [u.strip().rstrip("/") for u in url.split(",")]
 
 
+def repeated_url(url: str) -> str | None:
+    """The first URL a tenant setting lists twice (a server can yield its GPU only once), or None."""
+    seen: set[str] = set()
+    for u in split_urls(url):
+        if u in seen:
+            return u
+        seen.add(u)
+    return None
+
+
 def valid_url(url: object) -> bool:
     """An http(s) URL with a host, or several separated by commas (no whitespace)."""
     return isinstance(url, str) and bool(url) and all(URL_RE.fullmatch(u) is not None for u in url.split(","))

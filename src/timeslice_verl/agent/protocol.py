@@ -18,7 +18,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from timeslice_verl.names import split_urls, valid_job, valid_url
+from timeslice_verl.names import repeated_url, split_urls, valid_job, valid_url
 
 PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 64 * 1024
@@ -103,6 +103,8 @@ def _check(name: str, field: Field, value: Any) -> Any:
     elif kind == "url":
         if not valid_url(value) or not all(_url_parts_ok(u) for u in split_urls(value)):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: {value!r:.200} is not an http(s) URL")
+        if repeated_url(value):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: {repeated_url(value)!r:.200} is listed twice")
     elif kind == "level":
         if value not in (1, 2) or isinstance(value, bool):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: vLLM sleep level must be 1 or 2, got {value!r}")
