@@ -124,10 +124,12 @@ def test_a_rank_lost_on_one_node_gives_the_other_nodes_gpus_back(tmp_path, procs
     eventually(lambda: not a["vllm"].sleeping(), timeout=15, what="node a's tenant serves")
 
 
-def test_a_rank_finds_its_agent_where_the_agent_listens_by_default(tmp_path, monkeypatch):
+def test_rank_handoff_names_bad_arguments_and_finds_the_agents_default_socket(tmp_path, monkeypatch):
     from timeslice_verl.adapters.spmd import RankHandoff
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     assert RankHandoff("j").socket_path == str(tmp_path / "timeslice-verl" / "agent.sock")
     with pytest.raises(ValueError, match="swap 'fast' is not one of checkpoint, park"):
         RankHandoff("j", swap="fast")
+    with pytest.raises(ValueError, match="job 'my run' is not a job name"):
+        RankHandoff("my run")

@@ -24,6 +24,7 @@ from typing import Any
 from timeslice_verl.agent.client import AgentClient, AgentError
 from timeslice_verl.agent.protocol import SWAP_MODES
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import valid_job
 from timeslice_verl.park import Parker, parker
 
 log = get_logger("adapter.spmd")
@@ -60,6 +61,8 @@ class RankHandoff:
     ) -> None:
         if swap not in SWAP_MODES:
             raise ValueError(f"swap {swap!r} is not one of {', '.join(SWAP_MODES)}")
+        if not valid_job(job):
+            raise ValueError(f"job {job!r} is not a job name (letters, digits, '.', '_', '-'; max 64)")
         if socket_path is None:
             from timeslice_verl.config import default_runtime_dir
 
