@@ -79,7 +79,7 @@ def check_nccl_env(settings: TimesliceSettings) -> list[Check]:
 
 def check_vllm(settings: TimesliceSettings) -> list[Check]:
     """Each tenant server (one, or one per GPU with ``timeslice.tenant.urls``) follows the contract."""
-    urls = [u for u in split_urls(settings.tenant.url) if u]
+    urls = split_urls(settings.tenant.url)
     if not urls:
         return [Check("batch tenant", True, "none configured (timeslice.tenant.url is empty): the trainer's valleys stay idle")]
     return [_check_one_vllm(url, "" if len(urls) == 1 else f" ({url})") for url in urls]

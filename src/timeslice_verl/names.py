@@ -20,8 +20,9 @@ def valid_job(name: object) -> bool:
 
 
 def split_urls(url: str) -> list[str]:
-    """A tenant setting's URLs: one, or several separated by commas (one vLLM per GPU of the agent)."""
-    return [u.strip().rstrip("/") for u in url.split(",")]
+    """A tenant setting's URLs: one, or several separated by commas (one vLLM per GPU of the agent);
+    none for an empty setting."""
+    return [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
 
 
 def repeated_url(url: str) -> str | None:

@@ -107,7 +107,7 @@ class AgentPlugin:
             f"timeslice.agent.socket={socket_path(s)}",
             f"timeslice.agent.backend={s.agent.backend}",
             f"timeslice.agent.gpus=[{','.join(map(str, s.agent.gpus))}]",
-            "timeslice.tenant.urls=[" + ",".join(f'"{u}"' for u in split_urls(s.tenant.url) if u) + "]",
+            "timeslice.tenant.urls=[" + ",".join(f'"{u}"' for u in split_urls(s.tenant.url)) + "]",
         ]
         log_path = socket_path(s).with_name("agent.log")
         socket_path(s).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
