@@ -8,9 +8,11 @@ import pytest
 
 from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker, stopped
 from timeslice_verl import hookimpl
-from timeslice_verl.config import compose
-from timeslice_verl.plugins.agent import PreparePlanner
+from timeslice_verl.overrides import compose
+from timeslice_verl.valley import PreparePlanner
 from timeslice_verl.testing import RecordingPlugin, fake_event_sequence, make_lifecycle, play
+
+BUNDLED = ("agent", "timeline", "metrics")
 
 
 class Observer:
@@ -55,7 +57,7 @@ def lifecycle_for(tmp_path, agent, *plugins, prepare: bool = False):
         "timeslice.job=plugin-job", f"timeslice.agent.socket={agent.socket}", "timeslice.tenant.url=",
         f"timeslice.timeline.path={tmp_path / 'run.jsonl'}", f"timeslice.handoff.prepare={str(prepare).lower()}",
     ])
-    return make_lifecycle(*plugins, settings=settings, load_installed=True)
+    return make_lifecycle(*plugins, settings=settings, load_installed=True, bundled=BUNDLED)
 
 
 def test_full_event_sequence_with_a_save_drives_the_agent(setup):
@@ -103,7 +105,7 @@ def test_an_exception_crash_releases(setup):
 def test_acquire_failure_stops_the_trainer(tmp_path):
     settings = compose("interleave", ["timeslice.job=x", f"timeslice.agent.socket={tmp_path / 'none.sock'}",
                                       "timeslice.agent.connect_timeout_s=0.2", "timeslice.tenant.url="])
-    lc = make_lifecycle(settings=settings, load_installed=True)
+    lc = make_lifecycle(settings=settings, load_installed=True, bundled=BUNDLED)
     with pytest.raises(Exception, match="no timeslice agent answers"):
         lc.start()
 

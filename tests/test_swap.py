@@ -15,8 +15,11 @@ import pytest
 from agent_support import AgentProc, FakeVllmProc, agent_with_a_tenant_per_gpu, eventually, spawn_worker, stopped
 from timeslice_verl import hookimpl
 from timeslice_verl.agent.client import AgentError
-from timeslice_verl.config import ConfigError, compose
+from timeslice_verl.config import ConfigError
+from timeslice_verl.overrides import compose
 from timeslice_verl.testing import RecordingPlugin, fake_event_sequence, make_lifecycle, play
+
+BUNDLED = ("agent", "timeline", "metrics")
 
 GIB = 2**30
 
@@ -98,7 +101,7 @@ def lifecycle(tmp_path, agent, workers, swap: str, *plugins):
         f"timeslice.timeline.path={tmp_path / 'run.jsonl'}", "timeslice.handoff.prepare=false",
         f"timeslice.handoff.swap={swap}",
     ])
-    lc = make_lifecycle(*plugins, settings=settings, load_installed=True)
+    lc = make_lifecycle(*plugins, settings=settings, load_installed=True, bundled=BUNDLED)
     lc.workers = workers
     return lc
 
@@ -164,7 +167,7 @@ def test_the_swap_setting_is_checked_and_needs_workers_that_park(tmp_path):
         compose("interleave", ["timeslice.handoff.swap=parking"])
     assert str(compose("interleave", ["timeslice.handoff.swap=park+checkpoint"]).handoff.swap) == "park+checkpoint"
     settings = compose("interleave", ["timeslice.handoff.swap=park", f"timeslice.agent.socket={tmp_path / 'none.sock'}"])
-    lc = make_lifecycle(settings=settings, load_installed=True)  # no workers: a trainer without verl's groups
+    lc = make_lifecycle(settings=settings, load_installed=True, bundled=BUNDLED)  # no workers: a trainer without verl's groups
     with pytest.raises(ValueError, match="swap=park needs trainer workers"):
         lc.start()
 

@@ -3,26 +3,28 @@
 verl's driver talks to the agent for all its workers; an SPMD trainer has no driver, so its ranks
 share the work. Every rank parks (or, with ``swap=checkpoint``, only frees its caches) itself; one
 rank per node — the node's *leader*, its lowest rank — is the client of that node's agent and
-releases or acquires the node's GPUs for all its local ranks. The ranks agree over a CPU process
-group (gloo): a release or acquire completes on every rank only when every node's agent did its
-part, and a rank that fails or disappears makes every leader give its node's GPUs back (the job
-ends: ``release(done)``) before the error propagates.
+releases or acquires the node's GPUs for all its local ranks. The sequence itself is
+:class:`timeslice_verl.handoff.Handoff`'s, the same as verl's; here are only the ranks
+(:class:`GlooRanks`): they agree over a CPU process group (gloo), so a release or acquire completes
+on every rank only when every node's agent did its part, and a rank that fails or disappears makes
+every leader give its node's GPUs back (the job ends: ``release(done)``) before the error propagates.
 
 Never run a handoff with a GPU collective in flight: the agent locks every rank, and a rank blocked
 in an NCCL kernel waiting for a locked peer would never finish its lock. Coordination therefore
 goes over gloo, never NCCL.
+
+With ``settings`` (:meth:`RankHandoff.from_settings`), each leader also fires the ``handoff`` event
+to the timeline and metrics plugins, as verl's trainer does.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import time
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from timeslice_verl.agent.client import AgentClient, AgentError
-from timeslice_verl.agent.protocol import SWAP_MODES
+from timeslice_verl.handoff import Handoff, HandoffFigures, RankLost, handoff_event
 from timeslice_verl.log import get_logger
 from timeslice_verl.names import valid_job
 from timeslice_verl.park import Parker, parker
@@ -30,54 +32,16 @@ from timeslice_verl.park import Parker, parker
 log = get_logger("adapter.spmd")
 
 
-class RankLost(RuntimeError):
-    """A rank or a node's agent failed during a handoff; every node's GPUs were given back."""
+class GlooRanks:
+    """This rank's parker and its peers, reached over a gloo group (None: a single process)."""
 
-
-@dataclass
-class Handoff:
-    """One rank's view of one handoff (for benchmarks and logs)."""
-
-    action: str
-    seconds: float = 0.0
-    agent_s: float = 0.0
-    """The leader's call to its agent (0 on other ranks)."""
-    park_s: float = 0.0
-    parked: int = 0
-    agent: dict[str, Any] = field(default_factory=dict)
-
-
-class RankHandoff:
-    """Release and acquire the GPUs of an SPMD job from every rank.
-
-    ``socket_path``: the node's agent (default: where ``timeslice-verl agent`` listens by default).
-    ``group``: a gloo process group over all ranks (None: a single process). ``node``: what tells
-    nodes apart (default: the host name); ranks of one node must use the same agent socket.
-    """
-
-    def __init__(
-        self, job: str, socket_path: str | None = None, *, swap: str = "park", group: Any = None,
-        node: str | None = None, acquire_timeout_s: float | None = None, park: Parker | None = None,
-    ) -> None:
-        if swap not in SWAP_MODES:
-            raise ValueError(f"swap {swap!r} is not one of {', '.join(SWAP_MODES)}")
-        if not valid_job(job):
-            raise ValueError(f"job {job!r} is not a job name (letters, digits, '.', '_', '-'; max 64)")
-        if socket_path is None:
-            from timeslice_verl.config import default_runtime_dir
-
-            socket_path = str(default_runtime_dir() / "agent.sock")
-        self.job, self.socket_path, self.swap, self.group = job, socket_path, swap, group
-        self.node = node or socket.gethostname()
-        self.acquire_timeout_s = acquire_timeout_s
-        self.parker = park or parker()
-        self.client: AgentClient | None = None
+    def __init__(self, job: str, group: Any, node: str, park: Parker) -> None:
+        self.job, self.group, self.node, self.parker = job, group, node, park
         self.local: list[int] = []
         """Ranks of this node (global rank numbers); the first is the leader."""
         self.pids: list[int] = []
-        self.held = True  # a trainer starts on its GPU
-
-    # ------------------------------------------------------------------ agreement
+        self.give_back: Callable[[str], None] = lambda why: None
+        """What a rank does before :class:`RankLost` propagates (the leader releases with ``done``)."""
 
     @property
     def rank(self) -> int:
@@ -89,7 +53,7 @@ class RankHandoff:
     def leader(self) -> bool:
         return bool(self.local) and self.local[0] == self.rank
 
-    def _gather(self, item: Any) -> list[Any]:
+    def gather(self, item: Any) -> list[Any]:
         """Every rank's ``item``; a lost rank raises :class:`RankLost` after the GPUs were given back."""
         if self.group is None:
             return [item]
@@ -99,130 +63,183 @@ class RankHandoff:
         try:
             dist.all_gather_object(out, item, group=self.group)
         except Exception as exc:  # a peer died or timed out
-            self._give_back(f"a rank was lost ({exc})")
+            self.give_back(f"a rank was lost ({exc})")
             raise RankLost(f"job {self.job}: a rank was lost during a handoff ({exc}); this node's GPUs were given "
                            "back") from exc
         return out
 
-    def _agree(self, what: str, error: str) -> None:
+    def find_node(self) -> None:
+        answers = self.gather((self.node, self.rank, os.getpid()))
+        self.local = sorted(r for node, r, _ in answers if node == self.node)
+        self.pids = sorted(pid for node, _, pid in answers if node == self.node)
+
+    def agree(self, what: str, error: BaseException | None) -> None:
         """Every rank says whether its part of ``what`` worked; all raise if any did not."""
-        answers = self._gather((self.rank, error))
+        answers = self.gather((self.rank, f"{type(error).__name__}: {error}" if error is not None else ""))
         failed = [(r, e) for r, e in answers if e]
         if failed:
-            self._give_back(f"{what} failed on rank {failed[0][0]}")
+            self.give_back(f"{what} failed on rank {failed[0][0]}")
             raise RankLost(f"job {self.job}: {what} failed on rank {failed[0][0]}: {failed[0][1]}")
 
+    def _each(self, action: Callable[[], dict[str, Any]]) -> list[dict[str, Any]]:
+        """Run ``action`` here; this node's reports, or an error naming the first rank that failed (anywhere)."""
+        report, error = None, ""
+        try:
+            report = action()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        answers = self.gather((self.node, self.rank, report, error))
+        failed = [(r, e) for _, r, _, e in answers if e]
+        if failed:
+            raise RuntimeError(f"rank {failed[0][0]}: {failed[0][1]}")
+        return [rep for node, _, rep, _ in answers if node == self.node]
+
+    def can_park(self) -> bool:
+        return True
+
+    def park_reserve(self) -> list[dict[str, Any]]:
+        return self._each(lambda: self.parker.reserve().to_dict())
+
+    def park(self) -> list[dict[str, Any]]:
+        return self._each(lambda: self.parker.park().to_dict())
+
+    def unpark(self) -> list[dict[str, Any]]:
+        return self._each(lambda: self.parker.unpark().to_dict())
+
+    def release_caches(self) -> list[dict[str, Any]]:
+        from timeslice_verl.adapters.workers import release_caches_here
+
+        return self._each(release_caches_here)
+
+    def local_pids(self) -> list[int]:
+        return list(self.pids)
+
+
+class RankHandoff:
+    """Release and acquire the GPUs of an SPMD job from every rank.
+
+    ``socket_path``: the node's agent (default: where ``timeslice-verl agent`` listens by default).
+    ``group``: a gloo process group over all ranks (None: a single process). ``node``: what tells
+    nodes apart (default: the host name); ranks of one node must use the same agent socket.
+    ``report``: receives each handoff's figures on every rank (the leader's carry the agent's reply).
+    """
+
+    def __init__(
+        self, job: str, socket_path: str | None = None, *, swap: str = "park", group: Any = None,
+        node: str | None = None, acquire_timeout_s: float | None = None, park: Parker | None = None,
+        prepare_lead_s: float = 0.0, report: Callable[[HandoffFigures], None] | None = None,
+    ) -> None:
+        if not valid_job(job):
+            raise ValueError(f"job {job!r} is not a job name (letters, digits, '.', '_', '-'; max 64)")
+        if socket_path is None:
+            from timeslice_verl.config import default_runtime_dir
+
+            socket_path = str(default_runtime_dir() / "agent.sock")
+        self.socket_path = socket_path
+        self.ranks = GlooRanks(job, group, node or socket.gethostname(), park or parker())
+        self.ranks.give_back = self._give_back
+        self.handoff = Handoff(job, client=None, ranks=self.ranks, swap=swap, acquire_timeout_s=acquire_timeout_s,
+                               prepare=False, prepare_lead_s=prepare_lead_s, report=report)
+        self.lifecycle: Any = None
+
+    @classmethod
+    def from_settings(cls, settings: Any, *, group: Any = None, node: str | None = None) -> RankHandoff:
+        """A RankHandoff configured by a ``timeslice`` section (job, socket, swap, timeouts), whose
+        leaders fire ``handoff`` events to the section's plugins (the agent plugin excepted: the
+        RankHandoff is the agent's client)."""
+        from dataclasses import replace
+
+        from timeslice_verl.config import socket_path
+        from timeslice_verl.lifecycle import Lifecycle
+
+        plugins = replace(settings.plugins, disabled=sorted({*settings.plugins.disabled, "agent"}))
+        lifecycle = Lifecycle.build(replace(settings, plugins=plugins), adapter="spmd")
+        def report(figures: HandoffFigures) -> None:
+            if handoff.leader:  # one timeline per node
+                lifecycle.notify("handoff", handoff_event(lifecycle, figures))
+
+        handoff = cls(settings.job, str(socket_path(settings)), swap=str(settings.handoff.swap), group=group, node=node,
+                      acquire_timeout_s=settings.handoff.acquire_timeout_s or None,
+                      prepare_lead_s=settings.handoff.prepare_lead_s, report=report)
+        handoff.lifecycle = lifecycle
+        return handoff
+
+    # ------------------------------------------------------------------ what callers read
+
+    @property
+    def job(self) -> str:
+        return self.handoff.job
+
+    @property
+    def swap(self) -> str:
+        return self.handoff.swap
+
+    @swap.setter
+    def swap(self, value: str) -> None:
+        self.handoff.swap = value
+
+    @property
+    def parker(self) -> Parker:
+        return self.ranks.parker
+
+    @property
+    def leader(self) -> bool:
+        return self.ranks.leader
+
+    @property
+    def held(self) -> bool:
+        return self.handoff.held
+
+    @property
+    def client(self) -> AgentClient | None:
+        return self.handoff.client
+
     def _give_back(self, why: str) -> None:
-        if self.leader and self.client is not None:
+        client = self.handoff.client
+        if self.leader and client is not None:
             try:
-                self.client.release(self.job, done=True)
-                log.error("job %s: %s; node %s's GPUs given back", self.job, why, self.node)
+                client.release(self.job, done=True)
+                log.error("job %s: %s; node %s's GPUs given back", self.job, why, self.ranks.node)
             except AgentError as exc:
-                log.error("job %s: %s; could not give node %s's GPUs back: %s", self.job, why, self.node, exc)
-        self.held = False
+                log.error("job %s: %s; could not give node %s's GPUs back: %s", self.job, why, self.ranks.node, exc)
+        self.handoff.held = False
 
     # ------------------------------------------------------------------ the handoffs
 
     def start(self) -> None:
-        """Find the node's ranks; the leader connects and registers them; parking ranks pin host RAM."""
-        answers = self._gather((self.node, self.rank, os.getpid()))
-        self.local = sorted(r for node, r, _ in answers if node == self.node)
-        self.pids = sorted(pid for node, _, pid in answers if node == self.node)
-        error = ""
-        try:
-            if self.swap != "checkpoint":
-                self.parker.reserve()
-            if self.leader:
-                self.client = AgentClient(self.socket_path, client=f"spmd:{self.job}:{self.node}")
-                self.client.register_pids(self.job, self.pids)
-                self.client.acquire(self.job, timeout_s=self.acquire_timeout_s)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        self._agree("start", error)
-
-    def release(self) -> Handoff:
-        """Park (or free caches), then each node's leader releases its GPUs."""
-        t0 = time.perf_counter()
-        out = Handoff("release")
-        report, error = None, ""
-        try:
-            if self.swap != "checkpoint":
-                report = self.parker.park()
-                out.park_s, out.parked = report.seconds, report.parked
-            else:
-                from timeslice_verl.adapters.workers import release_caches_here
-
-                release_caches_here()
-        except Exception as exc:
-            error = f"park: {exc}"
-        entry = {"pid": os.getpid(), "parked": report.parked if report else 0, "kept": report.kept if report else 0}
-        reports = self._gather((self.node, entry, error))
-        failed = [e for _, _, e in reports if e]
-        if failed:  # nobody releases: whoever parked unparks, the job keeps its GPUs this valley
-            self.parker.unpark()
-            out.seconds = time.perf_counter() - t0
-            log.error("job %s: park failed on a rank (%s): keeping the GPUs this valley", self.job, failed[0])
-            return out
-        error = ""
+        """Find the node's ranks; each leader connects and acquires its node's GPUs; parking ranks pin
+        host RAM and each leader registers its node's pids."""
+        self.ranks.find_node()
         if self.leader:
-            assert self.client is not None
-            t1 = time.perf_counter()
-            try:
-                parked = [r for node, r, _ in reports if node == self.node]
-                if self.swap == "checkpoint":
-                    out.agent = self.client.release(self.job)
-                else:
-                    out.agent = self.client.release(self.job, swap=self.swap, parked=parked)
-            except AgentError as exc:
-                error = str(exc)
-            out.agent_s = time.perf_counter() - t1
-        self._agree("release", error)
-        self.held = False
-        out.seconds = time.perf_counter() - t0
-        return out
+            self.handoff.client = AgentClient(self.socket_path, client=f"spmd:{self.job}:{self.ranks.node}")
+        self.handoff.held = False
+        self.handoff.acquire("start")  # every rank agrees that every node's agent granted
+        try:
+            self.handoff.begin()
+        except RankLost:
+            raise
+        except Exception as exc:  # a rank that cannot pin cannot park: every node gives its GPUs back
+            self._give_back(f"start failed ({exc})")
+            raise RankLost(f"job {self.job}: start failed: {exc}") from exc
+
+    def release(self) -> HandoffFigures:
+        """Park (or free caches), then each node's leader releases its GPUs."""
+        return self.handoff.release("release") or HandoffFigures("release", "release")
 
     def prepare(self) -> None:
-        """The leader asks its agent to start bringing the GPUs back (no agreement needed: a hint)."""
-        if self.leader and self.client is not None:
-            try:
-                self.client.prepare(self.job)
-            except AgentError as exc:
-                log.warning("job %s: prepare failed: %s", self.job, exc)
+        """The leader asks its agent to start bringing the GPUs back (a hint: nothing to agree on)."""
+        self.handoff.prepare("trainer")
 
-    def acquire(self) -> Handoff:
+    def acquire(self) -> HandoffFigures:
         """Each leader acquires its node's GPUs; once every node has them, every rank unparks."""
-        t0 = time.perf_counter()
-        out = Handoff("acquire")
-        error = ""
-        if self.leader:
-            assert self.client is not None
-            try:
-                out.agent = self.client.acquire(self.job, timeout_s=self.acquire_timeout_s)
-            except AgentError as exc:
-                error = str(exc)
-            out.agent_s = time.perf_counter() - t0
-        self._agree("acquire", error)
-        self.held = True
-        try:
-            report = self.parker.unpark()
-        except Exception as exc:
-            error = f"unpark: {exc}"
-        else:
-            out.park_s, out.parked = report.seconds, report.parked
-        self._agree("unpark", error)
-        out.seconds = time.perf_counter() - t0
-        return out
+        return self.handoff.acquire("acquire") or HandoffFigures("acquire", "acquire")
 
     def close(self) -> None:
         """The run is over: every rank comes back from a park, leaders tell their agents the job ended."""
-        if not self.held:
-            self.acquire()
-        if self.leader and self.client is not None:
-            try:
-                self.client.release(self.job, done=True)
-            finally:
-                self.client.close()
-                self.client = None
+        self.handoff.done("close")
+        self.handoff.close()
+        if self.lifecycle is not None and self.leader:
+            self.lifecycle.stop()
 
 
-__all__ = ["Handoff", "RankHandoff", "RankLost"]
+__all__ = ["GlooRanks", "RankHandoff", "RankLost"]

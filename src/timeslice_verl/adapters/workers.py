@@ -174,3 +174,8 @@ class VerlWorkers:
         """Every rank brings its tensors back (after the agent unlocked it)."""
         return self._on_every_rank(UNPARK)
 
+    def agree(self, what: str, error: BaseException | None) -> None:
+        """verl's driver is the only process that talks to the agent: nothing to agree on."""
+        if error is not None:
+            raise error
+

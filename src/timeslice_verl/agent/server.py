@@ -9,6 +9,8 @@ SIGINT stop the agent cleanly: no new requests, frozen jobs thawed, vLLM woken.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import enum
 import fcntl
 import itertools
 import os
@@ -87,7 +89,16 @@ class AgentServer:
             "gpus": list(self.settings.agent.gpus),
             "socket": str(self.path),
             "started": self.arbiter.started,
+            "settings": self.running_settings(),
         }
+
+    def running_settings(self) -> dict[str, Any]:
+        """The ``agent`` and ``tenant`` sections this agent runs with (as the trainer would write them)."""
+        out: dict[str, Any] = {}
+        for name in ("agent", "tenant"):
+            part = dataclasses.asdict(getattr(self.settings, name))
+            out[name] = {k: (str(v) if isinstance(v, enum.Enum) else v) for k, v in part.items()}
+        return out
 
     # ------------------------------------------------------------------ socket
 

@@ -1,4 +1,4 @@
-"""When the agent plugin sends ``prepare``: early enough that the restore overlaps the end of the queue wait."""
+"""The trainer's idle valleys as the handoff sees them: when the next batch is expected."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ class PreparePlanner:
 
     The next batch is expected after the shortest of the recent queue waits (conservative: the
     trainer must not wait for its restore); the restore is expected to take ``lead_s`` if set,
-    else the last measured restore (plus the tenant's yield) with a 20 % margin. Prepare fires at
-    ``expected wait - expected restore`` after the release; with no history, not at all.
+    else the last measured restore (plus the tenant's yield and the unpark) with a 20 % margin.
+    Prepare fires at ``expected wait - expected restore`` after the release; with no history, not at all.
     """
 
     def __init__(self, lead_s: float = 0.0, history: int = 5) -> None:
