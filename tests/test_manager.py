@@ -134,13 +134,82 @@ def test_wrong_hook_arguments_are_rejected():
         TimesliceManager().register(Bad(), "bad")
 
 
-def test_wrappers_are_rejected_with_a_reason():
+def test_a_wrapper_sees_every_plugins_outcome_under_the_hooks_error_policy():
+    seen = []
+
     class Wrapper:
         @hookimpl(wrapper=True)
+        def save_checkpoint_begin(self, event):
+            results = yield
+            seen.append(results)
+            return results
+
+    class Veto:
+        @hookimpl
+        def save_checkpoint_begin(self, event):
+            return False
+
+    class Broken:
+        @hookimpl
         def post_rollout(self, event):
-            return (yield)
+            raise RuntimeError("observing hooks report this and go on")
+
+    class Counter:
+        calls = 0
+
+        @hookimpl
+        def post_rollout(self, event):
+            Counter.calls += 1
+            return "counted"
 
     manager = TimesliceManager()
-    manager.register(Wrapper(), "wrapper")
-    with pytest.raises(PluginLoadError, match="wrapper"):
-        manager.check()
+    for name, plugin in [("wrapper", Wrapper()), ("veto", Veto()), ("broken", Broken()), ("counter", Counter())]:
+        manager.register(plugin, name)
+    manager.check()
+    assert manager.call("save_checkpoint_begin", trainer=None, event=None) == [False]
+    assert seen == [[False]]
+    assert manager.call("post_rollout", trainer=None, event=None) == ["counted"]  # Broken is logged, Counter still ran
+
+
+def test_registering_never_modifies_the_plugin_or_pluggys_records():
+    class Plugin:
+        @hookimpl
+        def post_rollout(self, event):
+            return 1
+
+    plugin = Plugin()
+    manager = TimesliceManager()
+    manager.register(plugin, "p")
+    assert manager.get("p") is plugin
+    assert type(plugin).__dict__["post_rollout"] is Plugin.__dict__["post_rollout"]
+    with pytest.raises(PluginLoadError, match="already registered as 'p'"):
+        manager.register(plugin, "again")
+
+
+def test_a_nested_hook_call_is_traced_with_its_own_duration_and_the_outer_one_with_its_whole(caplog):
+    """The agent plugin fires ``handoff`` inside ``pre_train_step``: each gets its own time."""
+    import logging
+
+    now = [100.0]
+    manager = TimesliceManager()
+
+    class Outer:
+        @hookimpl
+        def pre_train_step(self, event):
+            now[0] += 0.5
+            manager.call("handoff", trainer=None, event=None)
+            now[0] += 0.1
+
+    class Inner:
+        @hookimpl
+        def handoff(self, event):
+            now[0] += 0.02
+
+    manager.register(Outer(), "outer")
+    manager.register(Inner(), "inner")
+    manager.trace(logging.getLogger("timeslice.trace.test"), clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="timeslice.trace.test"):
+        manager.call("pre_train_step", trainer=None, event=None)
+    lines = [r.getMessage() for r in caplog.records if r.name == "timeslice.trace.test"]
+    assert lines[0].startswith("handoff [inner]") and lines[0].endswith("(20.0 ms)"), lines
+    assert lines[1].startswith("pre_train_step [outer]") and lines[1].endswith("(620.0 ms)"), lines

@@ -86,6 +86,7 @@ class TimesliceManager:
         for spec in hookspecs.SPEC_CLASSES:
             self.pm.add_hookspecs(spec)
         self._sources: dict[str, str] = {}
+        self._by_id: dict[int, str] = {}
         self._disabled: list[str] = []
 
     @property
@@ -93,23 +94,24 @@ class TimesliceManager:
         return self.pm.hook
 
     def register(self, plugin: Any, name: str | None = None, *, source: str = "registered") -> str:
-        """Register one plugin object; a clear error if its hooks do not match the spec."""
+        """Register one plugin object; a clear error if its hooks do not match the spec.
+
+        pluggy registers a :class:`_Guarded` stand-in that carries the plugin's hook implementations,
+        each under its hook's error policy; the plugin object itself is never modified.
+        """
+        if id(plugin) in self._by_id:
+            raise PluginLoadError(f"plugin {name or plugin!r}: already registered as {self._by_id[id(plugin)]!r}")
+        guarded = _Guarded(plugin, name or _default_name(plugin), self.pm)
         try:
-            registered = self.pm.register(plugin, name=name)
+            registered = self.pm.register(guarded, name=name or _default_name(plugin))
         except pluggy.PluginValidationError as exc:
             raise PluginLoadError(f"plugin {name or plugin!r}: {exc}") from exc
-        except ValueError as exc:  # duplicate name or object
+        except ValueError as exc:  # duplicate name
             raise PluginLoadError(f"plugin {name or plugin!r}: {exc}") from exc
         if registered is None:  # blocked name
             return name or ""
         self._sources[registered] = source
-        known = set(hookspecs.hook_names())  # a misspelled hook is reported by check(), not here
-        for caller in self.pm.get_hookcallers(self.pm.get_plugin(registered)) or []:
-            if caller.name not in known:
-                continue
-            for impl in caller.get_hookimpls():
-                if impl.plugin_name == registered and not hasattr(impl.function, "__timeslice_guard__"):
-                    impl.function = _guard(impl.function, registered, caller.name)
+        self._by_id[id(plugin)] = registered
         return registered
 
     def load(
@@ -179,13 +181,6 @@ class TimesliceManager:
             raise PluginLoadError(
                 f"plugin {plugin_name!r} implements unknown hook {bad!r}{suggestion}"
             ) from exc
-        for name in known:
-            for impl in getattr(self.pm.hook, name).get_hookimpls():
-                if impl.hookwrapper or impl.wrapper:
-                    raise PluginLoadError(
-                        f"plugin {impl.plugin_name!r}: hook {name!r} is declared as a wrapper; timeslice "
-                        "hooks are called one plugin at a time, so wrappers are not supported"
-                    )
 
     def plugins(self) -> list[PluginInfo]:
         out = []
@@ -201,28 +196,59 @@ class TimesliceManager:
         return list(self._disabled)
 
     def get(self, name: str) -> Any:
-        return self.pm.get_plugin(name)
+        """The plugin object registered under ``name`` (as given, not pluggy's stand-in), or None."""
+        guarded = self.pm.get_plugin(name)
+        return guarded.plugin if isinstance(guarded, _Guarded) else guarded
 
     def call(self, hook_name: str, **kwargs: Any) -> list[Any]:
         """Call a hook through pluggy: the non-None results in call order, with the hook's error policy."""
         return getattr(self.pm.hook, hook_name)(**kwargs)
 
-    def trace(self, logger: Any, enabled: Callable[[], bool] = lambda: True) -> None:
-        """Log every hook call (hook, plugins, result, duration) through pluggy's call monitoring."""
-        started: dict[int, float] = {}
+    def trace(self, logger: Any, enabled: Callable[[], bool] = lambda: True,
+              clock: Callable[[], float] = time.perf_counter) -> None:
+        """Log every hook call (hook, plugins, result, duration) through pluggy's call monitoring.
+
+        Start times are kept on a stack per thread: a hook fired from inside another (the agent
+        plugin's ``handoff`` inside ``pre_train_step``) is timed on its own, and so is the outer one.
+        """
+        local = threading.local()
 
         def before(hook_name: str, impls: list, kwargs: dict) -> None:
-            started[threading.get_ident()] = time.perf_counter()
+            local.__dict__.setdefault("started", []).append(clock())
 
         def after(outcome: Any, hook_name: str, impls: list, kwargs: dict) -> None:
+            ms = (clock() - local.started.pop()) * 1e3
             if not enabled():
                 return
-            ms = (time.perf_counter() - started.pop(threading.get_ident(), time.perf_counter())) * 1e3
             plugins = ", ".join(i.plugin_name for i in reversed(impls))
             result = outcome.exception if outcome.exception is not None else outcome.get_result()
             logger.info("%s [%s] -> %r (%.1f ms)", hook_name, plugins, result, ms)
 
         self.pm.add_hookcall_monitoring(before, after)
+
+
+class _Guarded:
+    """What pluggy registers for a plugin: its hook implementations, each under its hook's error policy
+    (wrappers as they are: they see the other implementations' outcome and decide themselves)."""
+
+    def __init__(self, plugin: Any, name: str, pm: pluggy.PluginManager) -> None:
+        self.plugin = plugin
+        known = set(hookspecs.hook_names())
+        for attr in dir(plugin):
+            opts = pm.parse_hookimpl_opts(plugin, attr)
+            if opts is None:
+                continue
+            function = getattr(plugin, attr)
+            hook = opts.get("specname") or attr
+            wrapper = opts.get("wrapper") or opts.get("hookwrapper")
+            setattr(self, attr, function if wrapper or hook not in known else _guard(function, name, hook))
+
+    def __repr__(self) -> str:
+        return repr(self.plugin)
+
+
+def _default_name(plugin: Any) -> str:
+    return str(getattr(plugin, "__name__", None) or id(plugin))
 
 
 def _guard(function: Callable[..., Any], plugin: str, hook: str) -> Callable[..., Any]:
@@ -243,7 +269,6 @@ def _guard(function: Callable[..., Any], plugin: str, hook: str) -> Callable[...
             log.error("plugin %s raised in %s (reported, not fatal): %r", plugin, hook, exc, exc_info=exc)
             return None
 
-    guarded.__timeslice_guard__ = True  # type: ignore[attr-defined]
     return guarded
 
 
