@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from timeslice_verl.config import ConfigError, compose, enabled_settings, load_settings, options
+from timeslice_verl.config import ConfigError, enabled_settings, load_settings
+from timeslice_verl.overrides import compose, options
 
 
 def compose_verl(overrides: list[str]):
@@ -101,7 +102,7 @@ def test_options_ship_with_the_package():
 
 
 def test_one_tenant_per_gpu_replaces_the_options_single_url():
-    from timeslice_verl.config import compose
+    from timeslice_verl.overrides import compose
 
     urls = '["http://127.0.0.1:8001","http://127.0.0.1:8002/"]'
     settings = compose("interleave", [f"timeslice.tenant.urls={urls}"])  # interleave sets tenant.url too
@@ -112,3 +113,72 @@ def test_one_tenant_per_gpu_replaces_the_options_single_url():
         compose("interleave", ['timeslice.tenant.urls=["http://127.0.0.1:8001","http://127.0.0.1:8001/"]'])
     with pytest.raises(ConfigError, match=r"timeslice.tenant.url: 'http://a:1' is listed twice"):
         compose("interleave", ["timeslice.tenant.url='http://a:1,http://a:1'"])
+
+
+REFUSED_BY_VERL = [
+    ["timeslice=interleave"],  # no '+': verl's config has no timeslice default to override
+    ["+timeslice=interleave", "+timeslice=observe"],  # two options
+    ["+timeslice=schema"],  # the schema is not an option
+    ["+timeslice=interleavee"],
+    ["+timeslice=interleave", "timeslice.bogus=1"],
+    ["+timeslice=interleave", "timeslice.adapter=zz"],
+    ["+timeslice=interleave", "timeslice.agent.gpus=abc"],
+]
+
+
+def _message(exc: BaseException) -> str:
+    """Hydra's words without the name of the primary config (verl's differs from the CLI's) or its search path."""
+    import re
+
+    text = str(exc).split("Config search path:")[0]
+    return " ".join(re.sub(r"^In '[^']+': ", "", text).split())
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("overrides", REFUSED_BY_VERL, ids=" ".join)
+def test_the_config_command_refuses_what_verl_refuses_with_the_same_message(overrides):
+    from click.testing import CliRunner
+
+    from timeslice_verl.cli import main
+
+    with pytest.raises(Exception) as verl_refused:
+        compose_verl(overrides)
+    result = CliRunner().invoke(main, ["config", *overrides])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert _message(verl_refused.value) in " ".join(result.output.split()), (result.output, str(verl_refused.value))
+
+
+@pytest.mark.parametrize("overrides", [*REFUSED_BY_VERL, ["timeslice.job=a/b"], ["trainer.x=1"], ["--option", "off", "+timeslice=observe"]],
+                         ids=" ".join)
+def test_no_refused_config_prints_a_traceback(overrides):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "timeslice_verl.cli", "config", *overrides], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and done.stderr.splitlines()[-1].startswith("Error: ")
+
+
+def test_the_config_command_prints_every_key_in_the_trainers_syntax_and_reads_it_back():
+    from click.testing import CliRunner
+
+    from timeslice_verl.cli import main
+
+    result = CliRunner().invoke(main, ["config", "+timeslice=observe", "timeslice.agent.gpus=[1,2]", "timeslice.job=x"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "+timeslice=observe" and "timeslice.agent.gpus=[1,2]" in lines
+    assert compose("interleave", lines) == compose("observe", ["timeslice.agent.gpus=[1,2]", "timeslice.job=x"])
+    assert "schema" not in options()
+
+
+@pytest.mark.verl
+def test_a_job_renamed_in_one_place_only_is_refused_before_launch():
+    from timeslice_verl.adapters.preflight import preflight
+
+    with pytest.raises(ConfigError, match=r"^timeslice.job: is 'other' but ray_kwargs.ray_init.runtime_env.env_vars.TIMESLICE_JOB is 'timeslice'"):
+        preflight(compose_verl(["+timeslice=interleave", "timeslice.job=other"]))
+    preflight(compose_verl(["+timeslice=interleave", "timeslice.job=other",
+                            "ray_kwargs.ray_init.runtime_env.env_vars.TIMESLICE_JOB=other"]))

@@ -21,7 +21,8 @@ from agent_support import AgentProc, FakeVllmProc, spawn_worker
 from timeslice_verl import hookimpl
 from timeslice_verl.agent.client import AgentClient, AgentError
 from timeslice_verl.agent.freeze.base import FreezeError, TrainerBackend
-from timeslice_verl.config import ConfigError, PluginSettings, TimesliceSettings, compose
+from timeslice_verl.config import ConfigError, PluginSettings, TimesliceSettings
+from timeslice_verl.overrides import compose
 from timeslice_verl.events import InitWorkersEvent, RolloutEvent
 from timeslice_verl.manager import PluginLoadError, TimesliceManager
 from timeslice_verl.testing import RecordingPlugin, make_lifecycle
@@ -46,8 +47,9 @@ def test_tests_run_in_a_temporary_directory(tmp_path):
 def test_the_test_kit_loads_only_the_entry_point_plugins_a_test_names():
     installed = {ep.name for ep in importlib.metadata.entry_points(group="timeslice_verl")}
     settings = TimesliceSettings(job="j", plugins=PluginSettings(disabled=["agent"]))
-    lc = make_lifecycle(settings=settings, load_installed=True)
+    lc = make_lifecycle(settings=settings, load_installed=True, bundled=("agent", "timeline", "metrics"))
     assert {p.name for p in lc.manager.plugins()} == {"timeline", "metrics"}
+    assert make_lifecycle(settings=TimesliceSettings(job="j"), load_installed=True).manager.plugins() == []
     if "csv" in installed:
         named = make_lifecycle(settings=settings, load_installed=True, entry_points=["csv"])
         assert named.manager.get("csv") is not None
@@ -74,14 +76,14 @@ def test_the_ray_actor_test_passes_when_the_harness_file_is_collected_too(tmp_pa
 
 
 def test_config_accepts_the_trainers_option_syntax():
-    observe = json.loads(cli("config", "+timeslice=observe").stdout)["timeslice"]
+    observe = json.loads(cli("config", "--json", "+timeslice=observe").stdout)["timeslice"]
     assert observe["plugins"]["disabled"] == ["agent"]
-    off = json.loads(cli("config", "+timeslice=off").stdout)["timeslice"]
-    assert off["enabled"] is False
+    off = cli("config", "+timeslice=off").stdout.splitlines()
+    assert off[0] == "+timeslice=off" and "timeslice.enabled=false" in off
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["+timeslice=obsreve"], "did you mean 'observe'"),
+    (["+timeslice=obsreve"], "Available options in 'timeslice': interleave observe off"),
     (["trainer.total_epochs=3"], "trainer.total_epochs"),
     (["timeslice.agent.backend=cdua"], "timeslice.agent.backend"),
     (["timeslice.tenant.pause_mode=kep"], "timeslice.tenant.pause_mode"),
@@ -335,17 +337,15 @@ def test_the_client_refuses_a_socket_in_someone_elses_directory(tmp_path):
 
 
 def test_autostart_never_writes_its_log_through_a_link(tmp_path):
-    from timeslice_verl.plugins.agent import AgentPlugin
+    from timeslice_verl.autostart import start_agent
 
     run = tmp_path / "run"
     run.mkdir(mode=0o700)
     target = tmp_path / "target"
     (run / "agent.log").symlink_to(target)
-    plugin = AgentPlugin()
-    plugin.settings = compose("interleave", [f"timeslice.agent.socket={run / 'agent.sock'}", "timeslice.tenant.url="])
-    plugin.client = AgentClient(run / "agent.sock", connect_timeout_s=0.2)
+    settings = compose("interleave", [f"timeslice.agent.socket={run / 'agent.sock'}", "timeslice.tenant.url="])
     with pytest.raises(OSError):
-        plugin._autostart()
+        start_agent(settings)
     assert not target.exists()
 
 

@@ -18,7 +18,7 @@ def test_core_installs_and_imports_without_verl_or_torch(tmp_path):
     py = env_dir / "bin" / "python"
     subprocess.run([py, "-m", "pip", "install", "-q", str(ROOT)], check=True, timeout=900)
     probe = (
-        "import importlib.util as u, sys, timeslice_verl, timeslice_verl.config as c;"
+        "import importlib.util as u, sys, timeslice_verl, timeslice_verl.overrides as c;"
         "assert u.find_spec('verl') is None and u.find_spec('torch') is None, 'heavy deps leaked into the core';"
         "import timeslice_verl.manager, timeslice_verl.lifecycle, timeslice_verl.hookspecs;"
         "assert 'site-packages' in str(c.conf_dir()), c.conf_dir();"
@@ -28,6 +28,6 @@ def test_core_installs_and_imports_without_verl_or_torch(tmp_path):
     assert "interleave" in out.stdout
     cli = env_dir / "bin" / "timeslice-verl"
     out = subprocess.run([cli, "config", "timeslice.job=fresh"], check=True, capture_output=True, text=True)
-    assert '"job": "fresh"' in out.stdout
+    assert "timeslice.job='fresh'" in out.stdout.splitlines()
     bad = subprocess.run([cli, "config", "timeslice.jobb=fresh"], capture_output=True, text=True)
     assert bad.returncode != 0 and "timeslice.jobb" in bad.stderr

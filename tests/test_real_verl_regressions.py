@@ -204,12 +204,14 @@ def test_run_ppo_is_wrapped_by_the_preflight():
     import verl.trainer.main_ppo as main_ppo
     from omegaconf import OmegaConf
 
-    from timeslice_verl.config import ConfigError
-
     assert getattr(main_ppo.run_ppo, "__timeslice_preflight__", False)
     cfg = OmegaConf.create({"timeslice": {"enabled": True}, "async_training": {"use_trainer_do_validate": True}})
-    with pytest.raises(ConfigError):
-        main_ppo.run_ppo(cfg, task_runner_class=None)  # refused before verl starts Ray
+    # refused before verl starts Ray, as an exit with the reason (Python and Hydra print no traceback for it)
+    with pytest.raises(SystemExit) as refused:
+        main_ppo.run_ppo(cfg, task_runner_class=None)
+    assert not isinstance(refused.value, Exception)
+    assert str(refused.value.code).startswith("timeslice refused this config before starting verl: "
+                                              "async_training.use_trainer_do_validate: is true")
 
 
 @needs_verl

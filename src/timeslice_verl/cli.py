@@ -9,7 +9,8 @@ import sys
 import click
 
 from timeslice_verl import __version__
-from timeslice_verl.config import ConfigError, compose, options
+from timeslice_verl.config import ConfigError
+from timeslice_verl.overrides import compose, options
 from timeslice_verl.log import setup_cli_logging
 
 
@@ -30,13 +31,25 @@ def main(log_level: str) -> None:
 
 
 @main.command("config")
-@click.option("--option", "option", default="interleave", show_default=True, help="Option of the timeslice group.")
+@click.option("--option", "option", default=None, help="Option of the timeslice group (default: interleave; "
+              "or +timeslice=NAME among the overrides).")
+@click.option("--json", "as_json", is_flag=True, help="Print the section as JSON instead.")
 @click.argument("overrides", nargs=-1)
-def config_cmd(option: str, overrides: tuple[str, ...]) -> None:
-    """Print the validated timeslice section: the option (--option or +timeslice=NAME) plus
-    timeslice.KEY=VALUE overrides, in the trainer's own syntax."""
-    settings = _settings_from(option, overrides)
-    click.echo(json.dumps({"timeslice": dataclasses.asdict(settings)}, indent=2, default=str))
+def config_cmd(option: str | None, as_json: bool, overrides: tuple[str, ...]) -> None:
+    """Print the validated timeslice section, every key, in the trainer's own override syntax: the
+    option (+timeslice=NAME) plus timeslice.KEY=VALUE overrides. What verl would refuse is refused."""
+    from timeslice_verl.overrides import picks_option, to_overrides
+
+    if option is not None and any(picks_option(o) for o in overrides):
+        raise click.UsageError("timeslice: the option is given twice (--option and +timeslice=…); give one")
+    settings = _settings_from(option or "interleave", overrides)
+    if as_json:
+        click.echo(json.dumps({"timeslice": dataclasses.asdict(settings)}, indent=2, default=str))
+        return
+    chosen = next((o.partition("=")[2] for o in overrides if picks_option(o)), option or "interleave")
+    click.echo(f"+timeslice={chosen}")
+    for line in to_overrides(settings, sections=None):
+        click.echo(line)
 
 
 @main.command("hooks")

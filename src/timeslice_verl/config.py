@@ -8,7 +8,6 @@ choices fail with :class:`ConfigError`, whose message starts with the full key.
 
 from __future__ import annotations
 
-import difflib
 import enum
 import os
 import re
@@ -301,80 +300,3 @@ def state_path(settings: TimesliceSettings) -> Path:
     if settings.agent.state_file:
         return Path(settings.agent.state_file)
     return socket_path(settings).with_name(socket_path(settings).stem + "-state.json")
-
-
-def register_schema() -> None:
-    """Put the schema into Hydra's ConfigStore as ``timeslice/schema`` (options extend it)."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(group=SECTION, name="schema", node=TimesliceSettings, package=SECTION)
-
-
-def conf_dir() -> Path:
-    """The shipped Hydra config directory (inside the wheel, or ``conf/`` of a source checkout)."""
-    here = Path(__file__).resolve().parent
-    packaged = here / "conf"
-    if (packaged / SECTION).is_dir():
-        return packaged
-    source = here.parent.parent / "conf"
-    if (source / SECTION).is_dir():
-        return source
-    raise FileNotFoundError(f"timeslice-verl's Hydra config directory is missing (looked in {packaged} and {source})")
-
-
-def options() -> list[str]:
-    """The option names of the ``timeslice`` group (``+timeslice=<option>``)."""
-    return sorted(p.stem for p in (conf_dir() / SECTION).glob("*.yaml"))
-
-
-def split_overrides(option: str, overrides: list[str]) -> tuple[str, list[str]]:
-    """The option and the ``timeslice.*`` overrides, in the trainer's syntax.
-
-    ``+timeslice=<option>`` (or ``timeslice=<option>``) picks the option, as on verl's command line;
-    ``timeslice.key=value`` sets a key. Anything else is refused: this command could not apply it.
-    """
-    ours: list[str] = []
-    for item in overrides:
-        key, eq, value = item.partition("=")
-        bare = key.lstrip("+~")
-        if bare == SECTION and eq:
-            option = value
-        elif bare.startswith(SECTION + "."):
-            if not eq and not key.startswith("~"):
-                raise ConfigError(bare, f"override {item!r} has no '=value'")
-            ours.append(item)
-        else:
-            raise ConfigError(
-                bare or item, f"{item!r} is not a timeslice setting: this command reads only "
-                f"'+{SECTION}=<option>' and '{SECTION}.<key>=<value>'",
-            )
-    if option not in options():
-        hint = difflib.get_close_matches(option, options(), n=1)
-        raise ConfigError(SECTION, f"unknown option {option!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
-                          + f" (options: {', '.join(options())})")
-    return option, ours
-
-
-def compose(option: str = "interleave", overrides: list[str] | None = None) -> TimesliceSettings:
-    """Compose ``timeslice=<option>`` plus dotted overrides outside verl (agent, CLI), validated."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    option, ours = split_overrides(option, list(overrides or []))
-    register_schema()
-    if GlobalHydra.instance().is_initialized():
-        GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            cfg = hydra_compose(config_name=None, overrides=[f"+{SECTION}={option}", *ours])
-    except OmegaConfBaseException as exc:
-        raise ConfigError(_full_key(getattr(exc, "full_key", "")), str(exc).splitlines()[0]) from None
-    except Exception as exc:  # Hydra's own override / composition errors
-        if not type(exc).__module__.startswith("hydra"):
-            raise
-        cause = exc.__cause__
-        if isinstance(cause, OmegaConfBaseException) and getattr(cause, "full_key", ""):
-            raise ConfigError(_full_key(cause.full_key), str(cause).splitlines()[0]) from None
-        raise ConfigError(SECTION, str(exc).splitlines()[0]) from None
-    return load_settings(cfg.get(SECTION))

@@ -11,9 +11,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from timeslice_verl.config import ConfigError, TimesliceSettings, enabled_settings
+from timeslice_verl.config import JOB_TAG_ENV, ConfigError, TimesliceSettings, enabled_settings
 
 BUNDLED_AGENT = "agent"
+JOB_TAG_KEY = f"ray_kwargs.ray_init.runtime_env.env_vars.{JOB_TAG_ENV}"
 
 # verl features that run the trainer's GPUs between its release at weight_sync_end and the next
 # pre_train_step: a frozen (CUDA-locked) worker would hang there instead of failing.
@@ -71,6 +72,11 @@ def preflight(config: Any, *, v1: bool = False) -> None:
                           "verl.trainer.main_ppo trainer.use_v1=True trainer.v1.trainer_mode=separate_async)")
     if BUNDLED_AGENT in settings.plugins.disabled:
         return  # observe-only: the GPU is never handed over
+    tag = _select(config, JOB_TAG_KEY)
+    if tag is not None and str(tag) != settings.job:
+        raise ConfigError("timeslice.job", f"is {settings.job!r} but {JOB_TAG_KEY} is {tag!r}: the agent finds the "
+                          f"job's GPU processes by that tag, so rename the job in both places "
+                          f"(timeslice.job={settings.job} {JOB_TAG_KEY}={settings.job})")
     for key, what in GPU_USE_WHILE_RELEASED.items():
         if _select(config, key):
             raise ConfigError(
@@ -81,8 +87,16 @@ def preflight(config: Any, *, v1: bool = False) -> None:
 
 
 def wrap_run_ppo(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """``wrapt`` wrapper of ``verl.trainer.main_ppo.run_ppo``: preflight, then verl."""
+    """``wrapt`` wrapper of ``verl.trainer.main_ppo.run_ppo``: preflight, then verl. A refused config
+    ends the launcher with the message alone (a user's mistake, not a crash: no traceback)."""
     config = kwargs.get("config", args[0] if args else None)
     runner = kwargs.get("task_runner_class", args[1] if len(args) > 1 else None)
-    preflight(config, v1=_is_v1_runner(runner))
+    try:
+        preflight(config, v1=_is_v1_runner(runner))
+    except ConfigError as exc:
+        raise ConfigRefused(f"timeslice refused this config before starting verl: {exc}") from None
     return wrapped(*args, **kwargs)
+
+
+class ConfigRefused(SystemExit):
+    """Exit status 1 with the reason on stderr (``SystemExit`` passes through Hydra's error reporting)."""

@@ -31,7 +31,7 @@ from timeslice_verl import analysis
 from timeslice_verl.agent.client import wait_for_agent
 from timeslice_verl.agent.gpu import gpu_count
 from timeslice_verl.config import NCCL_ENV
-from timeslice_verl.config import compose
+from timeslice_verl.overrides import compose
 from timeslice_verl.events import CheckpointEvent, InitWorkersEvent, RolloutEvent, TrainStepEvent, WeightSyncEvent
 from timeslice_verl.lifecycle import Lifecycle
 from timeslice_verl.log import get_logger
