@@ -67,13 +67,16 @@ def make_lifecycle(
     trainer: Any = None,
     load_installed: bool = False,
     entry_points: Sequence[str] | None = (),
+    bundled: Sequence[str] = (),
     adapter: str = "test",
 ) -> Lifecycle:
     """The real manager and dispatcher around ``plugins`` (registered in order).
 
     ``load_installed=True`` also loads what ``settings.plugins`` selects, as a trainer process
-    would: the bundled plugins, and of the installed entry-point plugins only those named in
-    ``entry_points`` (a test loads only what it names; ``None``: every installed one).
+    would, of the installed entry-point plugins only those named in ``entry_points`` (a test loads
+    only what it names; ``None``: every installed one), and of timeslice's bundled plugins only those
+    named in ``bundled`` (``agent``, ``timeline``, ``metrics``): by default none, so a test reaches no
+    agent and writes no timeline.
     """
     settings = settings or TimesliceSettings(job="test-job")
     manager = TimesliceManager()
@@ -81,7 +84,7 @@ def make_lifecycle(
         plugin_settings = settings.plugins
         if entry_points is not None and plugin_settings.enabled is None:
             plugin_settings = dataclasses.replace(plugin_settings, enabled=list(entry_points))
-        manager.load(plugin_settings)
+        manager.load(plugin_settings, bundled=bundled)
     for i, plugin in enumerate(plugins):
         manager.register(plugin, getattr(plugin, "name", None) or f"plugin-{i}")
     manager.check()
