@@ -5,7 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
 MAX_LINES = 420
 
 
@@ -65,3 +66,77 @@ def test_the_agent_needs_neither_hydra_nor_the_dispatcher():
     for name, path in agent.items():
         imported = _module_level_imports(name, path, set(mods))
         assert not imported & {"timeslice_verl.config", "timeslice_verl.lifecycle", "timeslice_verl.manager"}, (name, imported)
+
+
+def _layer_table() -> list[tuple[str, list[str], set[str] | None]]:
+    """docs/architecture.md's layer table: (layer, module paths named outside parentheses, may import;
+    None for everything)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = text[text.index("| layer | modules | may import |"):].split("\n\n")[0].splitlines()[2:]
+    table = []
+    for row in rows:
+        layer, modules, may = (cell.strip() for cell in row.strip().strip("|").split("|"))
+        depth, names, token = 0, [], None
+        for ch in modules:
+            if token is not None:
+                if ch == "`":
+                    names.append(token)
+                    token = None
+                else:
+                    token += ch
+            elif ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+            elif ch == "`" and depth == 0:
+                token = ""
+        allowed = None if may == "everything" else {m.strip() for m in may.split(",") if m.strip() not in ("—", "")}
+        table.append((layer, names, allowed))
+    return table
+
+
+def _module_of(path: str) -> str:
+    if path.startswith("hydra_plugins/"):
+        return path.rstrip("/").replace("/", ".")
+    dotted = path.removesuffix(".py").removesuffix("__init__").rstrip("/").replace("/", ".").rstrip(".")
+    return "timeslice_verl" + ("." + dotted if dotted else "")
+
+
+def _layer_of(module: str, table) -> str | None:
+    best, layer = -1, None
+    for name, paths, _ in table:
+        for path in paths:
+            target = _module_of(path)
+            package = path.endswith("/")
+            if module == target or (package and module.startswith(target + ".")):
+                if len(path) > best:
+                    best, layer = len(path), name
+    return layer
+
+
+def test_imports_follow_the_layer_table_of_the_architecture_doc():
+    table = _layer_table()
+    assert [name for name, _, _ in table][:2] == ["base", "config"], "the table was not found or not parsed"
+    allowed = {name: may for name, _, may in table}
+    mods = _modules()
+    unplaced = sorted(m for m in mods if _layer_of(m, table) is None)
+    assert not unplaced, f"modules the layer table of docs/architecture.md does not place: {unplaced}"
+    wrong = []
+    for name, path in mods.items():
+        layer = _layer_of(name, table)
+        for target in _module_level_imports(name, path, set(mods)):
+            other = _layer_of(target, table)
+            may = allowed[layer]
+            if other != layer and may is not None and other not in may:
+                wrong.append(f"{name} ({layer}) imports {target} ({other})")
+    assert not wrong, wrong
+
+
+def test_the_layer_check_catches_an_upward_import():
+    table = _layer_table()
+    assert _layer_of("timeslice_verl.agent.server", table) == "agent daemon"
+    assert _layer_of("timeslice_verl.agent.freeze.sigstop", table) == "agent"
+    assert _layer_of("timeslice_verl.agent.client", table) == "agent client"
+    assert _layer_of("timeslice_verl", table) == "base"
+    allowed = {name: may for name, _, may in table}
+    assert "dispatcher" not in allowed["agent"] and "config" not in allowed["agent"]
