@@ -20,17 +20,7 @@ import threading
 from typing import Any, Callable, TypeVar
 
 from timeslice_verl.config import TimesliceSettings
-from timeslice_verl.events import (
-    CheckpointEvent,
-    Event,
-    ExceptionEvent,
-    HandoffEvent,
-    InitWorkersEvent,
-    RolloutEvent,
-    RunEvent,
-    TrainStepEvent,
-    WeightSyncEvent,
-)
+from timeslice_verl.events import Event, ExceptionEvent, RunEvent
 from timeslice_verl.hookspecs import GATING_HOOKS
 from timeslice_verl.log import get_logger
 from timeslice_verl.manager import TimesliceManager
@@ -199,36 +189,6 @@ class Lifecycle:
         """The one dispatch path: pluggy calls the plugins; each implementation carries the hook's
         error policy (see :meth:`TimesliceManager.register`), pluggy's monitoring the tracing."""
         return self.manager.call(hook, **kwargs)
-
-    # ------------------------------------------------------------------ one method per hook
-
-    def init_workers_begin(self, event: InitWorkersEvent) -> list[Any]:
-        return self.call("init_workers_begin", event)
-
-    def init_workers_end(self, event: InitWorkersEvent) -> list[Any]:
-        return self.call("init_workers_end", event)
-
-    def post_rollout(self, event: RolloutEvent) -> list[Any]:
-        return self.call("post_rollout", event)
-
-    def pre_train_step(self, event: TrainStepEvent) -> list[Any]:
-        return self.call("pre_train_step", event)
-
-    def weight_sync_begin(self, event: WeightSyncEvent) -> list[Any]:
-        return self.call("weight_sync_begin", event)
-
-    def weight_sync_end(self, event: WeightSyncEvent) -> list[Any]:
-        return self.call("weight_sync_end", event)
-
-    def save_checkpoint_begin(self, event: CheckpointEvent) -> list[Any]:
-        """The plugins' answers: the save runs unless one of them is ``False``."""
-        return self.call("save_checkpoint_begin", event)
-
-    def save_checkpoint_end(self, event: CheckpointEvent) -> list[Any]:
-        return self.call("save_checkpoint_end", event)
-
-    def handoff(self, event: HandoffEvent) -> None:
-        self.notify("handoff", event)
 
 
 __all__ = ["Lifecycle"]

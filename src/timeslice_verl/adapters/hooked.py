@@ -27,6 +27,7 @@ from timeslice_verl.adapters.common import (
     set_in_fit,
     train_step_event,
 )
+from timeslice_verl.adapters.plans import arun, fit_plan
 from timeslice_verl.events import CheckpointEvent, InitWorkersEvent, WeightSyncEvent
 from timeslice_verl.log import get_logger
 
@@ -158,19 +159,11 @@ def _make_trainer(base: type) -> type:
 
         async def fit(self, *args: Any, **kwargs: Any) -> Any:
             lc = lifecycle_for(self, NAME)
+            if lc is None:
+                return await super().fit(*args, **kwargs)
             set_in_fit(self, True)
-            try:
-                result = await super().fit(*args, **kwargs)
-            except BaseException as exc:
-                set_in_fit(self, False)
-                if lc is not None:
-                    await lc.areport_exception("fit", exc)
-                    await lc.astop("error")
-                raise
-            set_in_fit(self, False)
-            if lc is not None:
-                await lc.astop("finished")
-            return result
+            return await arun(lc, fit_plan(lc, on_exit=lambda: set_in_fit(self, False)),
+                              lambda: super(TimesliceFullyAsyncTrainer, self).fit(*args, **kwargs))
 
     setattr(TimesliceFullyAsyncTrainer, HOOKED_MARKER, True)
     return TimesliceFullyAsyncTrainer

@@ -19,21 +19,19 @@ Errors escaping ``init_workers``, ``_fit_update_weights`` or ``fit`` fire ``trai
 once and propagate unchanged. Wrapping is idempotent, keeps each method's signature, docstring and
 async-ness (Ray inspects them), and is inert for a trainer without an enabled ``timeslice`` section.
 
-Each seam is written once, as a *plan*: a generator that yields what to do (fire a hook, call the
-original, report an error, stop) and gets the outcome back. A synchronous and an asynchronous
-driver run the same plan, so sync and async variants of a verl method behave identically.
+Each seam is written once, as a *plan* (:mod:`timeslice_verl.adapters.plans`, shared with the other
+adapters): a generator that yields what to do and gets the outcome back, driven the same way from a
+synchronous or an asynchronous verl method.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import time
-from dataclasses import dataclass
-from typing import Any, Callable, Generator
+from typing import Any, Callable
 
 from timeslice_verl.adapters.common import in_fit, lifecycle_for, rollout_event, save_due, set_in_fit, train_step_event
-from timeslice_verl.events import CheckpointEvent, Event, InitWorkersEvent, WeightSyncEvent
+from timeslice_verl.adapters.plans import CALL, Fire, Plan, arun, fit_plan, init_plan, run, save_plan, sync_plan
 from timeslice_verl.lifecycle import Lifecycle
 from timeslice_verl.log import get_logger
 
@@ -43,111 +41,48 @@ NAME = "stock"
 WRAPPED_MARK = "__timeslice_wrapped__"
 
 
-@dataclass(frozen=True)
-class _Fire:
-    hook: str
-    event: Event
-
-
-@dataclass(frozen=True)
-class _Report:
-    point: str
-    error: BaseException
-
-
-@dataclass(frozen=True)
-class _Stop:
-    reason: str
-
-
-_CALL = object()
-Plan = Generator[Any, Any, Any]
-
-
 # --------------------------------------------------------------------------- the plans
 
 
 def _plan_init_workers(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
-    t0 = time.monotonic()
-    try:
-        yield _Fire("init_workers_begin", lc.event(InitWorkersEvent))
-        result = yield _CALL
-    except BaseException as exc:
-        yield _Report("init_workers", exc)
-        raise
-    yield _Fire("init_workers_end", lc.event(InitWorkersEvent, elapsed_s=round(time.monotonic() - t0, 6)))
-    return result
+    return (yield from init_plan(lc))
 
 
 def _plan_get_samples(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
-    result = yield _CALL
+    result = yield CALL
     if isinstance(result, tuple) and len(result) == 2 and result[1] is not None:
-        yield _Fire("post_rollout", rollout_event(lc, self, result[1]))
+        yield Fire("post_rollout", rollout_event(lc, self, result[1]))
     return result
 
 
 def _plan_fit_generate(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
-    batch = yield _CALL
+    batch = yield CALL
     if batch is not None:
-        yield _Fire("pre_train_step", train_step_event(lc, self))
+        yield Fire("pre_train_step", train_step_event(lc, self))
     return batch
 
 
 def _plan_update_weights(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
-    initial = not in_fit(self)
-    t0 = time.monotonic()
-    try:
-        yield _Fire("weight_sync_begin", lc.event(WeightSyncEvent, initial=initial))
-        result = yield _CALL
-    except BaseException as exc:
-        yield _Report("update_weights", exc)
-        raise
-    elapsed = round(time.monotonic() - t0, 6)
-    synced = result is not None
-    yield _Fire(
-        "weight_sync_end",
-        lc.event(WeightSyncEvent, initial=initial, synced=synced, elapsed_s=elapsed, save_follows=synced and not initial and save_due(self)),
-    )
-    return result
+    return (yield from sync_plan(lc, initial=not in_fit(self), synced=lambda result: result is not None,
+                                 save_follows=lambda: save_due(self)))
 
 
 def _plan_fit_save_checkpoint(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
     self.__dict__["_timeslice_save_force"] = bool(kwargs.get("force", args[0] if args else False))
     try:
-        return (yield _CALL)
+        return (yield CALL)
     finally:
         self.__dict__.pop("_timeslice_save_force", None)
 
 
 def _plan_save_checkpoint(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
     force = bool(self.__dict__.get("_timeslice_save_force", False))
-    results = yield _Fire("save_checkpoint_begin", lc.event(CheckpointEvent, force=force))
-    if False in results:
-        log.warning("checkpoint save at param version %s vetoed by a plugin", getattr(self, "current_param_version", "?"))
-        yield _Fire("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=False, elapsed_s=0.0))
-        return None
-    t0 = time.monotonic()
-    try:
-        result = yield _CALL
-    except BaseException:
-        yield _Fire("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=False, elapsed_s=round(time.monotonic() - t0, 6)))
-        raise
-    yield _Fire("save_checkpoint_end", lc.event(CheckpointEvent, force=force, saved=True, elapsed_s=round(time.monotonic() - t0, 6)))
-    return result
+    return (yield from save_plan(lc, force=force, where=f"param version {getattr(self, 'current_param_version', '?')}"))
 
 
 def _plan_fit(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
     set_in_fit(self, True)
-    try:
-        result = yield _CALL
-    except BaseException as exc:
-        set_in_fit(self, False)
-        yield _Report("fit", exc)
-        yield _Stop("error")
-        raise
-    set_in_fit(self, False)
-    yield _Stop("finished")
-    return result
+    return (yield from fit_plan(lc, on_exit=lambda: set_in_fit(self, False)))
 
 
 PLANS: dict[str, Callable[..., Plan]] = {
@@ -162,41 +97,6 @@ PLANS: dict[str, Callable[..., Plan]] = {
 SEAMS = tuple(PLANS)
 
 
-# --------------------------------------------------------------------------- the drivers
-
-
-def _sync_step(lc: Lifecycle, step: Any, call: Callable[[], Any]) -> Any:
-    if step is _CALL:
-        return call()
-    if isinstance(step, _Fire):
-        return lc.call(step.hook, step.event)
-    if isinstance(step, _Report):
-        return lc.report_exception(step.point, step.error)
-    if isinstance(step, _Stop):
-        return lc.stop(step.reason)
-    raise TypeError(f"unknown plan step {step!r}")  # pragma: no cover
-
-
-async def _async_step(lc: Lifecycle, step: Any, call: Callable[[], Any]) -> Any:
-    if step is _CALL:
-        return await call()
-    if isinstance(step, _Fire):
-        return await lc.fire(step.hook, step.event)
-    if isinstance(step, _Report):
-        return await lc.areport_exception(step.point, step.error)
-    if isinstance(step, _Stop):
-        return await lc.astop(step.reason)
-    raise TypeError(f"unknown plan step {step!r}")  # pragma: no cover
-
-
-def _advance(plan: Plan, value: Any, error: BaseException | None) -> tuple[bool, Any]:
-    """Feed the last outcome into the plan: ``(done, next step or return value)``."""
-    try:
-        return False, (plan.throw(error) if error is not None else plan.send(value))
-    except StopIteration as stop:
-        return True, stop.value
-
-
 def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     make_plan = PLANS[name]
 
@@ -206,17 +106,7 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             lc = lifecycle_for(self, NAME)
             if lc is None:
                 return await original(self, *args, **kwargs)
-            plan = make_plan(self, lc, args, kwargs)
-            value, error = None, None
-            while True:
-                done, step = _advance(plan, value, error)
-                if done:
-                    return step
-                value, error = None, None
-                try:
-                    value = await _async_step(lc, step, lambda: original(self, *args, **kwargs))
-                except BaseException as exc:  # handed to the plan, which re-raises it
-                    error = exc
+            return await arun(lc, make_plan(self, lc, args, kwargs), lambda: original(self, *args, **kwargs))
 
     else:
 
@@ -224,17 +114,7 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             lc = lifecycle_for(self, NAME)
             if lc is None:
                 return original(self, *args, **kwargs)
-            plan = make_plan(self, lc, args, kwargs)
-            value, error = None, None
-            while True:
-                done, step = _advance(plan, value, error)
-                if done:
-                    return step
-                value, error = None, None
-                try:
-                    value = _sync_step(lc, step, lambda: original(self, *args, **kwargs))
-                except BaseException as exc:
-                    error = exc
+            return run(lc, make_plan(self, lc, args, kwargs), lambda: original(self, *args, **kwargs))
 
     wrapped = functools.wraps(original)(seam)
     wrapped.__timeslice_seam__ = name  # type: ignore[attr-defined]

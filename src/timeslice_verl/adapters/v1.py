@@ -34,9 +34,10 @@ from types import ModuleType
 from typing import Any, Iterator
 
 from timeslice_verl.adapters.common import _V1_VERSION_ATTR, V1_MARKER, lifecycle_for
+from timeslice_verl.adapters.plans import fit_plan, init_plan, run, save_plan, sync_plan
 from timeslice_verl.adapters.preflight import check_v1
 from timeslice_verl.config import enabled_settings
-from timeslice_verl.events import CheckpointEvent, InitWorkersEvent, RolloutEvent, TrainStepEvent, WeightSyncEvent
+from timeslice_verl.events import RolloutEvent, TrainStepEvent
 from timeslice_verl.log import get_logger
 
 log = get_logger("adapter.v1")
@@ -79,15 +80,12 @@ def build(module: ModuleType) -> type:
             lc = lifecycle_for(self, NAME)
             if lc is None:
                 return super()._setup()
-            t0 = time.monotonic()
-            lc.init_workers_begin(lc.event(InitWorkersEvent))
-            try:
+
+            def setup() -> None:
                 with _verl_091_setup_logging(module, self):
-                    super()._setup()
-            except BaseException as exc:
-                lc.report_exception("init_workers", exc)
-                raise
-            lc.init_workers_end(lc.event(InitWorkersEvent, elapsed_s=round(time.monotonic() - t0, 6)))
+                    super(TimesliceSeparateAsync, self)._setup()
+
+            return run(lc, init_plan(lc), setup)
 
         def on_init_end(self) -> None:
             self._timeslice_sync(initial=True, push=super().on_init_end)
@@ -103,29 +101,17 @@ def build(module: ModuleType) -> type:
                 return
             waited = time.monotonic() - self.__dict__.pop("_timeslice_sample_t0", time.monotonic())
             samples = int(self.config.data.train_batch_size) // max(1, int(self.parameter_sync_step))
-            lc.post_rollout(lc.event(RolloutEvent, samples=samples, required_samples=samples,
+            lc.call("post_rollout", lc.event(RolloutEvent, samples=samples, required_samples=samples,
                                              queue_wait_s=round(waited, 6)))
-            lc.pre_train_step(lc.event(TrainStepEvent, local_step=int(self.local_trigger_step) + 1, samples=samples))
+            lc.call("pre_train_step", lc.event(TrainStepEvent, local_step=int(self.local_trigger_step) + 1,
+                                               samples=samples))
 
         def _save_checkpoint(self) -> None:
             lc = lifecycle_for(self, NAME)
             if lc is None:
                 return super()._save_checkpoint()
             force = int(self.global_steps) >= int(getattr(self, "total_training_steps", 0) or 0)
-            if False in lc.save_checkpoint_begin(lc.event(CheckpointEvent, force=force)):
-                log.warning("checkpoint save at step %s vetoed by a plugin", self.global_steps)
-                lc.save_checkpoint_end(lc.event(CheckpointEvent, force=force, saved=False, elapsed_s=0.0))
-                return None
-            t0 = time.monotonic()
-            try:
-                super()._save_checkpoint()
-            except BaseException:
-                lc.save_checkpoint_end(lc.event(CheckpointEvent, force=force, saved=False,
-                                                        elapsed_s=round(time.monotonic() - t0, 6)))
-                raise
-            lc.save_checkpoint_end(lc.event(CheckpointEvent, force=force, saved=True,
-                                                    elapsed_s=round(time.monotonic() - t0, 6)))
-            return None
+            return run(lc, save_plan(lc, force=force, where=f"step {self.global_steps}"), super()._save_checkpoint)
 
         def on_step_end(self) -> None:
             self._timeslice_sync(initial=False, push=super().on_step_end)
@@ -134,31 +120,20 @@ def build(module: ModuleType) -> type:
             lc = lifecycle_for(self, NAME)
             if lc is None:
                 return push()
-            t0 = time.monotonic()
-            lc.weight_sync_begin(lc.event(WeightSyncEvent, initial=initial))
-            try:
+
+            def pushed() -> None:
                 push()
-            except BaseException as exc:
-                lc.report_exception("update_weights", exc)
-                raise
-            if not initial:
-                self.__dict__[_V1_VERSION_ATTR] = self.__dict__.get(_V1_VERSION_ATTR, 0) + 1
+                if not initial:
+                    self.__dict__[_V1_VERSION_ATTR] = self.__dict__.get(_V1_VERSION_ATTR, 0) + 1
+
             # v1 saves before it pushes, so no save follows a push in the same step
-            lc.weight_sync_end(lc.event(WeightSyncEvent, initial=initial, synced=True,
-                                                elapsed_s=round(time.monotonic() - t0, 6)))
+            return run(lc, sync_plan(lc, initial=initial), pushed)
 
         def fit(self, *args: Any, **kwargs: Any) -> Any:
             lc = lifecycle_for(self, NAME)
-            try:
-                result = super().fit(*args, **kwargs)
-            except BaseException as exc:
-                if lc is not None:
-                    lc.report_exception("fit", exc)
-                    lc.stop("error")
-                raise
-            if lc is not None:
-                lc.stop("finished")
-            return result
+            if lc is None:
+                return super().fit(*args, **kwargs)
+            return run(lc, fit_plan(lc), lambda: super(TimesliceSeparateAsync, self).fit(*args, **kwargs))
 
     setattr(TimesliceSeparateAsync, V1_MARKER, True)
     TimesliceSeparateAsync.__module__ = __name__

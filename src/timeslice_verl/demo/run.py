@@ -244,30 +244,30 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
 
         # init_workers: the job's GPU worker is created and loads its "model"
         t0 = time.monotonic()
-        lc.init_workers_begin(lc.event(InitWorkersEvent))
+        lc.call("init_workers_begin", lc.event(InitWorkersEvent))
         worker = Worker("cuda" if gpu else "cpu", opts.gib, out / "worker.log")
-        lc.init_workers_end(lc.event(InitWorkersEvent, elapsed_s=round(time.monotonic() - t0, 6)))
+        lc.call("init_workers_end", lc.event(InitWorkersEvent, elapsed_s=round(time.monotonic() - t0, 6)))
         # the pre-fit weight sync fully_async_main runs before fit()
-        lc.weight_sync_begin(lc.event(WeightSyncEvent, initial=True))
+        lc.call("weight_sync_begin", lc.event(WeightSyncEvent, initial=True))
         time.sleep(0.05)
-        lc.weight_sync_end(lc.event(WeightSyncEvent, initial=True, synced=True, elapsed_s=0.05))
+        lc.call("weight_sync_end", lc.event(WeightSyncEvent, initial=True, synced=True, elapsed_s=0.05))
 
         step_log = []
         for step in range(1, opts.steps + 1):
             trainer.global_steps, trainer.metrics = step, {}
             wait = opts.rollout_s * rng.uniform(0.8, 1.2)
             time.sleep(wait)  # the rollout engines produce the next batch; the trainer GPU idles
-            lc.post_rollout(lc.event(RolloutEvent, samples=16, required_samples=16, queue_wait_s=round(wait, 6)))
-            lc.pre_train_step(lc.event(TrainStepEvent, local_step=1, samples=16))
+            lc.call("post_rollout", lc.event(RolloutEvent, samples=16, required_samples=16, queue_wait_s=round(wait, 6)))
+            lc.call("pre_train_step", lc.event(TrainStepEvent, local_step=1, samples=16))
             done = worker.ask(f"step {opts.train_s * 1e3:.0f}")
             trainer.current_param_version += 1
-            lc.weight_sync_begin(lc.event(WeightSyncEvent))
+            lc.call("weight_sync_begin", lc.event(WeightSyncEvent))
             time.sleep(0.05)
-            lc.weight_sync_end(lc.event(WeightSyncEvent, synced=True, elapsed_s=0.05))
+            lc.call("weight_sync_end", lc.event(WeightSyncEvent, synced=True, elapsed_s=0.05))
             if opts.save_every and step % opts.save_every == 0:
-                lc.save_checkpoint_begin(lc.event(CheckpointEvent))
+                lc.call("save_checkpoint_begin", lc.event(CheckpointEvent))
                 time.sleep(0.1)
-                lc.save_checkpoint_end(lc.event(CheckpointEvent, saved=True, elapsed_s=0.1))
+                lc.call("save_checkpoint_end", lc.event(CheckpointEvent, saved=True, elapsed_s=0.1))
             step_log.append({"step": step, "worker": done, **{k: v for k, v in trainer.metrics.items() if k.startswith("timeslice/")}})
             log.info("step %d: %s %s", step, done, {k: v for k, v in trainer.metrics.items() if k.startswith("timeslice/")})
         intact = worker.ask("check").split()[-1] == worker.checksum
