@@ -103,6 +103,8 @@ def agent_cmd(option: str, overrides: tuple[str, ...]) -> None:
         raise click.ClickException(str(exc)) from None
     except ValueError as exc:  # bad GPU index and the like, named by key
         raise click.ClickException(str(exc)) from None
+    except OSError as exc:  # a port or path the agent cannot take
+        raise click.ClickException(f"the agent could not start: {exc}") from None
 
 
 @main.command("status", context_settings={"ignore_unknown_options": True})

@@ -56,7 +56,9 @@ class RecoveryMixin:
         self.wake()
 
     async def shutdown(self) -> None:
-        """Stop serving; thaw every frozen job and wake the tenant, so nothing is left frozen."""
+        """Stop serving; thaw every frozen job and wake the tenant, so nothing is left frozen. Once."""
+        if self.shutting_down:
+            return
         self.shutting_down = True
         for _name, fut in list(self.waiters.items()):
             if not fut.done():

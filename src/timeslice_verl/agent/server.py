@@ -9,9 +9,11 @@ SIGINT stop the agent cleanly: no new requests, frozen jobs thawed, vLLM woken.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import fcntl
+import logging
 import itertools
 import os
 import signal
@@ -142,23 +144,37 @@ class AgentServer:
         # A closed terminal must not kill the agent mid-handoff (jobs left CUDA-locked): keep serving.
         loop.add_signal_handler(signal.SIGHUP, log.warning, "SIGHUP ignored: the agent keeps serving (stop it with SIGTERM)")
         await self._stop.wait()
-        await self.close()
 
     def _on_signal(self, sig: int) -> None:
-        log.info("%s: shutting down (thawing frozen jobs, waking the tenant)", signal.Signals(sig).name)
+        name = signal.Signals(sig).name
+        if self._stop.is_set():  # the user insists: leave now; the state file lets the next agent thaw
+            frozen = self.arbiter.snapshot().get("jobs", [])
+            log.error("%s again: exiting at once, without finishing the shutdown; jobs as recorded: %s. Start the "
+                      "agent again with the same state file: it thaws what is left frozen and wakes the tenant",
+                      name, [(j.get("name"), j.get("state")) for j in frozen if isinstance(j, dict)])
+            logging.shutdown()
+            os._exit(128 + sig)
+        log.info("%s: shutting down (thawing frozen jobs, waking the tenant); send it again to exit at once", name)
         self._stop.set()
 
     def stop(self) -> None:
         self._stop.set()
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        """Stop listening, shut the arbiter down (thaw, wake), end the connections, remove the socket."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
         await self.arbiter.shutdown()
         for writer in list(self._writers):  # end client connections so their handlers finish
             writer.close()
         if self._handlers:
             await asyncio.wait(self._handlers, timeout=5)
+        try:
+            await asyncio.wait_for(server.wait_closed(), 5)
+        except asyncio.TimeoutError:
+            log.warning("connections still open 5 s after closing the socket")
         try:
             self.path.unlink()
         except FileNotFoundError:
@@ -262,57 +278,57 @@ class AgentServer:
 
 
 async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None = None) -> None:
-    """Build the backend, the arbiter and the server from ``settings``; serve until SIGTERM/SIGINT."""
-    path = socket_path(settings)
-    probe = open_probe(settings.agent.gpus)
-    try:
-        backend = make_backend(
-            settings.agent.backend,
-            probe=probe,
-            driver_timeout_s=settings.agent.driver_timeout_s,
-            cuda_checkpoint_bin=settings.agent.cuda_checkpoint_bin,
-        )
-    except BackendUnavailable as exc:
-        raise AgentStartError(f"timeslice.agent.backend={settings.agent.backend}: {exc}") from None
-    backend.only_on_gpus = not settings.agent.freeze_off_gpu
-    if not backend.frees_gpu_memory:
-        log.warning("backend %s: %s", backend.name, backend.description)
-    arbiter = Arbiter(
-        backend,
-        StateStore(state_path(settings)),
-        probe=probe,
-        tenant_request_timeout_s=settings.tenant.request_timeout_s,
-        tenant_drain_timeout_s=settings.tenant.drain_timeout_s,
-        tenant_pause_mode=settings.tenant.pause_mode,
-        reattach_grace_s=settings.agent.reattach_grace_s,
-        park_overhead_bytes=int(settings.agent.park_overhead_gib * 2**30),
-    )
-    server = AgentServer(settings, arbiter, path)
-    server.claim_path()
-    state = state_path(settings)
-    state.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock_fd = take_instance_lock(state.with_name(state.name + ".lock"))  # one agent per state file
-    # Reconcile recorded state with what the driver reports before serving anyone.
-    await arbiter.start(settings.tenant.url, settings.tenant.sleep_level)
-    try:
-        await server.start()
-    except BaseException:
-        await arbiter.shutdown()
-        raise
-    exporter = None
-    if settings.agent.metrics_port:
-        from timeslice_verl.agent.metrics import start_exporter
+    """Build the backend, the arbiter and the server from ``settings``; serve until SIGTERM/SIGINT.
 
-        exporter = start_exporter(arbiter, settings.agent.metrics_host, settings.agent.metrics_port)
-    log.info(
-        "agent %s listening on %s (backend %s, GPUs %s, tenant %s, state %s)",
-        __version__, path, backend.name, settings.agent.gpus, settings.tenant.url or "none", state_path(settings),
-    )
-    if ready is not None:
-        ready.set()
-    try:
+    Whatever was set up is undone in reverse order however the start or the run ends (the NVML
+    probe, the instance lock, the arbiter's shutdown, the listening socket, the metrics endpoint).
+    """
+    path = socket_path(settings)
+    async with contextlib.AsyncExitStack() as stack:
+        probe = open_probe(settings.agent.gpus)
+        if probe is not None:
+            stack.callback(probe.close)
+        try:
+            backend = make_backend(
+                settings.agent.backend,
+                probe=probe,
+                driver_timeout_s=settings.agent.driver_timeout_s,
+                cuda_checkpoint_bin=settings.agent.cuda_checkpoint_bin,
+            )
+        except BackendUnavailable as exc:
+            raise AgentStartError(f"timeslice.agent.backend={settings.agent.backend}: {exc}") from None
+        backend.only_on_gpus = not settings.agent.freeze_off_gpu
+        if not backend.frees_gpu_memory:
+            log.warning("backend %s: %s", backend.name, backend.description)
+        arbiter = Arbiter(
+            backend,
+            StateStore(state_path(settings)),
+            probe=probe,
+            tenant_request_timeout_s=settings.tenant.request_timeout_s,
+            tenant_drain_timeout_s=settings.tenant.drain_timeout_s,
+            tenant_pause_mode=settings.tenant.pause_mode,
+            reattach_grace_s=settings.agent.reattach_grace_s,
+            park_overhead_bytes=int(settings.agent.park_overhead_gib * 2**30),
+        )
+        server = AgentServer(settings, arbiter, path)
+        server.claim_path()
+        state = state_path(settings)
+        state.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock_fd = take_instance_lock(state.with_name(state.name + ".lock"))  # one agent per state file
+        stack.callback(os.close, lock_fd)
+        # Reconcile recorded state with what the driver reports before serving anyone.
+        stack.push_async_callback(arbiter.shutdown)
+        await arbiter.start(settings.tenant.url, settings.tenant.sleep_level)
+        stack.push_async_callback(server.close)
+        await server.start()
+        if settings.agent.metrics_port:
+            from timeslice_verl.agent.metrics import start_exporter
+
+            stack.callback(start_exporter(arbiter, settings.agent.metrics_host, settings.agent.metrics_port).close)
+        log.info(
+            "agent %s listening on %s (backend %s, GPUs %s, tenant %s, state %s)",
+            __version__, path, backend.name, settings.agent.gpus, settings.tenant.url or "none", state_path(settings),
+        )
+        if ready is not None:
+            ready.set()
         await server.serve_forever()
-    finally:
-        if exporter is not None:
-            exporter.close()
-        os.close(lock_fd)
