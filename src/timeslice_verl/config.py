@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 SECTION = "timeslice"
-from timeslice_verl.names import JOB_TAG_ENV, repeated_url, valid_job, valid_url  # noqa: E402,F401 (re-exported)
+from timeslice_verl.names import JOB_TAG_ENV, SWAP_MODES, repeated_url, valid_job, valid_url  # noqa: E402,F401 (re-exported)
 NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "NCCL_P2P_DISABLE": "1"}
 """What NCCL in trainer workers needs to survive CUDA checkpoint/restore."""
 
@@ -43,7 +43,7 @@ Backend = Choice("Backend", [(v, v) for v in ("cuda", "cuda-cli", "sigstop")])
 """How the agent freezes a job's processes (``timeslice.agent.backend``)."""
 PauseMode = Choice("PauseMode", [(v, v) for v in ("wait", "keep")])
 """How vLLM hands the GPU over (``timeslice.tenant.pause_mode``)."""
-Swap = Choice("Swap", [(v, v) for v in ("checkpoint", "park", "park+checkpoint")])
+Swap = Choice("Swap", [(v, v) for v in SWAP_MODES])
 """How the trainer's GPU memory leaves the GPU (``timeslice.handoff.swap``)."""
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from timeslice_verl.agent.client import AgentClient, AgentError
-from timeslice_verl.agent.protocol import SWAP_MODES
+from timeslice_verl.names import SWAP_MODES
 from timeslice_verl.events import HandoffEvent, Transition
 from timeslice_verl.log import get_logger
 from timeslice_verl.valley import PreparePlanner

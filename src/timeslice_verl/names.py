@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+SWAP_MODES = ("checkpoint", "park", "park+checkpoint")
+"""How a released job's memory leaves the GPU (``timeslice.handoff.swap``; the agent's ``release``)."""
 JOB_TAG_ENV = "TIMESLICE_JOB"
 """Environment variable that tags a job's GPU worker processes (its value is the job name)."""
 JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

@@ -12,13 +12,12 @@ import itertools
 import json
 import os
 import socket
-import struct
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from timeslice_verl.agent.protocol import MAX_REQUEST_BYTES, PROTOCOL_VERSION
+from timeslice_verl.agent.protocol import MAX_REQUEST_BYTES, PROTOCOL_VERSION, peer_credentials
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent.client")
@@ -81,11 +80,9 @@ class AgentClient:
             raise AgentError("untrusted", f"cannot check the agent's directory for {self.path}: {exc}") from None
         if owner not in trusted:
             raise AgentError("untrusted", f"the directory of {self.path} belongs to uid {owner}, not to you: refusing to use it")
-        try:
-            raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            _pid, uid, _gid = struct.unpack("3i", raw)
-        except (OSError, struct.error) as exc:
-            raise AgentError("untrusted", f"cannot tell who serves {self.path} ({exc}): refusing to use it") from None
+        _pid, uid = peer_credentials(sock)
+        if uid is None:
+            raise AgentError("untrusted", f"cannot tell who serves {self.path}: refusing to use it")
         if uid not in trusted:
             raise AgentError("untrusted", f"{self.path} is served by uid {uid}, not by you or root: refusing to use it")
 

@@ -14,21 +14,31 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import struct
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from timeslice_verl.names import repeated_url, split_urls, valid_job, valid_url
+from timeslice_verl.names import SWAP_MODES, repeated_url, split_urls, valid_job, valid_url
 
 PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 64 * 1024
 MAX_SECONDS = 30 * 86400.0
 """The longest timeout or TTL a request may ask for."""
 MAX_PIDS = 4096
-SWAP_MODES = ("checkpoint", "park", "park+checkpoint")
-"""How a released job's memory leaves the GPU: the agent checkpoints it, or its workers parked it
-(the agent then only locks them), or both."""
 MAX_BYTES = 2**50
+
+
+def peer_credentials(sock: socket.socket | None) -> tuple[int | None, int | None]:
+    """``(pid, uid)`` of the process at the other end of a Unix socket; ``(None, None)`` when the
+    kernel does not say (the caller then refuses the connection: fail closed)."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))  # type: ignore[union-attr]
+        pid, uid, _gid = struct.unpack("3i", raw)
+        return pid, uid
+    except (OSError, AttributeError, struct.error):
+        return None, None
 
 
 class ErrorCode:

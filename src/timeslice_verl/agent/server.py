@@ -19,7 +19,6 @@ import os
 import signal
 import socket
 import stat
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from timeslice_verl import __version__
 from timeslice_verl.agent import protocol
 from timeslice_verl.agent.arbiter import Arbiter
 from timeslice_verl.agent.gpu import open_probe
-from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
+from timeslice_verl.agent.protocol import ErrorCode, ProtocolError, peer_credentials
 from timeslice_verl.agent.state import StateStore
 from timeslice_verl.agent.freeze import BackendUnavailable, make_backend
 from timeslice_verl.config import TimesliceSettings, socket_path, state_path
@@ -44,17 +43,6 @@ MAX_IN_FLIGHT = 32
 
 class AgentStartError(RuntimeError):
     """The agent cannot start (socket in use, backend unavailable…). The message says what to do."""
-
-
-def peer_credentials(sock: socket.socket | None) -> tuple[int | None, int | None]:
-    """``(pid, uid)`` of the process at the other end of a Unix socket; ``(None, None)`` when the
-    kernel does not say (the caller then refuses the connection: fail closed)."""
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))  # type: ignore[union-attr]
-        pid, uid, _gid = struct.unpack("3i", raw)
-        return pid, uid
-    except (OSError, AttributeError, struct.error):
-        return None, None
 
 
 def take_instance_lock(path: Path) -> int:

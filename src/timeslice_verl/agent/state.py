@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from timeslice_verl.agent.procfs import ProcId
-from timeslice_verl.agent.protocol import SWAP_MODES
+from timeslice_verl.names import SWAP_MODES
 from timeslice_verl.names import valid_job, valid_url
 from timeslice_verl.log import get_logger
 
@@ -70,9 +70,6 @@ class Job:
 
     def pids(self) -> list[int]:
         return sorted({p.pid for p in self.procs} | {p.pid for p in self.registered})
-
-    def pids_known(self) -> bool:
-        return bool(self.procs or self.registered)
 
     def to_dict(self) -> dict[str, Any]:
         return {

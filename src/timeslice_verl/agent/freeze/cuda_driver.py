@@ -52,9 +52,6 @@ class CudaDriverPrimitives:
         rc = self._lib.cuInit(0)
         if rc != 0:
             raise BackendUnavailable(f"cuInit(0) failed: {self._error_name(rc)} ({rc})")
-        version = ctypes.c_int(0)
-        self._lib.cuDriverGetVersion(ctypes.byref(version))
-        self.driver_api_version = version.value
 
     def _error_name(self, code: int) -> str:
         name = ctypes.c_char_p()
