@@ -143,11 +143,11 @@ def test_prepare_planner_rule():
     assert p.delay() is None, "no history: no prepare"
     p.observe_wait(2.0)
     assert p.delay() is None, "no restore measured yet"
-    p.observe_restore(0.5)
+    p.observe_thaw(0.5)
     assert p.delay() == pytest.approx(2.0 - 0.6)  # lead = restore + 20 %
     p.observe_wait(1.0)
     assert p.delay() == pytest.approx(1.0 - 0.6), "conservative: the shortest recent wait"
-    p.observe_restore(5.0)
+    p.observe_thaw(5.0)
     assert p.delay() == 0.0, "restore longer than the wait: prepare right at release"
     fixed = PreparePlanner(lead_s=0.25)
     fixed.observe_wait(1.0)

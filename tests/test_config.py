@@ -182,3 +182,15 @@ def test_a_job_renamed_in_one_place_only_is_refused_before_launch():
         preflight(compose_verl(["+timeslice=interleave", "timeslice.job=other"]))
     preflight(compose_verl(["+timeslice=interleave", "timeslice.job=other",
                             "ray_kwargs.ray_init.runtime_env.env_vars.TIMESLICE_JOB=other"]))
+
+
+def test_a_comma_list_in_tenant_url_still_works_with_a_deprecation_message(caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="timeslice.config"):
+        settings = load_settings({"tenant": {"url": "http://127.0.0.1:8001,http://127.0.0.1:8002"}})
+    assert settings.tenant.url == "http://127.0.0.1:8001,http://127.0.0.1:8002"
+    assert "write them as timeslice.tenant.urls=[...]" in caplog.text
+    caplog.clear()
+    load_settings({"tenant": {"urls": ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]}})
+    assert "deprecated" not in caplog.text

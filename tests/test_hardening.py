@@ -20,7 +20,7 @@ import pytest
 from agent_support import AgentProc, FakeVllmProc, spawn_worker
 from timeslice_verl import hookimpl
 from timeslice_verl.agent.client import AgentClient, AgentError
-from timeslice_verl.agent.freeze.base import FreezeError, TrainerBackend
+from timeslice_verl.agent.freeze.base import FreezeError, FreezeBackend
 from timeslice_verl.config import ConfigError, PluginSettings, TimesliceSettings
 from timeslice_verl.overrides import compose
 from timeslice_verl.events import InitWorkersEvent, RolloutEvent
@@ -56,7 +56,7 @@ def test_the_test_kit_loads_only_the_entry_point_plugins_a_test_names():
 
 
 def test_backend_test_pids_are_distinct_processes_of_our_own():
-    import test_trainer_backend as tb
+    import test_freeze_backend as tb
 
     pids = {tb.P1, tb.P2, tb.P3}
     assert len(pids) == 3 and not pids & {1, os.getpid(), os.getppid()}
@@ -350,10 +350,10 @@ def test_autostart_never_writes_its_log_through_a_link(tmp_path):
 
 
 def test_a_reused_pid_is_never_touched():
-    from test_trainer_backend import P1, ScriptedPrimitives
+    from test_freeze_backend import P1, ScriptedPrimitives
 
     prims = ScriptedPrimitives()
-    backend = TrainerBackend(prims, probe=None, driver_timeout_s=5)
+    backend = FreezeBackend(prims, probe=None, driver_timeout_s=5)
     with pytest.raises(FreezeError, match="no longer the process the agent recorded"):
         backend.freeze([P1], identities={P1: 1})  # recorded with another start time
     assert prims.calls == []
@@ -368,13 +368,13 @@ class _Probe:
 
 
 def test_processes_off_the_agents_gpus_are_not_frozen(tmp_path):
-    from test_trainer_backend import ScriptedPrimitives
+    from test_freeze_backend import ScriptedPrimitives
 
     on, off = spawn_worker("gpu-job"), spawn_worker("gpu-job")
     other = spawn_worker(None)
     try:
         time.sleep(0.1)
-        backend = TrainerBackend(ScriptedPrimitives(), probe=_Probe({on.pid, other.pid}), driver_timeout_s=5)
+        backend = FreezeBackend(ScriptedPrimitives(), probe=_Probe({on.pid, other.pid}), driver_timeout_s=5)
         assert backend.discover("gpu-job", [off.pid]) == [on.pid]
         backend.only_on_gpus = False  # timeslice.agent.freeze_off_gpu=true
         assert backend.discover("gpu-job", [off.pid]) == sorted([on.pid, off.pid])

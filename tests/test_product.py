@@ -171,14 +171,14 @@ def test_metrics_plugin_puts_handoff_figures_into_the_trainer_metrics():
              Transition("tenant_yield", "u", 4.5, 5.0))
     lc.notify("handoff", lc.event(HandoffEvent, action="acquire", waited_s=1.6, transitions=trans))
     m = trainer.metrics
-    assert m["timeslice/acquire_wait_s"] == 1.6 and m["timeslice/restore_s"] == 1.0 and m["timeslice/freeze_s"] == 2.0
-    assert m["timeslice/restore_gbps"] == 4.0 and m["timeslice/freeze_gbps"] == 2.0
+    assert m["timeslice/acquire_wait_s"] == 1.6 and m["timeslice/thaw_s"] == 1.0 and m["timeslice/freeze_s"] == 2.0
+    assert m["timeslice/restore_gbps"] == 4.0 and m["timeslice/checkpoint_gbps"] == 2.0
     assert m["timeslice/tenant_yield_s"] == 0.5 and m["timeslice/handoffs"] == 1
     # a park: the workers moved the bytes, the agent only locked — no driver rate, nothing frozen by it
     lock = Transition("freeze", "j", 7.0, 7.004, bytes=2 * 10**9, phases={"lock": 0.003, "checkpoint": 0.0})
     lc.notify("handoff", lc.event(HandoffEvent, action="release", transitions=(lock,), swap="park",
                                   parked_bytes=3 * 2**30, park_s=0.06))
-    assert "timeslice/freeze_gbps" in m and m["timeslice/frozen_gib"] == 0.0  # the earlier rate stays, this one adds none
+    assert "timeslice/checkpoint_gbps" in m and m["timeslice/frozen_gib"] == 0.0  # the earlier rate stays, this one adds none
     assert m["timeslice/park_s"] == 0.06 and m["timeslice/parked_gib"] == 3.0
 
 

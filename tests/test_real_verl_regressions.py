@@ -24,9 +24,9 @@ import pytest
 
 from agent_support import eventually, spawn_worker, stopped
 from test_agent_plugin import lifecycle_for, setup  # noqa: F401 (fixture)
-from test_trainer_backend import ScriptedPrimitives
+from test_freeze_backend import ScriptedPrimitives
 from timeslice_verl.agent import procfs
-from timeslice_verl.agent.freeze.base import FreezeError, ProcState, TrainerBackend
+from timeslice_verl.agent.freeze.base import FreezeError, ProcState, FreezeBackend
 
 
 
@@ -56,7 +56,7 @@ def test_a_process_with_nccl_p2p_on_is_refused_before_anything_is_touched(tmp_pa
     hazard = procfs.nccl_p2p_hazard(proc.pid)
     assert hazard and "NCCL_P2P_DISABLE=1" in hazard and "304" in hazard
     prims = CudaScripted()
-    backend = TrainerBackend(prims, probe=None, driver_timeout_s=5)
+    backend = FreezeBackend(prims, probe=None, driver_timeout_s=5)
     with pytest.raises(FreezeError, match="NCCL_P2P_DISABLE") as info:
         backend.freeze([proc.pid])
     assert info.value.refused and prims.calls == [], "a refused freeze touches nothing"
@@ -66,14 +66,14 @@ def test_the_same_process_with_p2p_off_is_frozen(tmp_path, procs):
     proc = _maps_a_fake_nccl(tmp_path, procs, {"NCCL_P2P_DISABLE": "1"})
     assert procfs.nccl_p2p_hazard(proc.pid) is None
     prims = CudaScripted()
-    TrainerBackend(prims, probe=None, driver_timeout_s=5).freeze([proc.pid])
+    FreezeBackend(prims, probe=None, driver_timeout_s=5).freeze([proc.pid])
     assert prims.calls == [("lock", proc.pid), ("checkpoint", proc.pid)]
 
 
 def test_a_backend_that_moves_no_cuda_state_ignores_nccl(tmp_path, procs):
     proc = _maps_a_fake_nccl(tmp_path, procs, {})
     prims = ScriptedPrimitives()  # no checkpoints_cuda: e.g. the sigstop test backend
-    TrainerBackend(prims, probe=None, driver_timeout_s=5).freeze([proc.pid])
+    FreezeBackend(prims, probe=None, driver_timeout_s=5).freeze([proc.pid])
     assert ("checkpoint", proc.pid) in prims.calls
 
 
@@ -82,7 +82,7 @@ def test_a_process_not_reported_running_is_refused(state):
     prims = ScriptedPrimitives()
     prims.state_of[os.getpid()] = state
     with pytest.raises(FreezeError, match="only running processes are frozen") as info:
-        TrainerBackend(prims, probe=None, driver_timeout_s=5).freeze([os.getpid()])
+        FreezeBackend(prims, probe=None, driver_timeout_s=5).freeze([os.getpid()])
     assert info.value.refused and prims.calls == []
 
 

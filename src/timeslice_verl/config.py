@@ -18,8 +18,11 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from timeslice_verl.log import get_logger
+from timeslice_verl.names import JOB_TAG_ENV, SWAP_MODES, repeated_url, valid_job, valid_url  # noqa: F401 (re-exported)
+
 SECTION = "timeslice"
-from timeslice_verl.names import JOB_TAG_ENV, SWAP_MODES, repeated_url, valid_job, valid_url  # noqa: E402,F401 (re-exported)
+log = get_logger("config")
 NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "NCCL_P2P_DISABLE": "1"}
 """What NCCL in trainer workers needs to survive CUDA checkpoint/restore."""
 
@@ -65,7 +68,7 @@ class AgentSettings:
     state_file: str = ""
     """Where the agent persists its state machine; empty: beside the socket."""
     backend: Backend = Backend["cuda"]
-    """Trainer backend: ``cuda`` (driver API), ``cuda-cli`` (the cuda-checkpoint binary) or
+    """Freeze backend: ``cuda`` (driver API), ``cuda-cli`` (the cuda-checkpoint binary) or
     ``sigstop`` (CPU test backend: pauses processes, frees no GPU memory)."""
     gpus: List[int] = field(default_factory=lambda: [0])
     """GPU indices (NVML) this agent arbitrates."""
@@ -250,6 +253,9 @@ def _check_values(settings: TimesliceSettings) -> None:
     if settings.tenant.urls:  # replaces url (the options set a default one): the agent's protocol carries them joined
         settings.tenant.url = ",".join(u.rstrip("/") for u in settings.tenant.urls)
     url = settings.tenant.url
+    if "," in url and not settings.tenant.urls:  # the comma list of 0.1: still read, for one release
+        log.warning("timeslice.tenant.url lists several servers (%s): that is deprecated and will be refused in the next "
+                    "release; write them as timeslice.tenant.urls=[...]", url)
     if url and not valid_url(url):
         raise ConfigError(_full_key("tenant.url"), f"{url!r} is not an http(s) URL")
     twice = repeated_url(url) if url else None

@@ -186,7 +186,8 @@ class HandoffEvent(Event):
     kind: ClassVar[str] = "handoff"
 
     @property
-    def restore_s(self) -> float:
+    def thaw_s(self) -> float:
+        """The agent's thaws in this handoff (unlock, and restore where the job was checkpointed)."""
         return sum(t.seconds for t in self.transitions if t.action == "thaw")
 
     @property

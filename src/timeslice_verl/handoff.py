@@ -76,7 +76,7 @@ class HandoffFigures:
     ok: bool = True
     detail: str = ""
     agent: dict[str, Any] = field(default_factory=dict)
-    """The agent's reply (``transitions``, ``restored``, ``restore_s``…)."""
+    """The agent's reply (``transitions``, ``thawed``, ``thaw_s``…)."""
     memory: dict[str, int] = field(default_factory=dict)
     """Byte totals over ranks after freeing caches (``live``, ``reserved_before``, ``reserved_after``)."""
     swap: str = ""
@@ -197,12 +197,12 @@ class Handoff:
         if self.parked:  # after the agent unlocked (and restored) the ranks
             out.park, out.swap = self._unpark(), self.swap
         out.seconds = time.perf_counter() - t0
-        if out.agent.get("restored"):
+        if out.agent.get("thawed"):
             yield_s = sum(t["end"] - t["start"] for t in out.agent.get("transitions", []) if t["action"] == "tenant_yield")
-            self.planner.observe_restore(float(out.agent.get("restore_s", 0.0)) + yield_s + out.park_s)
-        log.info("[timeslice] job=%s ACQUIRE at=%s waited=%.0fms restored=%s restore=%.0fms frozen=%.2fGiB", self.job,
-                 point, out.seconds * 1e3, bool(out.agent.get("restored")), float(out.agent.get("restore_s", 0)) * 1e3,
-                 out.agent.get("bytes", 0) / 2**30)
+            self.planner.observe_thaw(float(out.agent.get("thaw_s", 0.0)) + yield_s + out.park_s)
+        log.info("[timeslice] job=%s ACQUIRE at=%s waited=%.0fms thawed=%s thaw=%.0fms frozen=%.2fGiB", self.job,
+                 point, out.seconds * 1e3, bool(out.agent.get("thawed")), float(out.agent.get("thaw_s", 0)) * 1e3,
+                 out.agent.get("frozen_bytes", 0) / 2**30)
         self.report(out)
         return out
 

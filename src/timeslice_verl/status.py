@@ -27,7 +27,7 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append("tenant: none registered")
     jobs = status.get("jobs", [])
     if jobs:
-        header = f"{'JOB':20} {'STATE':13} {'HOLDS':5} {'PIDS':18} {'PARKED':>11} {'FREEZE':>8} {'RESTORE':>8}  NOTE"
+        header = f"{'JOB':20} {'STATE':13} {'HOLDS':5} {'PIDS':18} {'FROZEN':>11} {'FREEZE':>8} {'THAW':>8}  NOTE"
         lines += ["jobs:", "  " + header]
         for j in jobs:
             pids = ",".join(map(str, j.get("pids", []))) or "-"
@@ -36,7 +36,7 @@ def render_status(status: dict[str, Any]) -> str:
                 note = (note + " " if note else "") + "(no client)"
             lines.append(
                 f"  {j['name']:20} {j['state']:13} {'yes' if j.get('holding') else 'no':5} {pids:18} "
-                f"{_gib(j.get('saved_bytes')):>11} {j.get('last_freeze_s', 0):7.2f}s {j.get('last_restore_s', 0):7.2f}s  {note}"
+                f"{_gib(j.get('frozen_bytes')):>11} {j.get('last_freeze_s', 0):7.2f}s {j.get('last_thaw_s', 0):7.2f}s  {note}"
             )
     else:
         lines.append("jobs: none")

@@ -24,7 +24,7 @@ def test_one_row_per_handoff(tmp_path, timeslice_lifecycle, timeslice_recorder):
     lc.stop()
     rows = list(csv.DictReader(open(tmp_path / "h.csv")))
     assert [r["action"] for r in rows] == ["acquire", "release"]
-    assert rows[0]["restore_ms"] == "250.0" and rows[0]["freeze_ms"] == "500.0" and rows[0]["frozen_gib"] == "2.000"
+    assert rows[0]["thaw_ms"] == "250.0" and rows[0]["freeze_ms"] == "500.0" and rows[0]["frozen_gib"] == "2.000"
     assert list(rows[0]) == COLUMNS
     assert timeslice_recorder.names.count("handoff") == 2
 

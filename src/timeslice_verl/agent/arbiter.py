@@ -24,7 +24,7 @@ from timeslice_verl.agent.recovery import RecoveryMixin
 from timeslice_verl.agent.tenancy import TenancyMixin
 from timeslice_verl.agent.state import RUNNING, Job, StateStore, TenantRecord
 from timeslice_verl.agent.tenant import ASLEEP, AWAKE, TenantGroup, VllmTenant
-from timeslice_verl.agent.freeze.base import ThawError, TrainerBackend
+from timeslice_verl.agent.freeze.base import ThawError, FreezeBackend
 from timeslice_verl.agent.transitions import TransitionsMixin
 from timeslice_verl.agent.watchdog import WatchdogMixin
 from timeslice_verl.events import Transition
@@ -41,7 +41,7 @@ MAX_JOBS = 256
 class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
     def __init__(
         self,
-        backend: TrainerBackend,
+        backend: FreezeBackend,
         store: StateStore,
         *,
         probe: NvmlProbe | None = None,
@@ -159,14 +159,18 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
                 raise
         waited = time.monotonic() - t0
         self._notify("acquire", {"job": name, "waited_s": waited})
-        restore = [t for _, t in self._since(seq0) if t.action == "thaw" and t.subject == name]
+        thaws = [t for _, t in self._since(seq0) if t.action == "thaw" and t.subject == name]
+        thaw_s = round(sum(t.seconds for t in thaws), 6)
         return {
             "job": name,
             "waited_s": round(waited, 6),
-            "restored": bool(restore),
-            "restore_s": round(sum(t.seconds for t in restore), 6),
-            "bytes": job.saved_bytes,
+            "thawed": bool(thaws),
+            "thaw_s": thaw_s,
+            "restore_s": round(sum(t.phases.get("restore", 0.0) for t in thaws), 6),
+            "frozen_bytes": job.frozen_bytes,
             "transitions": self._report(job),
+            # the names of 0.1, for clients of that version (one release): "restored" meant thawed
+            "restored": bool(thaws), "bytes": job.frozen_bytes,
         }
 
     def _stop_waiting(self, name: str) -> None:

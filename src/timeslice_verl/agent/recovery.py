@@ -127,7 +127,7 @@ class RecoveryMixin:
         pids = job.pids()
         job.direction = ""
         if not pids:
-            job.state, job.saved_bytes = RUNNING, 0
+            job.state, job.frozen_bytes = RUNNING, 0
             log.info("restart: job %s has no live process any more (was %s %s)", job.name, *before)
             return
         states = await asyncio.to_thread(self.backend.states, pids)

@@ -38,12 +38,12 @@ class Job:
     procs: list[ProcId] = field(default_factory=list)
     """The processes frozen/thawed last (discovered by tag or registered)."""
     registered: list[ProcId] = field(default_factory=list)
-    saved_bytes: int = 0
+    frozen_bytes: int = 0
     fault: str = ""
     holding: bool = False
     """Granted and not released. Survives an agent restart (the client may still be training)."""
     last_freeze_s: float = 0.0
-    last_restore_s: float = 0.0
+    last_thaw_s: float = 0.0
     direction: str = ""
     """While TRANSITIONING: ``freeze`` or ``thaw``."""
     swap: str = "checkpoint"
@@ -77,11 +77,11 @@ class Job:
             "state": self.state,
             "procs": [p.to_dict() for p in self.procs],
             "registered": [p.to_dict() for p in self.registered],
-            "saved_bytes": self.saved_bytes,
+            "frozen_bytes": self.frozen_bytes,
             "fault": self.fault,
             "holding": self.holding,
             "last_freeze_s": self.last_freeze_s,
-            "last_restore_s": self.last_restore_s,
+            "last_thaw_s": self.last_thaw_s,
             "direction": self.direction,
             "swap": self.swap,
             "parked_bytes": self.parked_bytes,
@@ -94,11 +94,11 @@ class Job:
             state=LEGACY_STATES.get(str(data.get("state", RUNNING)), str(data.get("state", RUNNING))),
             procs=[ProcId(int(p["pid"]), int(p["start"])) for p in data.get("procs", [])],
             registered=[ProcId(int(p["pid"]), int(p["start"])) for p in data.get("registered", [])],
-            saved_bytes=int(data.get("saved_bytes", 0)),
+            frozen_bytes=int(data.get("frozen_bytes", data.get("saved_bytes", 0))),  # saved_bytes: before 0.2
             fault=str(data.get("fault", "")),
             holding=bool(data.get("holding", False)),
             last_freeze_s=float(data.get("last_freeze_s", 0.0)),
-            last_restore_s=float(data.get("last_restore_s", 0.0)),
+            last_thaw_s=float(data.get("last_thaw_s", data.get("last_restore_s", 0.0))),  # last_restore_s: before 0.2
             direction=str(data.get("direction", "")),
             swap=str(data.get("swap", "checkpoint")),
             parked_bytes=int(data.get("parked_bytes", 0)),

@@ -80,7 +80,7 @@ class TransitionsMixin:
             return
         start = time.time()
         if not pids:  # nothing of this job is on the GPU (yet): nothing to freeze
-            job.state, job.saved_bytes, job.procs = FROZEN, 0, []
+            job.state, job.frozen_bytes, job.procs = FROZEN, 0, []
             self._record("freeze", job.name, start, True, 0, "no process of the job found")
             self._persist()
             return
@@ -108,7 +108,7 @@ class TransitionsMixin:
             self.current = ""
         job.procs = [p for p in (procfs.identify(pid) for pid in pids) if p is not None]
         job.state, job.direction, job.fault = FROZEN, "", ""
-        job.saved_bytes = 0 if lock_only else report.bytes  # a lock moves nothing: a thaw needs no room for it
+        job.frozen_bytes = 0 if lock_only else report.bytes  # a lock moves nothing: a thaw needs no room for it
         job.last_freeze_s = report.total_s
         detail = f"{len(pids)} process(es)" + (f", {report.gb_per_s:.2f} GB/s" if report.gb_per_s else "")
         if job.swap != "checkpoint":
@@ -134,7 +134,7 @@ class TransitionsMixin:
     async def _thaw(self, job: Job, reason: str) -> None:
         pids = job.pids()
         start = time.time()
-        if self.probe is not None and self.backend.frees_gpu_memory and (job.saved_bytes or job.parked_bytes):
+        if self.probe is not None and self.backend.frees_gpu_memory and (job.frozen_bytes or job.parked_bytes):
             await self._wait_for_room(job)
         job.state, job.direction = TRANSITIONING, "thaw"
         self.current = f"thaw {job.name}"
@@ -151,8 +151,8 @@ class TransitionsMixin:
         finally:
             self.current = ""
         job.state, job.direction, job.fault = RUNNING, "", ""
-        job.last_restore_s = report.total_s
-        nbytes = report.bytes or job.saved_bytes
+        job.last_thaw_s = report.total_s
+        nbytes = report.bytes or job.frozen_bytes
         detail = f"{len(report.restored)} process(es) restored" + (f", {report.gb_per_s:.2f} GB/s" if report.gb_per_s else "")
         phases = {"restore": report.restore_s, "unlock": report.unlock_s}
         self._record("thaw", job.name, start, True, nbytes, detail, phases)
@@ -167,7 +167,7 @@ class TransitionsMixin:
 
     async def _wait_for_room(self, job: Job) -> None:
         """A restore that runs out of GPU memory leaves the process stuck: check first."""
-        need = job.saved_bytes + job.parked_bytes + RESTORE_MARGIN_BYTES  # the restore, then the workers' unpark
+        need = job.frozen_bytes + job.parked_bytes + RESTORE_MARGIN_BYTES  # the restore, then the workers' unpark
         deadline = time.monotonic() + RESTORE_MEMORY_WAIT_S
         while True:
             free = self.probe.memory().free  # type: ignore[union-attr]

@@ -62,7 +62,7 @@ class WatchdogMixin:
             if not job.pids() and job.state != TRANSITIONING:
                 log.warning("job %s: all its processes exited%s", name, " while holding the GPU: releasing" if job.holding else "")
                 job.holding = False
-                job.state, job.saved_bytes = RUNNING, 0
+                job.state, job.frozen_bytes = RUNNING, 0
                 if job.attached is None and name not in self.queue:
                     del self.jobs[name]
         if self.tenant_rec is not None and self.tenant_rec.state == TENANT_FAULTED and now >= self.tenant_retry_at:

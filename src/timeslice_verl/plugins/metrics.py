@@ -5,9 +5,10 @@ backends (console, wandb, tensorboard…), so these keys show up next to verl's 
 Prometheus endpoint (``timeslice.agent.metrics_port``) covers the node-level view.
 
 Keys (prefix ``timeslice.metrics.prefix``, default ``timeslice/``): ``acquire_wait_s``,
-``restore_s``, ``restore_gbps``, ``freeze_s``, ``freeze_gbps``, ``frozen_gib``,
-``tenant_yield_s``, ``tenant_reclaim_s``, ``handoffs``; with a park swap mode also ``park_s``,
-``unpark_s`` and ``parked_gib``.
+``freeze_s`` and ``thaw_s`` (the agent's whole moves), ``checkpoint_gbps`` and ``restore_gbps`` (the
+CUDA driver's byte rates, when it moved bytes), ``frozen_gib``, ``tenant_yield_s``, ``tenant_reclaim_s``,
+``handoffs``; with a park swap mode also ``park_s``, ``unpark_s`` and ``parked_gib``. The names follow
+the glossary of docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -37,16 +38,17 @@ class MetricsPlugin:
         for t in event.transitions:
             if not t.ok:
                 continue
-            key = {"thaw": "restore", "freeze": "freeze", "tenant_yield": "tenant_yield", "tenant_reclaim": "tenant_reclaim"}.get(t.action)
+            key = {"thaw": "thaw", "freeze": "freeze", "tenant_yield": "tenant_yield", "tenant_reclaim": "tenant_reclaim"}.get(t.action)
             if key is None:
                 continue
             out[f"{key}_s"] = out.get(f"{key}_s", 0.0) + t.seconds
             if t.action not in ("thaw", "freeze"):
                 continue
             # the driver's byte-moving step; 0 after a park, where the agent only locked and unlocked
-            moving = t.phases.get("checkpoint" if t.action == "freeze" else "restore", t.seconds)
+            call = "checkpoint" if t.action == "freeze" else "restore"
+            moving = t.phases.get(call, t.seconds)
             if t.bytes and moving > 0:
-                out[f"{key}_gbps"] = t.bytes / 1e9 / moving
+                out[f"{call}_gbps"] = t.bytes / 1e9 / moving
             if t.action == "freeze":
                 out["frozen_gib"] = t.bytes / 2**30 if moving > 0 else 0.0
         if event.parked_bytes:

@@ -8,7 +8,7 @@ from typing import IO, Any
 
 from timeslice_verl import hookimpl
 
-COLUMNS = ["time", "job", "step", "param_version", "action", "point", "waited_ms", "restore_ms", "freeze_ms", "frozen_gib"]
+COLUMNS = ["time", "job", "step", "param_version", "action", "point", "waited_ms", "thaw_ms", "freeze_ms", "frozen_gib"]
 
 
 class CsvHandoffPlugin:
@@ -36,7 +36,7 @@ class CsvHandoffPlugin:
         parked = max((t.bytes for t in event.transitions if t.action == "freeze"), default=0)
         self._writer.writerow([
             f"{event.time:.3f}", event.job, event.step, event.param_version, event.action, event.point,
-            f"{event.waited_s * 1e3:.1f}", f"{event.restore_s * 1e3:.1f}", f"{event.freeze_s * 1e3:.1f}",
+            f"{event.waited_s * 1e3:.1f}", f"{event.thaw_s * 1e3:.1f}", f"{event.freeze_s * 1e3:.1f}",
             f"{parked / 2**30:.3f}",
         ])
         self._file.flush()  # type: ignore[union-attr]

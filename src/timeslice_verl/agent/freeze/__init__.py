@@ -1,6 +1,6 @@
-"""Trainer backends: freeze and thaw a job's GPU processes.
+"""Freeze backends: freeze and thaw a job's GPU processes.
 
-The arbiter sees only :class:`~timeslice_verl.agent.freeze.base.TrainerBackend` — *freeze a job's
+The arbiter sees only :class:`~timeslice_verl.agent.freeze.base.FreezeBackend` — *freeze a job's
 GPU state, thaw it* — so a cooperative backend (the job's own processes parking their memory in
 pinned host buffers through a control channel) can join the driver-API and CLI ones without
 touching the arbiter. :func:`make_backend` builds one by name (``timeslice.agent.backend``).
@@ -16,7 +16,7 @@ from timeslice_verl.agent.freeze.base import (
     ProcState,
     ThawError,
     ThawReport,
-    TrainerBackend,
+    FreezeBackend,
 )
 
 __all__ = [
@@ -26,23 +26,23 @@ __all__ = [
     "ProcState",
     "ThawError",
     "ThawReport",
-    "TrainerBackend",
+    "FreezeBackend",
     "make_backend",
 ]
 
 
-def make_backend(name: str, *, probe: NvmlProbe | None, driver_timeout_s: float, cuda_checkpoint_bin: str = "cuda-checkpoint") -> TrainerBackend:
+def make_backend(name: str, *, probe: NvmlProbe | None, driver_timeout_s: float, cuda_checkpoint_bin: str = "cuda-checkpoint") -> FreezeBackend:
     """``cuda`` (driver API), ``cuda-cli`` (the cuda-checkpoint binary) or ``sigstop`` (CPU test backend)."""
     if name == "cuda":
         from timeslice_verl.agent.freeze.cuda_driver import CudaDriverPrimitives
 
-        return TrainerBackend(CudaDriverPrimitives(), probe=probe, driver_timeout_s=driver_timeout_s)
+        return FreezeBackend(CudaDriverPrimitives(), probe=probe, driver_timeout_s=driver_timeout_s)
     if name == "cuda-cli":
         from timeslice_verl.agent.freeze.cuda_cli import CudaCliPrimitives
 
-        return TrainerBackend(CudaCliPrimitives(cuda_checkpoint_bin), probe=probe, driver_timeout_s=driver_timeout_s)
+        return FreezeBackend(CudaCliPrimitives(cuda_checkpoint_bin), probe=probe, driver_timeout_s=driver_timeout_s)
     if name == "sigstop":
         from timeslice_verl.agent.freeze.sigstop import SigstopPrimitives
 
-        return TrainerBackend(SigstopPrimitives(), probe=probe, driver_timeout_s=driver_timeout_s)
+        return FreezeBackend(SigstopPrimitives(), probe=probe, driver_timeout_s=driver_timeout_s)
     raise ValueError(f"timeslice.agent.backend: unknown backend {name!r} (cuda, cuda-cli, sigstop)")

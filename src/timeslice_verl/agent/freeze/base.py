@@ -120,7 +120,7 @@ class ThawReport:
         return _gb_per_s(self.bytes, self.restore_s) if self.restored else 0.0  # an unlock moves nothing
 
 
-class TrainerBackend:
+class FreezeBackend:
     """Freeze and thaw a job's processes with ``primitives``; find them by tag (and NVML)."""
 
     def __init__(self, primitives: Primitives, *, probe: NvmlProbe | None, driver_timeout_s: float) -> None:

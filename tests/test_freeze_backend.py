@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from timeslice_verl.agent.freeze.base import DriverTimeout, FreezeError, ProcState, ThawError, TrainerBackend
+from timeslice_verl.agent.freeze.base import DriverTimeout, FreezeError, ProcState, ThawError, FreezeBackend
 
 
 class ScriptedPrimitives:
@@ -63,7 +63,7 @@ P1, P2, P3 = (p.pid for p in _SLEEPERS)
 
 
 def backend(prims, timeout=5.0):
-    return TrainerBackend(prims, probe=None, driver_timeout_s=timeout)
+    return FreezeBackend(prims, probe=None, driver_timeout_s=timeout)
 
 
 def test_freeze_locks_all_before_checkpointing_any_and_thaw_restores_all_before_unlocking():
