@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from timeslice_verl.events import STARTUP_POINT, is_trainer_wait  # noqa: F401 (one definition of trainer wait)
+
 CLASSES = ("trainer", "vLLM", "swapping", "idle")
 COLORS = {"trainer": "#1f77b4", "vLLM": "#2ca02c", "swapping": "#ff7f0e", "idle": "#d9d9d9"}
 
@@ -137,6 +139,11 @@ def ownership(records: list[dict[str, Any]]) -> list[Segment]:
     return segments
 
 
+def trainer_waits(records: list[dict[str, Any]]) -> list[float]:
+    """``waited_s`` of every trainer wait (:func:`is_trainer_wait`), in order."""
+    return [float(r["waited_s"]) for r in records if r.get("hook") == "handoff" and is_trainer_wait(r)]
+
+
 def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     segs = ownership(records)
     t0 = min(r["time"] for r in records if "time" in r)
@@ -144,8 +151,8 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     wall = max(t1 - t0, 1e-9)
     seconds = {c: sum(s.end - s.start for s in segs if s.cls == c) for c in CLASSES}
     trans = transitions(records)
-    waits = [r["waited_s"] for r in records if r.get("hook") == "handoff" and r.get("action") == "acquire" and r.get("ok", True)]
-    restores = [t["end"] - t["start"] for t in trans if t["action"] == "thaw" and t.get("ok", True) and t.get("subject") == _job(records)]
+    waits = trainer_waits(records)
+    thaws = [t["end"] - t["start"] for t in trans if t["action"] == "thaw" and t.get("ok", True) and t.get("subject") == _job(records)]
     freezes = [t["end"] - t["start"] for t in trans if t["action"] == "freeze" and t.get("ok", True) and t.get("subject") == _job(records)]
     valley = wall - seconds["trainer"]
 
@@ -168,8 +175,8 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         },
         "transitions": {a: sum(1 for t in trans if t["action"] == a) for a in ("freeze", "thaw", "tenant_yield", "tenant_reclaim")},
         "failed_transitions": sum(1 for t in trans if not t.get("ok", True)),
-        "acquire_wait_ms": {f"p{q}": ms(percentile(waits, q)) for q in (50, 90, 99)} | {"max": ms(max(waits) if waits else None)},
-        "restore_ms": {"p50": ms(percentile(restores, 50)), "max": ms(max(restores) if restores else None)},
+        "trainer_wait_ms": {f"p{q}": ms(percentile(waits, q)) for q in (50, 90, 99)} | {"max": ms(max(waits) if waits else None)},
+        "thaw_ms": {"p50": ms(percentile(thaws, 50)), "max": ms(max(thaws) if thaws else None)},
         "freeze_ms": {"p50": ms(percentile(freezes, 50)), "max": ms(max(freezes) if freezes else None)},
         "frozen_gib_max": round(max((t.get("bytes", 0) for t in trans if t["action"] == "freeze"
                                      and (t.get("phases") or {}).get("checkpoint", 1.0) > 0), default=0) / 2**30, 3),
@@ -183,15 +190,15 @@ def _job(records: list[dict[str, Any]]) -> str:
 
 
 def render_summary(s: dict[str, Any]) -> str:
-    w = s["acquire_wait_ms"]
+    w = s["trainer_wait_ms"]
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     return "\n".join([
         f"job {s['job']}: {s['steps']} steps in {s['wall_s']:.1f} s",
         f"  trainer held the GPU   {s['trainer_busy_fraction'] * 100:5.1f} %   (idle valleys: {s['trainer_idle_fraction'] * 100:.1f} %)",
         f"  vLLM harvested         {s['harvested_fraction'] * 100:5.1f} %   ({s['harvest_of_idle'] * 100:.1f} % of the valleys)",
         f"  swapping               {s['swapping_fraction'] * 100:5.1f} %",
-        f"  acquire wait ms        p50 {fmt(w['p50'])}  p90 {fmt(w['p90'])}  p99 {fmt(w['p99'])}  max {fmt(w['max'])}",
-        f"  restore ms p50 {fmt(s['restore_ms']['p50'])} · freeze ms p50 {fmt(s['freeze_ms']['p50'])} · "
+        f"  trainer wait ms        p50 {fmt(w['p50'])}  p90 {fmt(w['p90'])}  p99 {fmt(w['p99'])}  max {fmt(w['max'])}",
+        f"  thaw ms p50 {fmt(s['thaw_ms']['p50'])} · freeze ms p50 {fmt(s['freeze_ms']['p50'])} · "
         f"frozen up to {s['frozen_gib_max']:.2f} GiB" + (f" · parked up to {s['parked_gib_max']:.2f} GiB" if s.get("parked_gib_max") else ""),
         f"  handoffs {s['handoffs']} · transitions {s['transitions']} · failed {s['failed_transitions']}",
     ])
@@ -227,7 +234,7 @@ def plot(records: list[dict[str, Any]], out: str | Path, title: str = "") -> Pat
     ax.set_title(
         (title + " — " if title else "")
         + f"job {s['job']}: trainer {s['trainer_busy_fraction'] * 100:.0f} %, vLLM harvested {s['harvested_fraction'] * 100:.0f} %, "
-        f"swapping {s['swapping_fraction'] * 100:.0f} %, acquire wait p50 {s['acquire_wait_ms']['p50'] or 0:.0f} ms",
+        f"swapping {s['swapping_fraction'] * 100:.0f} %, trainer wait p50 {s['trainer_wait_ms']['p50'] or 0:.0f} ms",
         fontsize=9,
     )
     fig.tight_layout()

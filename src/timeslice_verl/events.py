@@ -193,3 +193,15 @@ class HandoffEvent(Event):
     @property
     def freeze_s(self) -> float:
         return sum(t.seconds for t in self.transitions if t.action == "freeze")
+
+
+STARTUP_POINT = "init_workers_begin"
+"""The acquire before verl loads the model: start-up, not a valley, so no trainer wait."""
+
+
+def is_trainer_wait(record: dict[str, Any]) -> bool:
+    """An acquire that blocked the running trainer: every acquire after start-up (the training step's,
+    and the ones a weight sync or a save make). The one definition of "trainer wait", for the summary,
+    the metrics plugin and the benchmarks."""
+    return (record.get("hook", "handoff") == "handoff" and record.get("action") == "acquire"
+            and record.get("ok", True) and record.get("point") != STARTUP_POINT)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from timeslice_verl.events import HandoffEvent
+from timeslice_verl.events import HandoffEvent, is_trainer_wait
 from timeslice_verl.hookspecs import hookimpl
 
 
@@ -33,8 +33,8 @@ class MetricsPlugin:
     @staticmethod
     def figures(event: HandoffEvent) -> dict[str, float]:
         out: dict[str, float] = {}
-        if event.action == "acquire":
-            out["acquire_wait_s"] = event.waited_s
+        if is_trainer_wait(event.to_dict()):
+            out["acquire_wait_s"] = event.waited_s  # the trainer wait (events.is_trainer_wait)
         for t in event.transitions:
             if not t.ok:
                 continue

@@ -1,0 +1,178 @@
+"""The measured tables of README.md, the guides and docs/architecture.md, recomputed from raw data.
+
+Every table between ``<!-- figures:NAME -->`` and ``<!-- /figures -->`` in those files is printed by
+this script from what is committed under ``benchmarks/results/`` (timelines, per-cycle JSON). ::
+
+    python benchmarks/figures.py            # print every table
+    python benchmarks/figures.py NAME       # one of them
+    python benchmarks/figures.py --check    # exit 1 when a document's table differs from its data
+    python benchmarks/figures.py --write    # rewrite the documents' tables from the data
+
+``tests/test_figures.py`` runs ``--check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks" / "verl_run"))
+
+from summarize import _records, timeline_figures  # noqa: E402
+
+DOCS = ("README.md", "guides/rl-batch-interleaving/README.md", "guides/multi-gpu-trainers.md", "docs/architecture.md")
+BLOCK = re.compile(r"(<!-- figures:([\w-]+) -->\n)(.*?)(<!-- /figures -->)", re.S)
+
+
+def _f(value: Any, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value: Any) -> str:
+    return "–" if value is None else f"{value * 100:.0f} %"
+
+
+def verl_run() -> str:
+    """verl 0.9.1 fully-async, 0.39 B, 2 × H200 (2026-11-30): what each run's timeline shows."""
+    folder = RESULTS / "2026-11-30-verl-h200x2"
+    runs = [("`+timeslice=interleave` (checkpoint)", "interleave"),
+            ("`… timeslice.handoff.swap=park`, 6 steps", "interleave-park"),
+            ("`… timeslice.handoff.swap=park`, 8 steps", "interleave-park-8steps")]
+    lines = ["| run | steps | trainer wait s (median / max) | freezes | freeze s | thaw s | checkpointed GB "
+             "| parked GB (park s / unpark s) | left on GPU GB | vLLM / run | vLLM / trainer idle | failed moves |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for label, name in runs:
+        r = timeline_figures(_records(folder / f"{name}-timeline.jsonl"))
+        parked = "–" if r["parked_gb_median"] is None else \
+            f"{_f(r['parked_gb_median'])} ({_f(r['park_s_median'], 3)} / {_f(r['unpark_s_median'], 3)})"
+        lines.append(
+            f"| {label} | {r['steps_in_timeline']} | {_f(r['trainer_wait_s_median'])} / {_f(r['trainer_wait_s_max'])} "
+            f"| {r['freezes']} | {_f(r['freeze_s_median'], 3)} | {_f(r['thaw_s_median'], 3)} "
+            f"| {_f(r['checkpointed_gb_median'])} | {parked} | {_f(r['left_gb_median'])} | {_pct(r['vllm_of_run'])} "
+            f"| {_pct(r['vllm_of_idle'])} | {r['failed_transitions']} |")
+    return "\n".join(lines)
+
+
+def cuda_cycles() -> str:
+    """The CUDA driver through the agent on one H200: 50 freeze/thaw cycles of a 2.99 GB torch worker."""
+    data = json.loads((RESULTS / "2026-11-30-h200-cuda-50-cycles" / "gpu50.json").read_text())
+    cycles = data["cycles"]
+
+    def span(key: str, scale: float = 1.0, digits: int = 2) -> str:
+        values = [c[key] * scale for c in cycles]
+        return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+
+    def rate(key: str) -> str:
+        values = [c["bytes"] / 1e9 / c[key] for c in cycles if c[key]]
+        return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+    intact = sum(bool(c["data_intact"]) for c in cycles)
+    return "\n".join([
+        "| step | median (min–max) | GB/s median (min–max) |",
+        "|---|---|---|",
+        f"| lock ms | {span('lock_s', 1e3)} | |",
+        f"| checkpoint (GPU → host) s | {span('checkpoint_s')} | {rate('checkpoint_s')} |",
+        f"| restore (host → GPU) s | {span('restore_s')} | {rate('restore_s')} |",
+        f"| unlock ms | {span('unlock_s', 1e3)} | |",
+        f"| cycles with the worker's data intact | {intact} of {len(cycles)} | |",
+    ])
+
+
+def _rows(run: str) -> list[dict[str, Any]]:
+    return json.loads((RESULTS / run / "rows.json").read_text())
+
+
+def swap_one_gpu() -> str:
+    """benchmarks/swap.py on one H200 with a real vLLM tenant: every swap mode, with and without prepare."""
+    lines = ["| swap | prepare | trainer wait at acquire s (median) | out s | back s | moved GB | left on GPU GB "
+             "| step / solo | vLLM serving / trainer idle | failed requests |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in _rows("2026-11-30-h200-swap"):
+        lines.append(f"| {r['mode']} | {'yes' if r['prepare'] else 'no'} | {r['p1_med']:.3f} | {r['out_s']:.3f} "
+                     f"| {r['back_s']:.3f} | {r['moved_gb']:.2f} | {r['left_gb']:.2f} | {r['p4']:.3f} | {r['p5']:.2f} "
+                     f"| {r['p6']} |")
+    return "\n".join(lines)
+
+
+def swap_two_gpus() -> str:
+    """benchmarks/swap_run.sh two on 2 × H200: 20 handoffs per mode, medians, bytes per rank."""
+    runs = [("valley-1s", "1 s · ccef95b (one rank after the other)"),
+            ("valley-1s-concurrent", "1 s · 2e0e097 (side by side)"), ("valley-4s", "4 s · ccef95b")]
+    lines = ["| swap | valleys · agent | trainer wait at acquire s | out s | back s | moved GB | left on GPU GB "
+             "| vLLM serving / trainer idle | completions | bit-identical |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for run, label in runs:
+        for r in _rows(f"2026-11-30-h200x2-multigpu/{run}"):
+            lines.append(f"| {r['mode']} | {label} | {r['p1_med']:.3f} | {r['out_s']:.3f} | {r['back_s']:.3f} "
+                         f"| {r['moved_gb']:.2f} | {r['left_gb']:.2f} | {r['p5']:.3f} | {r['served']} "
+                         f"| {'yes' if r['bit_identical'] and r['losses_as_solo'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def side_by_side() -> str:
+    """How much issuing a job's checkpoints at once gains, from the medians of the two 1 s runs."""
+    one = {r["mode"]: r for r in _rows("2026-11-30-h200x2-multigpu/valley-1s")}["checkpoint"]
+    two = {r["mode"]: r for r in _rows("2026-11-30-h200x2-multigpu/valley-1s-concurrent")}["checkpoint"]
+    return (f"checkpoint of two ranks one after the other {one['out_s']:.2f} s, side by side {two['out_s']:.2f} s "
+            f"({one['out_s'] / two['out_s']:.2f}×); restore {one['back_s']:.2f} s vs {two['back_s']:.2f} s "
+            f"({one['back_s'] / two['back_s']:.2f}×); medians of 19 handoffs each, two runs minutes apart")
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "verl-run": verl_run, "cuda-cycles": cuda_cycles, "swap-one-gpu": swap_one_gpu,
+    "swap-two-gpus": swap_two_gpus, "side-by-side": side_by_side,
+}
+
+
+def documents(root: Path = ROOT) -> dict[str, str]:
+    return {name: (root / name).read_text() for name in DOCS}
+
+
+def stale(root: Path = ROOT) -> list[str]:
+    """``doc: table`` for every generated block that differs from what the data gives (or names no table)."""
+    out = []
+    for doc, text in documents(root).items():
+        for match in BLOCK.finditer(text):
+            name = match.group(2)
+            if name not in TABLES:
+                out.append(f"{doc}: unknown table {name!r}")
+            elif match.group(3).strip() != TABLES[name]().strip():
+                out.append(f"{doc}: {name}")
+    return out
+
+
+def write(root: Path = ROOT) -> None:
+    for doc, text in documents(root).items():
+        new = BLOCK.sub(lambda m: m.group(1) + TABLES[m.group(2)]() + "\n" + m.group(4), text)
+        if new != text:
+            (root / doc).write_text(new)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("name", nargs="?", choices=sorted(TABLES))
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    if args.check:
+        bad = stale()
+        for line in bad:
+            print(f"differs from its data: {line}", file=sys.stderr)
+        return 1 if bad else 0
+    if args.write:
+        write()
+        return 0
+    for name in [args.name] if args.name else TABLES:
+        print(f"## {name}\n{TABLES[name]()}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
