@@ -397,5 +397,5 @@ def test_the_sdist_includes_what_the_tests_import():
     tomllib = pytest.importorskip("tomllib")
 
     include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["sdist"]["include"]
-    for needed in ("src", "conf", "tests", "hooks", "benchmarks", "docs", "LICENSE"):
+    for needed in ("src", "conf", "tests", "hooks", "benchmarks", "docs", "deploy", "LICENSE"):
         assert needed in include, needed

@@ -85,8 +85,10 @@ def plugins_cmd(option: str, overrides: tuple[str, ...]) -> None:
 
 @main.command("agent", context_settings={"ignore_unknown_options": True})
 @click.option("--option", "option", default="interleave", show_default=True, help="Option of the timeslice group.")
+@click.option("--doctor-first", is_flag=True, help="Check what the agent needs from its container (host PID "
+              "namespace, socket directory, NVML, driver) and refuse to start, saying what is missing.")
 @click.argument("overrides", nargs=-1)
-def agent_cmd(option: str, overrides: tuple[str, ...]) -> None:
+def agent_cmd(option: str, doctor_first: bool, overrides: tuple[str, ...]) -> None:
     """Run the node's snapshot agent in the foreground (stop with SIGTERM or Ctrl-C).
 
     Takes the same dotted overrides as the trainer, e.g.
@@ -97,6 +99,14 @@ def agent_cmd(option: str, overrides: tuple[str, ...]) -> None:
     from timeslice_verl.agent.server import AgentStartError, run_agent
 
     settings = _settings_from(option, overrides)
+    if doctor_first:
+        from timeslice_verl.container import container_checks
+        from timeslice_verl.doctor import render
+
+        checks = container_checks(settings)
+        click.echo(render(checks), err=True)
+        if not all(c.ok for c in checks):
+            raise click.ClickException("the agent's container lacks what it needs (FAIL lines above); not starting")
     try:
         asyncio.run(run_agent(settings))
     except AgentStartError as exc:
@@ -128,13 +138,19 @@ def status_cmd(option: str, as_json: bool, overrides: tuple[str, ...]) -> None:
 
 @main.command("doctor", context_settings={"ignore_unknown_options": True})
 @click.option("--option", "option", default="interleave", show_default=True)
+@click.option("--container", is_flag=True, help="Only what the agent needs from its container (Kubernetes pod).")
 @click.argument("overrides", nargs=-1)
-def doctor_cmd(option: str, overrides: tuple[str, ...]) -> None:
+def doctor_cmd(option: str, container: bool, overrides: tuple[str, ...]) -> None:
     """Check this node: driver, NVML, NCCL env, vLLM, agent, host RAM. Exits 1 on any FAIL."""
     from timeslice_verl.doctor import render, run_checks
 
     settings = _settings_from(option, overrides)
-    checks = run_checks(settings)
+    if container:
+        from timeslice_verl.container import container_checks
+
+        checks = container_checks(settings)
+    else:
+        checks = run_checks(settings)
     click.echo(render(checks))
     if not all(c.ok for c in checks):
         sys.exit(1)
