@@ -6,6 +6,7 @@ import importlib.util
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,21 @@ def _isolated_runtime_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
 def _run_in_a_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever a test (or a plugin it loads) writes to the working directory lands in its tmp_path."""
     monkeypatch.chdir(tmp_path)
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and ray.is_initialized())
+
+
+@pytest.fixture(autouse=True)
+def _ray_left_as_found():
+    """A test that started Ray (verl's code may call ``ray.init`` itself) stops it, so the next test's
+    ``ray.init`` never finds it running: the suite passes in any order."""
+    before = _ray_running()
+    yield
+    if not before and _ray_running():
+        sys.modules["ray"].shutdown()
 
 
 def _git_status() -> str | None:
