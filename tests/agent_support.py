@@ -67,7 +67,10 @@ def _kill_spawned() -> None:
 
 
 class AgentProc:
-    def __init__(self, tmp: Path, *, tenant_url: str = "", extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, tmp: Path, *, tenant_url: str = "", extra: tuple[str, ...] = (),
+                 preexec: Callable[[], None] | None = None) -> None:
+        self.preexec = preexec
+        """Run in the agent's process before it starts (resource limits)."""
         run = tmp / "run"
         run.mkdir(mode=0o700, exist_ok=True)
         self.socket = run / "agent.sock"
@@ -83,11 +86,12 @@ class AgentProc:
             f"timeslice.agent.socket={self.socket}",
             "timeslice.agent.backend=sigstop",
             f"timeslice.tenant.url={self.tenant_url}",
+            f"timeslice.agent.lock_dir={self.socket.parent}",  # this test's own "machine": one agent per GPU in it
             *self.extra,  # later overrides win (e.g. timeslice.agent.backend=cuda)
         ]
         self.log_path = self.log_path.with_name(f"agent-{int(time.time() * 1000)}.log")
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=self.preexec)
         wait_for_agent(self.socket, timeout)
         return self
 

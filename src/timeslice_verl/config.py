@@ -67,6 +67,9 @@ class AgentSettings:
     ``/tmp/timeslice-verl-<uid>/agent.sock``."""
     state_file: str = ""
     """Where the agent persists its state machine; empty: beside the socket."""
+    lock_dir: str = "/tmp"
+    """Where each agent takes a lock per GPU it arbitrates (``timeslice-verl-gpu-<id>.lock``): one agent per
+    GPU on the machine, whatever its socket or state file. Every agent of a node must use the same directory."""
     backend: Backend = Backend["cuda"]
     """Freeze backend: ``cuda`` (driver API), ``cuda-cli`` (the cuda-checkpoint binary) or
     ``sigstop`` (CPU test backend: pauses processes, frees no GPU memory)."""

@@ -27,13 +27,35 @@ def split_urls(url: str) -> list[str]:
     return [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
 
 
+LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"}
+
+
+def server_key(url: str) -> str:
+    """What tells two tenant servers apart: scheme, host (every loopback name is one host, case does not
+    count) and port (the scheme's default when none is written). ``http://localhost:8000/`` and
+    ``http://127.0.0.1:8000`` are one server."""
+    scheme, _, rest = url.strip().partition("://")
+    netloc = rest.split("/", 1)[0].rsplit("@", 1)[-1].lower()
+    host, port = netloc, ""
+    if netloc.startswith("["):
+        host, _, tail = netloc.partition("]")
+        host, port = host + "]", tail.lstrip(":")
+    elif netloc.count(":") == 1:
+        host, port = netloc.split(":")
+    if host in LOOPBACK_HOSTS or host.startswith("127."):
+        host = "loopback"
+    port = port or ("443" if scheme.lower() == "https" else "80")
+    return f"{scheme.lower()}://{host}:{port}/{rest.split('/', 1)[1].rstrip('/') if '/' in rest else ''}"
+
+
 def repeated_url(url: str) -> str | None:
-    """The first URL a tenant setting lists twice (a server can yield its GPU only once), or None."""
+    """The first URL a tenant setting lists twice (a server can yield its GPU only once), or None. Two
+    spellings of one server (``localhost`` and ``127.0.0.1``, a default port written out) count as twice."""
     seen: set[str] = set()
     for u in split_urls(url):
-        if u in seen:
+        if server_key(u) in seen:
             return u
-        seen.add(u)
+        seen.add(server_key(u))
     return None
 
 

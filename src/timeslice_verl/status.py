@@ -14,7 +14,8 @@ def render_status(status: dict[str, Any]) -> str:
     lines = [
         f"agent {agent.get('agent_version', '?')} (pid {agent.get('pid', '?')}) on {agent.get('socket', '?')}",
         f"backend: {agent.get('backend', '?')} — {agent.get('backend_description', '')}; GPUs {agent.get('gpus', [])}",
-        f"GPU owner: {status.get('owner', '?')}" + (f"   (now: {status['transition']})" if status.get("transition") else ""),
+        f"GPU owner: {status.get('owner', '?')}" + (f"   (now: {status['transition']})" if status.get("transition") else "")
+        + (f"\n  waiting for the tenant: {status['waiting_for']}" if status.get("waiting_for") else ""),
     ]
     gpu = status.get("gpu")
     if gpu:

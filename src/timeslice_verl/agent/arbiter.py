@@ -38,6 +38,10 @@ MAX_JOBS_PER_CLIENT = 16
 MAX_JOBS = 256
 
 
+MAX_GPU_BYTES = 2**40
+"""Without NVML, what no GPU's memory reaches: the bound on a rank's park figures."""
+
+
 class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
     def __init__(
         self,
@@ -79,6 +83,8 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._step_lock = asyncio.Lock()
+        self._tenancy_lock = asyncio.Lock()
+        """Held by a tenant registration or unregistration (one at a time; taken before the step lock)."""
         self._peers: dict[int, int] = {}
         self._tasks: list[asyncio.Task] = []
         self._live_connections: set[int] = set()
@@ -205,6 +211,7 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
         self._job(name, conn)
         if swap != "checkpoint" and not parked and not done:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"swap {swap!r} needs 'parked': what each worker parked and kept")
+        self._check_park_reports(parked or [])
         job.swap = swap
         job.parked = {int(r["pid"]): int(r["kept"]) for r in parked or []}
         job.parked_bytes = sum(int(r["parked"]) for r in parked or [])
@@ -223,6 +230,19 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
             await self.settled()
         return {"job": name, "released": was_holding, "transitions": self._report(job)}
 
+    def _check_park_reports(self, parked: list[dict[str, int]]) -> None:
+        """A rank can neither have parked nor still keep more than one of the agent's GPUs holds: such a
+        figure is refused here, before it can pass a footprint check or block every later thaw."""
+        if self.probe is not None:
+            gpu, where = self.probe.largest_gpu(), "one of the agent's GPUs holds"
+        else:
+            gpu, where = MAX_GPU_BYTES, "any GPU holds"
+        for r in parked:
+            for key in ("parked", "kept"):
+                if int(r[key]) > gpu:
+                    raise ProtocolError(ErrorCode.BAD_REQUEST, f"field 'parked': pid {r['pid']} reports {key}="
+                                        f"{int(r[key]) / 2**30:.2f} GiB, more than {where} ({gpu / 2**30:.2f} GiB)")
+
     def prepare(self, name: str, conn: int | None, ttl_s: float | None = None) -> dict[str, Any]:
         job = self._job(name, conn)
         if job.holding:
@@ -239,6 +259,7 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
             if job.attached != conn:
                 continue
             job.attached = None
+            job.orphaned_at = time.monotonic()  # no client: a frozen job is thawed after reattach_grace_s
             job.prepared_until = 0.0
             if job.name in self.queue:
                 self._drop_waiter(job.name)
@@ -256,8 +277,9 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
         self._wake.set()
 
     async def settled(self, timeout_s: float = 600.0) -> None:
-        """Wait until the reconciler has nothing left to do."""
+        """Wait until the reconciler has nothing left to do and the state it left is on disk."""
         await asyncio.wait_for(self._idle.wait(), timeout_s)
+        await asyncio.to_thread(self.store.flush, timeout_s)
 
     async def _reconciler(self) -> None:
         while True:
@@ -377,6 +399,7 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
         snap: dict[str, Any] = {
             "owner": self.owner(),
             "transition": self.current,
+            "waiting_for": self.tenant.waiting_for() if self.tenant is not None else "",
             "queue": list(self.queue),
             "jobs": jobs,
             "tenant": self.tenant_rec.to_dict() if self.tenant_rec else None,

@@ -46,6 +46,17 @@ class NvmlProbe:
             total=sum(int(i.total) for i in infos), used=sum(int(i.used) for i in infos), free=sum(int(i.free) for i in infos)
         )
 
+    def uuids(self) -> list[str]:
+        """The GPUs' NVML UUIDs (what names a GPU whatever CUDA_VISIBLE_DEVICES says)."""
+        with self._lock:
+            out = [self._nvml.nvmlDeviceGetUUID(h) for h in self._handles]
+        return [u.decode() if isinstance(u, bytes) else str(u) for u in out]
+
+    def largest_gpu(self) -> int:
+        """The memory of the largest of the agent's GPUs: what one rank's figures can never exceed."""
+        with self._lock:
+            return max(int(self._nvml.nvmlDeviceGetMemoryInfo(h).total) for h in self._handles)
+
     def process_memory(self) -> dict[int, int]:
         """Bytes used per compute process on the agent's GPUs (summed over GPUs)."""
         out: dict[int, int] = {}

@@ -111,7 +111,7 @@ def _check(name: str, field: Field, value: Any) -> Any:
         ):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected a list of process ids, got {value!r:.200}")
     elif kind == "url":
-        if not valid_url(value) or not all(_url_parts_ok(u) for u in split_urls(value)):
+        if not valid_url(value) or not all(url_parts_ok(u) for u in split_urls(value)):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: {value!r:.200} is not an http(s) URL")
         if repeated_url(value):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: {repeated_url(value)!r:.200} is listed twice")
@@ -149,8 +149,10 @@ def _parked(name: str, value: Any) -> list[dict[str, int]]:
     return out
 
 
-def _url_parts_ok(url: str) -> bool:
-    """Host and port parse (what an HTTP client would reject otherwise)."""
+def url_parts_ok(url: str) -> bool:
+    """Host and port parse, no control character or space anywhere (what an HTTP client would reject)."""
+    if any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in url):
+        return False
     try:
         parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018  (raises ValueError for a bad port)

@@ -32,12 +32,12 @@ class RecoveryMixin:
         jobs, tenant_rec, extra = self.store.load()
         for name in extra.get("salvaged_jobs", []):  # the record is lost: thaw what this agent may have frozen
             await self._thaw_tagged(name)
+        await self._thaw_salvaged(extra.get("salvaged_procs", []))
         for job in jobs.values():
             await self._reconcile_job(job)
         self.jobs = {name: job for name, job in jobs.items() if job.procs or job.registered or job.holding}
-        for job in self.jobs.values():
-            if job.holding:  # its client must come back to keep the GPU (see the watchdog)
-                job.orphaned_at = time.monotonic()
+        for job in self.jobs.values():  # its client must come back to keep the GPU, or to keep it frozen (watchdog)
+            job.orphaned_at = time.monotonic()
         url, level = tenant_url, sleep_level
         if tenant_rec and tenant_rec.url.rstrip("/") != self.configured_tenant_url:
             if tenant_url:  # the configured tenant replaces the recorded one: never leave that one asleep
@@ -52,6 +52,7 @@ class RecoveryMixin:
                 self.tenant = self._make_tenant(url, level)
                 self.tenant_rec = TenantRecord(url=url, state=DEAD, sleep_level=level, error=str(exc))
         self._persist()
+        self.store.start_writer()  # from now on the state file is written off the event loop
         self._tasks = [asyncio.create_task(self._reconciler(), name="reconciler"), asyncio.create_task(self._watchdog(), name="watchdog")]
         self.wake()
 
@@ -90,6 +91,7 @@ class RecoveryMixin:
             except (Exception, asyncio.TimeoutError) as exc:
                 log.error("shutdown: tenant could not be woken: %r", exc)
         self._persist()
+        await asyncio.to_thread(self.store.close)  # the last state is on disk before the agent exits
         if self.tenant is not None:
             await self.tenant.close()
         self.backend.close()
@@ -106,6 +108,22 @@ class RecoveryMixin:
             log.info("restart: previously registered tenant %s: %s", record.url, exc)
         finally:
             await old.close()
+
+    async def _thaw_salvaged(self, procs: list[procfs.ProcId]) -> None:
+        """Thaw the processes a broken state file still names (a registered worker carries no tag), each only
+        if it is still the very process recorded (same start time) and the driver reports it frozen."""
+        same = [p.pid for p in procs if procfs.identify(p.pid) == p]
+        if not same:
+            return
+        states = await asyncio.to_thread(self.backend.states, same)
+        frozen = [pid for pid, state in states.items() if state in (ProcState.CHECKPOINTED, ProcState.LOCKED)]
+        if not frozen:
+            return
+        try:
+            await asyncio.to_thread(self.backend.thaw, frozen)
+            log.warning("restart: the state file was invalid; thawed the processes it still named: %s", frozen)
+        except ThawError as exc:
+            log.error("restart: could not thaw the processes %s the broken state file named: %s", frozen, exc)
 
     async def _thaw_tagged(self, name: str) -> None:
         """Thaw the processes tagged for job ``name`` that the driver does not report as running."""

@@ -12,9 +12,9 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
-import fcntl
-import logging
 import itertools
+import json
+import logging
 import os
 import signal
 import socket
@@ -26,6 +26,15 @@ from timeslice_verl import __version__
 from timeslice_verl.agent import protocol
 from timeslice_verl.agent.arbiter import Arbiter
 from timeslice_verl.agent.gpu import open_probe
+from timeslice_verl.agent.host import (  # noqa: F401 (AgentStartError, MAX_CONNECTIONS: re-exported)
+    BACKLOG,
+    MAX_CONNECTIONS,
+    AgentStartError,
+    _QuietAccept,
+    connection_limit,
+    take_gpu_locks,
+    take_instance_lock,
+)
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError, peer_credentials
 from timeslice_verl.agent.state import StateStore
 from timeslice_verl.agent.freeze import BackendUnavailable, make_backend
@@ -35,25 +44,17 @@ from timeslice_verl.log import get_logger
 log = get_logger("agent")
 
 
-MAX_CONNECTIONS = 256
-"""Open client connections at a time (each holds a file descriptor)."""
 MAX_IN_FLIGHT = 32
 """Requests of one connection being served at a time; its further requests wait unread."""
 
 
-class AgentStartError(RuntimeError):
-    """The agent cannot start (socket in use, backend unavailable…). The message says what to do."""
-
-
-def take_instance_lock(path: Path) -> int:
-    """An exclusive ``flock`` on ``path`` held for the agent's lifetime: one agent per socket and state file."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+def _op(line: bytes) -> Any:
+    """The request's ``op``, or None (parse errors are answered by the request's own task)."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise AgentStartError(f"another agent holds {path} (see `timeslice-verl status`)") from None
-    return fd
+        data = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return data.get("op") if isinstance(data, dict) else None
 
 
 class AgentServer:
@@ -65,6 +66,7 @@ class AgentServer:
         self._stop = asyncio.Event()
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self.max_connections = MAX_CONNECTIONS
         self._handlers: set[asyncio.Task] = set()
 
     def info(self) -> dict[str, Any]:
@@ -120,7 +122,8 @@ class AgentServer:
         self.claim_path()
         old = os.umask(0o177)
         try:
-            self._server = await asyncio.start_unix_server(self._handle, path=str(self.path), limit=protocol.MAX_REQUEST_BYTES)
+            self._server = await asyncio.start_unix_server(self._handle, path=str(self.path), limit=protocol.MAX_REQUEST_BYTES,
+                                                           backlog=BACKLOG)
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
@@ -172,6 +175,15 @@ class AgentServer:
     # ------------------------------------------------------------------ connections
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection, start to end; a peer that vanishes mid-way ends it quietly (never an unhandled
+        exception in asyncio's callback)."""
+        try:
+            await self._connection(reader, writer)
+        except (ConnectionError, OSError) as exc:
+            log.debug("connection ended: %r", exc)
+            writer.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = next(self._ids)
         peer_pid, peer_uid = peer_credentials(writer.get_extra_info("socket"))
         lock = asyncio.Lock()
@@ -186,12 +198,14 @@ class AgentServer:
             await send(protocol.error(None, ErrorCode.PERMISSION, f"{who} may not use this agent"))
             writer.close()
             return
-        if len(self._writers) >= MAX_CONNECTIONS:  # keep file descriptors for /proc and the driver
-            await send(protocol.error(None, ErrorCode.BUSY, f"the agent serves at most {MAX_CONNECTIONS} connections; closing"))
+        if len(self._writers) >= self.max_connections:  # keep file descriptors for /proc and the driver
+            await send(protocol.error(None, ErrorCode.BUSY, f"the agent serves at most {self.max_connections} connections; closing"))
             writer.close()
             return
         self.arbiter.connection_opened(conn, peer_pid)
         tasks: set[asyncio.Task] = set()
+        blocking: set[asyncio.Task] = set()
+        """Acquires: they wait for the GPU, so a client that stopped sending has no more use for them."""
         me = asyncio.current_task()
         if me is not None:
             self._handlers.add(me)
@@ -204,7 +218,8 @@ class AgentServer:
                 except (ValueError, asyncio.LimitOverrunError):
                     await send(protocol.error(None, ErrorCode.TOO_LARGE, f"request longer than {protocol.MAX_REQUEST_BYTES} bytes; closing"))
                     break
-                if not line:
+                if not line:  # the client stopped sending (maybe only half-closed): answer what it asked
+                    await asyncio.gather(*(t for t in tasks if t not in blocking), return_exceptions=True)
                     break
                 if not line.strip():
                     continue
@@ -213,6 +228,9 @@ class AgentServer:
                 task = asyncio.create_task(self._serve_one(line, conn, peer_uid, send))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+                if _op(line) == "acquire":
+                    blocking.add(task)
+                    task.add_done_callback(blocking.discard)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
         finally:
@@ -272,6 +290,7 @@ async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None 
     probe, the instance lock, the arbiter's shutdown, the listening socket, the metrics endpoint).
     """
     path = socket_path(settings)
+    asyncio.get_running_loop().set_exception_handler(_QuietAccept())
     async with contextlib.AsyncExitStack() as stack:
         probe = open_probe(settings.agent.gpus)
         if probe is not None:
@@ -290,7 +309,7 @@ async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None 
             log.warning("backend %s: %s", backend.name, backend.description)
         arbiter = Arbiter(
             backend,
-            StateStore(state_path(settings)),
+            StateStore(state_path(settings).resolve()),  # one file, however the path reaches it (links)
             probe=probe,
             tenant_request_timeout_s=settings.tenant.request_timeout_s,
             tenant_drain_timeout_s=settings.tenant.drain_timeout_s,
@@ -298,11 +317,15 @@ async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None 
             reattach_grace_s=settings.agent.reattach_grace_s,
             park_overhead_bytes=int(settings.agent.park_overhead_gib * 2**30),
         )
+        gpu_ids = probe.uuids() if probe is not None else [str(i) for i in settings.agent.gpus]
+        for fd in take_gpu_locks(Path(settings.agent.lock_dir), gpu_ids):
+            stack.callback(os.close, fd)
         server = AgentServer(settings, arbiter, path)
+        server.max_connections = connection_limit()
         server.claim_path()
-        state = state_path(settings)
+        state = state_path(settings).resolve()
         state.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        lock_fd = take_instance_lock(state.with_name(state.name + ".lock"))  # one agent per state file
+        lock_fd = take_instance_lock(state.with_name(state.name + ".lock"))  # one agent per state file, too
         stack.callback(os.close, lock_fd)
         # Reconcile recorded state with what the driver reports before serving anyone.
         stack.push_async_callback(arbiter.shutdown)

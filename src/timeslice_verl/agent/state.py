@@ -12,14 +12,15 @@ import json
 import os
 import re
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from timeslice_verl.agent.procfs import ProcId
-from timeslice_verl.names import SWAP_MODES
-from timeslice_verl.names import valid_job, valid_url
+from timeslice_verl.agent.protocol import url_parts_ok
+from timeslice_verl.names import SWAP_MODES, split_urls, valid_job, valid_url
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent.state")
@@ -123,6 +124,7 @@ class StateError(ValueError):
 
 
 _NAME_RE = re.compile(rb'"name"\s*:\s*"([A-Za-z0-9][A-Za-z0-9._-]{0,63})"')
+_PROC_RE = re.compile(rb'\{\s*"pid"\s*:\s*(\d{1,10})\s*,\s*"start"\s*:\s*(\d{1,20})\s*\}')
 _JOB_STATES = {RUNNING, TRANSITIONING, FROZEN, FAULTED, *LEGACY_STATES}
 _TENANT_STATES = {"", "awake", "asleep", "dead", "faulted"}
 
@@ -159,7 +161,8 @@ def _validate(data: Any) -> tuple[dict[str, Job], TenantRecord | None]:
     if tenant_data is not None:
         _need(isinstance(tenant_data, dict), "tenant is not an object")
         url = tenant_data.get("url", "")
-        _need(url == "" or valid_url(url), f"tenant url {str(url)[:80]!r} is not an http(s) URL")
+        _need(url == "" or (valid_url(url) and all(url_parts_ok(u) for u in split_urls(url))),
+              f"tenant url {str(url)[:80]!r} is not an http(s) URL")
         _need(tenant_data.get("state", "") in _TENANT_STATES, f"tenant state {tenant_data.get('state')!r} is unknown")
         _need(tenant_data.get("sleep_level", 1) in (1, 2) and _int(tenant_data.get("sleep_level", 1)), "tenant sleep_level is not 1 or 2")
         known = {k: tenant_data[k] for k in ("url", "state", "version", "sleep_level", "error") if k in tenant_data}
@@ -172,10 +175,16 @@ class StateStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._cond = threading.Condition()
+        self._pending: bytes | None = None
+        self._writing = False
+        self._closing = False
+        self._thread: threading.Thread | None = None
 
     def load(self) -> tuple[dict[str, Job], TenantRecord | None, dict[str, Any]]:
         """The recorded jobs and tenant. A file that does not validate is moved aside (never deleted);
-        the job names still legible in it are returned as ``extra["salvaged_jobs"]`` so the agent can
+        the job names and the processes (pid and start time) still legible in it are returned as
+        ``extra["salvaged_jobs"]`` and ``extra["salvaged_procs"]`` so the agent can
         thaw those jobs' processes instead of forgetting them frozen."""
         if not self.path.exists():
             return {}, None, {}
@@ -193,27 +202,89 @@ class StateStore:
     def _quarantine(self, raw: bytes, why: str) -> tuple[dict[str, Job], TenantRecord | None, dict[str, Any]]:
         broken = self.path.with_name(f"{self.path.name}.broken-{int(time.time())}")
         names = sorted({m.decode() for m in _NAME_RE.findall(raw) if valid_job(m.decode(errors="replace"))})
+        procs = sorted({(int(p), int(s)) for p, s in _PROC_RE.findall(raw) if 1 < int(p) < 2**31})
         log.error("state file %s is invalid (%s); moved aside to %s; jobs named in it: %s", self.path, why, broken,
                   ", ".join(names) or "none")
         try:
             os.replace(self.path, broken)
         except OSError as exc:  # pragma: no cover - read-only directory
             log.error("could not move %s aside: %s", self.path, exc)
-        return {}, None, {"salvaged_jobs": names}
+        return {}, None, {"salvaged_jobs": names, "salvaged_procs": [ProcId(p, s) for p, s in procs]}
 
     def save(self, jobs: dict[str, Job], tenant: TenantRecord | None, extra: dict[str, Any]) -> None:
-        data = {
+        """Record the state. Serialised here (a consistent snapshot); written, fsync'd and renamed by the
+        writer thread once it runs (never on the agent's event loop), else at once."""
+        data = json.dumps({
             "version": STATE_VERSION,
             "written": time.time(),
             "jobs": [j.to_dict() for j in jobs.values()],
             "tenant": tenant.to_dict() if tenant else None,
             **extra,
-        }
+        }, indent=1).encode()
+        if self._thread is None:
+            self._write(data)
+            return
+        with self._cond:
+            self._pending = data
+            self._cond.notify_all()
+
+    def start_writer(self) -> None:
+        """Write from a thread of its own from now on: the newest state wins, a failed write (out of file
+        descriptors, disk full) is retried until it lands, its error logged at most every 10 s."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._writer, name="timeslice-state", daemon=True)
+            self._thread.start()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Write what is pending and stop the writer (the agent's shutdown)."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+        if self._pending is not None:  # the writer could not: one last try here
+            data, self._pending = self._pending, None
+            self._write(data)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until the newest state is on disk; False if it is not within ``timeout_s``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending is None and not self._writing, timeout_s)
+
+    def _writer(self) -> None:
+        last_error = 0.0
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending is not None or self._closing)
+                if self._pending is None:
+                    return
+                data, self._pending, self._writing = self._pending, None, True
+            try:
+                self._write(data)
+            except OSError as exc:
+                if time.monotonic() - last_error > 10:
+                    log.error("could not write state file %s: %s (retrying until it lands)", self.path, exc)
+                    last_error = time.monotonic()
+                with self._cond:
+                    if self._pending is None:
+                        self._pending = data  # nothing newer came: this one is still the state to write
+                    self._writing = False
+                    self._cond.notify_all()
+                    if self._closing:
+                        return
+                    self._cond.wait(0.5)
+                continue
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+    def _write(self, data: bytes) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".state-", suffix=".json")
         try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.chmod(tmp, 0o600)

@@ -6,6 +6,8 @@ import ipaddress
 import urllib.parse
 from typing import Any
 
+import httpx
+
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import TenantRecord
@@ -30,20 +32,30 @@ class TenancyMixin:
     """Register, replace and forget the tenant (a tenant is never left asleep when it is forgotten)."""
 
     async def register_tenant(self, url: str, sleep_level: int = 1, *, persist: bool = True) -> dict[str, Any]:
+        """Register (or re-check) the tenant. Registrations and unregistrations run one at a time, so
+        an answer ``ok`` always means the tenant is registered when it is sent."""
+        async with self._tenancy_lock:
+            return await self._register_tenant(url, sleep_level, persist)
+
+    async def _register_tenant(self, url: str, sleep_level: int, persist: bool) -> dict[str, Any]:
         url = ",".join(split_urls(url))
         if not all(_loopback(u) for u in split_urls(url)) and url != self.configured_tenant_url:
             raise ProtocolError(ErrorCode.PERMISSION, f"tenant {url!r} is not on this node (loopback): only the URL the agent "
                                 "was started with (timeslice.tenant.url) may point elsewhere")
         if self.tenant is not None and self.tenant.url != url:
             raise ProtocolError(ErrorCode.BUSY, f"a tenant is already registered ({self.tenant.url}); unregister it first")
-        tenant = self.tenant or self._make_tenant(url, sleep_level)
+        try:
+            tenant = self.tenant or self._make_tenant(url, sleep_level)
+        except (httpx.InvalidURL, ValueError) as exc:  # what the HTTP client refuses is the request's fault
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field 'url': {url!r:.200} is not a URL an HTTP client takes: {exc}") from None
         try:
             info = await tenant.register()
         except TenantError as exc:
             if self.tenant is None:
                 await tenant.close()
             raise ProtocolError(ErrorCode.TENANT, str(exc)) from None
-        self.tenant = tenant
+        async with self._step_lock:  # never swapped under a transition that uses it
+            self.tenant = tenant
         self.tenant_rec = TenantRecord(url=tenant.url, state=tenant.state, version=info.version, sleep_level=sleep_level,
                                        error=tenant.note)
         if persist:
@@ -59,9 +71,9 @@ class TenancyMixin:
 
     async def unregister_tenant(self) -> dict[str, Any]:
         """Forget the tenant, waking it first (it is never left asleep)."""
-        if self.tenant is None:
-            return {"unregistered": False}
-        async with self._step_lock:  # no transition runs meanwhile
+        async with self._tenancy_lock, self._step_lock:  # no registration, no transition meanwhile
+            if self.tenant is None:
+                return {"unregistered": False}
             if self.tenant_rec and self.tenant_rec.state in (ASLEEP, TENANT_FAULTED):
                 try:
                     await self._tenant_reclaim(check_memory=False)

@@ -84,7 +84,24 @@ class VllmTenant:
     async def close(self) -> None:
         await self._client.aclose()
 
+    _waiting: tuple[str, float] | None = None
+
+    def waiting_for(self) -> str:
+        """The call this server has not answered yet, and for how long (empty when none is out)."""
+        if self._waiting is None:
+            return ""
+        call, since = self._waiting
+        return f"{call} on {self.url} for {time.monotonic() - since:.1f} s"
+
     async def _request(self, method: str, path: str, *, timeout: float | None = None, **params: Any) -> httpx.Response:
+        query = "&".join(f"{k}={v}" for k, v in params.items())
+        self._waiting = (f"{method} {path}" + (f"?{query}" if query else ""), time.monotonic())
+        try:
+            return await self._answer(method, path, timeout=timeout, params=params)
+        finally:
+            self._waiting = None
+
+    async def _answer(self, method: str, path: str, *, timeout: float | None, params: dict[str, Any]) -> httpx.Response:
         try:
             resp = await self._client.request(method, path, params=params or None, timeout=timeout or self.request_timeout_s)
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
@@ -244,6 +261,9 @@ class TenantGroup:
 
     async def close(self) -> None:
         await asyncio.gather(*(m.close() for m in self.members), return_exceptions=True)
+
+    def waiting_for(self) -> str:
+        return "; ".join(w for w in (m.waiting_for() for m in self.members) if w)
 
     async def register(self) -> TenantInfo:
         infos = await self._each("register", lambda m: m.register())

@@ -36,7 +36,16 @@ class WatchdogMixin:
             if job.holding and job.attached is None and job.orphaned_at and now - job.orphaned_at > self.reattach_grace_s:
                 log.warning("job %s held the GPU before the agent restarted and its client did not come back within "
                             "%.0f s: releasing", name, self.reattach_grace_s)
-                job.holding, job.orphaned_at = False, 0.0
+                job.holding, job.orphaned_at = False, now  # frozen next; thawed if nobody comes back
+                changed = True
+            elif (job.state == FROZEN and not job.holding and not job.ending and job.attached is None and job.orphaned_at
+                    and now - job.orphaned_at > self.reattach_grace_s and job.pids()):
+                # its client is gone (a killed leader rank, a crashed trainer) and did not come back: nobody
+                # would ever acquire it again, so its processes are thawed and the job ends as if released
+                # with done (it is forgotten once thawed and never frozen again)
+                log.warning("job %s: frozen with no client for %.0f s: thawing its processes %s and ending the job",
+                            name, self.reattach_grace_s, job.pids())
+                job.ending, job.orphaned_at = True, 0.0
                 changed = True
             if job.prepared_until and job.prepared_until <= now:
                 job.prepared_until = 0.0
@@ -67,21 +76,34 @@ class WatchdogMixin:
                     del self.jobs[name]
         if self.tenant_rec is not None and self.tenant_rec.state == TENANT_FAULTED and now >= self.tenant_retry_at:
             changed = True  # the backoff after a failed tenant move is over: let the reconciler retry
-        if self.tenant is not None and self.tenant_rec and self.tenant_rec.state in (DEAD, TENANT_FAULTED) and now >= self._next_tenant_probe:
+        if (self.tenant is not None and self.tenant_rec and self.tenant_rec.state in (DEAD, TENANT_FAULTED)
+                and now >= self._next_tenant_probe and not self._step_lock.locked() and not self._tenancy_lock.locked()):
             self._next_tenant_probe = now + 5.0
-            if await self.tenant.alive():
-                try:
-                    info = await self.tenant.register()
-                    self.tenant_rec.state, self.tenant_rec.version, self.tenant_rec.error = self.tenant.state, info.version, self.tenant.note
-                    log.info("tenant %s answers again (%s)", self.tenant.url, self.tenant.state)
-                    changed = True
-                except TenantError as exc:
-                    self.tenant_rec.error = str(exc)
+            if await self._reregister():
+                changed = True
         if await self._revive_group_members(now):
             changed = True
         if changed:
             self._persist()
             self.wake()
+
+    async def _reregister(self) -> bool:
+        """A dead or faulted tenant that answers again is registered again, under the step lock like any
+        move (it may have been unregistered or replaced meanwhile)."""
+        tenant = self.tenant
+        if tenant is None or not await tenant.alive():
+            return False
+        async with self._tenancy_lock, self._step_lock:
+            if self.tenant is not tenant or self.tenant_rec is None:
+                return False
+            try:
+                info = await tenant.register()
+            except TenantError as exc:
+                self.tenant_rec.error = str(exc)
+                return False
+            self.tenant_rec.state, self.tenant_rec.version, self.tenant_rec.error = tenant.state, info.version, tenant.note
+        log.info("tenant %s answers again (%s)", tenant.url, tenant.state)
+        return True
 
     async def _revive_group_members(self, now: float) -> bool:
         """A tenant group with servers left out: bring back those that answer again (never mid-move)."""

@@ -224,7 +224,9 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     agent = subprocess.Popen(
         [sys.executable, "-m", "timeslice_verl.cli", "agent", f"timeslice.agent.socket={socket}",
          f"timeslice.agent.backend={backend}", f"timeslice.tenant.url={tenant_url}",
-         f"timeslice.agent.state_file={run_dir / 'agent-state.json'}"],
+         f"timeslice.agent.state_file={run_dir / 'agent-state.json'}",
+         # the dry run's CPU backend touches no GPU: its GPU lock stays in its own folder
+         *([f"timeslice.agent.lock_dir={run_dir}"] if backend == "sigstop" else [])],
         stdout=agent_log, stderr=subprocess.STDOUT,
     )
     worker: Worker | None = None
