@@ -18,7 +18,9 @@ from timeslice_verl.agent.client import AgentClient, wait_for_agent
 PY = sys.executable
 
 
-def eventually(check: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02, what: str = "condition") -> Any:
+def eventually(check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.02, what: str = "condition") -> Any:
+    """Poll ``check`` until it is true: the way tests wait for another process. ``timeout`` only ends a test
+    that would hang (it is no measurement: timings are the benchmarks' business), so it is generous."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
@@ -41,14 +43,24 @@ def stopped(pid: int) -> bool:
 
 
 def spawn_worker(job: str | None) -> subprocess.Popen:
-    """A stand-in GPU worker: a busy process, tagged TIMESLICE_JOB=<job> (or untagged for None)."""
+    """A stand-in GPU worker: a busy process, tagged TIMESLICE_JOB=<job> (or untagged for None); returned
+    once its environment (the tag) is readable in /proc, so the agent can find it."""
     env = {k: v for k, v in os.environ.items() if k != "TIMESLICE_JOB"}
     if job is not None:
         env["TIMESLICE_JOB"] = job
     code = "import time\nwhile True:\n    time.sleep(0.005)\n"
     proc = subprocess.Popen([PY, "-c", code], env=env)
     _SPAWNED.append(proc)
+    if job is not None:
+        eventually(lambda: f"TIMESLICE_JOB={job}".encode() in _environ(proc.pid), what=f"worker {proc.pid} tagged")
     return proc
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
 
 
 _SPAWNED: list[subprocess.Popen] = []
@@ -164,11 +176,11 @@ class FakeVllmProc:
             self.proc.stdout.close()
 
 
-def agent_with_a_tenant_per_gpu(tmp: Path, procs: list, gpus: int = 2) -> tuple[AgentProc, list[FakeVllmProc]]:
+def agent_with_a_tenant_per_gpu(tmp: Path, procs: list, gpus: int = 2, extra: tuple[str, ...] = ()) -> tuple[AgentProc, list[FakeVllmProc]]:
     """One agent (CPU test backend) lending to a stand-in vLLM per "GPU" (``timeslice.tenant.urls``)."""
     tenants = [FakeVllmProc() for _ in range(gpus)]
     procs.extend(tenants)
     urls = ",".join(f'"{t.url}"' for t in tenants)
-    agent = AgentProc(tmp, extra=(f"timeslice.tenant.urls=[{urls}]",)).start()
+    agent = AgentProc(tmp, extra=(f"timeslice.tenant.urls=[{urls}]", *extra)).start()
     procs.append(agent)
     return agent, tenants

@@ -10,7 +10,6 @@ from timeslice_verl.agent.policy import (
     DEAD,
     FAULTED,
     FROZEN,
-    RUNNING,
     TENANT_FAULTED,
     TRANSITIONING,
     JobView,

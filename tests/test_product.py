@@ -8,7 +8,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -27,15 +26,11 @@ CLI = [sys.executable, "-m", "timeslice_verl.cli"]
 @pytest.mark.slow
 def test_demo_dry_run_writes_a_png_and_a_summary_that_matches_its_jsonl(tmp_path):
     out = tmp_path / "demo"
-    t0 = time.monotonic()
     proc = subprocess.run(
         [*CLI, "demo", "--out", str(out), "--steps", "5", "--rollout-s", "1.0", "--train-s", "0.3", "--device", "cpu"],
         capture_output=True, text=True, timeout=240,
     )
-    elapsed = time.monotonic() - t0
-    print(f"demo took {elapsed:.1f} s")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert elapsed < 120
     assert "DRY RUN on CPU" in proc.stdout and "SIMULATED vLLM" in proc.stdout
     png = out / "timeline.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

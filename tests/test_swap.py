@@ -276,7 +276,8 @@ def test_verls_ranks_on_two_gpus_are_frozen_and_given_back_together_with_a_tenan
 
 
 def test_a_server_rejoining_the_group_never_delays_the_trainer(tmp_path, procs):
-    agent, tenants = agent_with_a_tenant_per_gpu(tmp_path, procs)
+    # a hanging call would hold the agent for 10 minutes: far past the acquire's own timeout below
+    agent, tenants = agent_with_a_tenant_per_gpu(tmp_path, procs, extra=("timeslice.tenant.request_timeout_s=600",))
     port = tenants[1].url.rsplit(":", 1)[1]
     tenants[1].stop()
     with agent.client() as c:
@@ -286,7 +287,5 @@ def test_a_server_rejoining_the_group_never_delays_the_trainer(tmp_path, procs):
         back = FakeVllmProc("--port", port, "--asleep", "--hang", "wake_up")  # comes back asleep; waking it hangs
         procs.append(back)
         eventually(lambda: agent.status()["transition"] == "tenant revive", timeout=15, what="the agent waking it")
-        t0 = time.monotonic()
-        c.acquire("two-gpus", timeout_s=30)
-        assert time.monotonic() - t0 < 5, "the trainer does not wait for a rejoining server's hanging wake-up"
+        c.acquire("two-gpus", timeout_s=120)  # the trainer does not wait for a rejoining server's hanging wake-up
         assert tenants[0].sleeping() and back.sleeping()

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -50,11 +51,11 @@ def raw_requests(sock_path: Path, *messages: dict, read: int, timeout: float = 1
 
 
 @contextlib.contextmanager
-def node(tmp_path: Path, job: str, *vllm_args: str):
+def node(tmp_path: Path, job: str, *vllm_args: str, extra: tuple[str, ...] = ()):
     """A stand-in vLLM (with ``vllm_args``), a worker tagged ``job`` and an agent serving both; all stopped after."""
     vllm = FakeVllmProc(*vllm_args)
     worker = spawn_worker(job)
-    agent = AgentProc(tmp_path, tenant_url=vllm.url).start()
+    agent = AgentProc(tmp_path, tenant_url=vllm.url, extra=extra).start()
     try:
         yield agent, vllm, worker
     finally:
@@ -180,7 +181,9 @@ def test_connections_are_bounded(tmp_path):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(str(agent.socket))
             socks.append(s)
-        time.sleep(0.5)
+        last = socks[-1]  # answered: the agent has accepted every connection before it
+        last.sendall(json.dumps({"v": 1, "id": 1, "op": "hello", "client": "t"}).encode() + b"\n")
+        assert json.loads(last.makefile("rb").readline())["ok"]
         extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         extra.settimeout(15)
         extra.connect(str(agent.socket))
@@ -207,9 +210,7 @@ def test_a_holder_that_does_not_come_back_after_a_restart_is_released(tmp_path):
         agent.kill()  # the agent dies while job-a holds the GPU; job-a's client never reconnects
         agent = AgentProc(tmp_path, tenant_url=vllm.url, extra=extra).start()
         with agent.client() as client_b:
-            t0 = time.monotonic()
-            client_b.acquire("job-b", timeout_s=15)
-            assert time.monotonic() - t0 < 10
+            client_b.acquire("job-b", timeout_s=120)  # granted once job-a's grace (1 s) is over
     finally:
         for w in (wa, wb):
             os.kill(w.pid, signal.SIGCONT)
@@ -245,18 +246,16 @@ def test_pipelined_acquires_each_get_a_reply(tmp_path, procs):
     procs.append(agent)
     holder = agent.client()
     holder.acquire("pipe-b")
-
-    def release_later() -> None:
-        time.sleep(1.5)
-        holder.release("pipe-b")
-
-    threading.Thread(target=release_later, daemon=True).start()
-    replies = raw_requests(
-        agent.socket,
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(str(agent.socket))
+    s.sendall(b"".join(json.dumps(m).encode() + b"\n" for m in (
         {"v": 1, "id": 1, "op": "acquire", "job": "pipe-a", "timeout_s": 0.3},
-        {"v": 1, "id": 2, "op": "acquire", "job": "pipe-a"},
-        read=2,
-    )
+        {"v": 1, "id": 2, "op": "acquire", "job": "pipe-a"})))
+    lines = s.makefile("rb")
+    first = json.loads(lines.readline())  # the first times out while pipe-b holds the GPU
+    holder.release("pipe-b")  # only then is the GPU free for the second
+    replies = [first, json.loads(lines.readline())]
+    s.close()
     by_id = {r["id"]: r for r in replies}
     assert by_id[1]["ok"] is False and by_id[1]["error"]["code"] == "timeout"
     assert by_id[2]["ok"] is True, "the second acquire still gets the GPU once it is free"
@@ -270,9 +269,9 @@ def test_a_failing_wake_up_is_retried_with_backoff(tmp_path):
         with agent.client() as c:
             c.acquire("backoff-job")
             c.release("backoff-job")
-        time.sleep(3.0)
-        attempts = vllm.stats()["wake_up_calls"]
-        assert 1 <= attempts <= 6, f"{attempts} /wake_up calls in 3 s: no hot loop"
+        eventually(lambda: vllm.stats()["wake_up_calls"] >= 3, what="three tries to wake the tenant")
+        delays = [float(d) for d in re.findall(r"next try in ([0-9.]+) s", agent.log())]
+        assert delays[:3] == [0.5, 1.0, 2.0], f"no hot loop: the delay doubles ({delays})"
 
 
 # --------------------------------------------------------------------------- 11. bad input
@@ -342,7 +341,7 @@ def test_tag_discovery_never_takes_another_users_process(tmp_path, procs):
     ours = spawn_worker("shared-name")
     agent = AgentProc(tmp_path).start()
     procs += [theirs, ours, agent]
-    time.sleep(0.2)
+    eventually(lambda: b"TIMESLICE_JOB=shared-name" in Path(f"/proc/{theirs.pid}/environ").read_bytes(), what="tagged")
     with agent.client() as c:
         c.acquire("shared-name")
         c.release("shared-name", wait=True)
@@ -367,33 +366,30 @@ def test_job_names_are_bounded_per_client_and_the_trainer_is_not_starved(tmp_pat
         with pytest.raises(AgentError, match="too many jobs"):
             flood.prepare("one-too-many")
         with agent.client() as trainer:
-            t0 = time.monotonic()
-            trainer.acquire("real-job", timeout_s=20)
-            assert time.monotonic() - t0 < 10, "the trainer gets its GPU despite the idle names"
+            trainer.acquire("real-job", timeout_s=120)  # the trainer gets its GPU despite the idle names
 
 
 # --------------------------------------------------------------------------- 9. a hanging tenant
 
 
 def test_a_hanging_wake_up_never_delays_the_trainer(tmp_path):
-    with node(tmp_path, "hang-job", "--hang", "wake_up") as (agent, _vllm, _worker):
+    # waiting for the hanging call would take 10 minutes: far past the acquire's own timeout below
+    with node(tmp_path, "hang-job", "--hang", "wake_up", extra=("timeslice.tenant.request_timeout_s=600",)) as (agent, _vllm, _worker):
         with agent.client() as c:
             c.acquire("hang-job")
             c.release("hang-job")  # the agent freezes the job and starts waking the tenant: /wake_up hangs
-            eventually(lambda: "tenant reclaim" in agent.status()["transition"], timeout=10, what="reclaim under way")
-            t0 = time.monotonic()
-            c.acquire("hang-job", timeout_s=20)
-            assert time.monotonic() - t0 < 5, "the trainer does not wait for the tenant's hanging wake-up"
+            eventually(lambda: "tenant reclaim" in agent.status()["transition"], what="reclaim under way")
+            c.acquire("hang-job", timeout_s=120)  # the trainer does not wait for the tenant's hanging wake-up
 
 
 def test_sigterm_exits_promptly_during_a_hanging_pause(tmp_path):
-    with node(tmp_path, "hang-pause", "--hang", "pause") as (agent, _vllm, worker):
+    extra = ("timeslice.tenant.request_timeout_s=600", "timeslice.tenant.drain_timeout_s=600")
+    with node(tmp_path, "hang-pause", "--hang", "pause", extra=extra) as (agent, _vllm, worker):
         client = agent.client()
         threading.Thread(target=lambda: _quietly(client.acquire, "hang-pause"), daemon=True).start()
-        eventually(lambda: "tenant yield" in agent.status()["transition"], timeout=10, what="yield under way")
-        t0 = time.monotonic()
+        eventually(lambda: "tenant yield" in agent.status()["transition"], what="yield under way")
+        # the pause would hang for 20 minutes: the agent exits without it (kill() gives up after 30 s)
         assert agent.kill(signal.SIGTERM) == 0
-        assert time.monotonic() - t0 < 15, "SIGTERM does not wait for a tenant that never answers"
         assert not stopped(worker.pid)
 
 
@@ -442,8 +438,6 @@ def test_a_client_that_pipelines_and_never_reads_is_bounded_and_harmless(tmp_pat
         after = int(Path(f"/proc/{agent.proc.pid}/status").read_text().split("VmRSS:")[1].split()[0])
         assert after - before < 64 * 1024, f"agent RSS grew {(after - before) / 1024:.0f} MiB after {sent} unread requests"
         s.close()
-        t0 = time.monotonic()
-        assert agent.status()["owner"] in ("none", "tenant")
-        assert time.monotonic() - t0 < 5, "the agent answers others promptly after that client leaves"
+        assert agent.status()["owner"] in ("none", "tenant"), "the agent answers others after that client leaves"
     finally:
         agent.stop()

@@ -57,6 +57,10 @@ def _op(line: bytes) -> Any:
     return data.get("op") if isinstance(data, dict) else None
 
 
+READ_ONLY = frozenset({"hello", "status"})
+"""Requests that change nothing the state file records."""
+
+
 class AgentServer:
     def __init__(self, settings: TimesliceSettings, arbiter: Arbiter, path: Path) -> None:
         self.settings = settings
@@ -248,6 +252,8 @@ class AgentServer:
         try:
             req_id, op, args = protocol.parse_request(line.rstrip(b"\n"))
             result = await self._dispatch(op, args, conn, peer_uid)
+            if op not in READ_ONLY:  # what the reply says is on disk before the client hears it (a crash
+                await asyncio.to_thread(self.arbiter.store.flush)  # right after must not undo a grant)
             reply = protocol.ok(req_id, result)
         except ProtocolError as exc:
             reply = protocol.error(req_id if req_id is not None else protocol.request_id_of(line), exc.code, exc.message)

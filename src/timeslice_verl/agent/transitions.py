@@ -219,9 +219,10 @@ class TransitionsMixin:
             dead = isinstance(exc, TenantDead)
             self.tenant_rec.state, self.tenant_rec.error = (DEAD if dead else TENANT_FAULTED), str(exc)
             self._record(action, self.tenant.url, start, False, detail=str(exc))
-            log.error("%s failed: %s%s", action, exc, " (the trainer is unaffected)" if dead else "")
             self._next_tenant_probe = time.monotonic() + 5.0
             self.tenant_backoff_s = min(30.0, max(0.5, self.tenant_backoff_s * 2))
+            log.error("%s failed: %s%s; next try in %.1f s", action, exc, " (the trainer is unaffected)" if dead else "",
+                      self.tenant_backoff_s)
             self.tenant_retry_at = time.monotonic() + self.tenant_backoff_s  # no hot loop on a failing tenant
             self._persist()
             return None
