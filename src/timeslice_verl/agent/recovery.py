@@ -112,31 +112,26 @@ class RecoveryMixin:
     async def _thaw_salvaged(self, procs: list[procfs.ProcId]) -> None:
         """Thaw the processes a broken state file still names (a registered worker carries no tag), each only
         if it is still the very process recorded (same start time) and the driver reports it frozen."""
-        same = [p.pid for p in procs if procfs.identify(p.pid) == p]
-        if not same:
-            return
-        states = await asyncio.to_thread(self.backend.states, same)
-        frozen = [pid for pid, state in states.items() if state in (ProcState.CHECKPOINTED, ProcState.LOCKED)]
-        if not frozen:
-            return
-        try:
-            await asyncio.to_thread(self.backend.thaw, frozen)
-            log.warning("restart: the state file was invalid; thawed the processes it still named: %s", frozen)
-        except ThawError as exc:
-            log.error("restart: could not thaw the processes %s the broken state file named: %s", frozen, exc)
+        await self._thaw_frozen([p.pid for p in procs if procfs.identify(p.pid) == p], "the processes it still named")
 
     async def _thaw_tagged(self, name: str) -> None:
         """Thaw the processes tagged for job ``name`` that the driver does not report as running."""
         pids = await asyncio.to_thread(self.backend.discover, name, [], {os.getpid()})
+        await self._thaw_frozen(pids, f"job {name}'s processes")
+
+    async def _thaw_frozen(self, pids: list[int], what: str) -> None:
+        """After a broken state file: thaw those of ``pids`` the driver reports locked or checkpointed."""
+        if not pids:
+            return
         states = await asyncio.to_thread(self.backend.states, pids)
         frozen = [pid for pid, state in states.items() if state in (ProcState.CHECKPOINTED, ProcState.LOCKED)]
         if not frozen:
             return
         try:
             await asyncio.to_thread(self.backend.thaw, frozen)
-            log.warning("restart: the state file was invalid; thawed job %s's processes %s", name, frozen)
+            log.warning("restart: the state file was invalid; thawed %s: %s", what, frozen)
         except ThawError as exc:
-            log.error("restart: could not thaw job %s's processes %s: %s", name, frozen, exc)
+            log.error("restart: could not thaw %s %s: %s", what, frozen, exc)
 
     async def _reconcile_job(self, job: Job) -> None:
         before = (job.state, [p.pid for p in job.procs])
