@@ -261,11 +261,17 @@ class Handoff:
             except AgentError as exc:
                 error = exc
             out.agent_s = time.perf_counter() - t1
-        try:
-            self._agree("release", error)
-        except AgentError as exc:
-            out.ok, out.detail = False, str(exc)
-            log.error("[timeslice] job=%s %s at=%s failed (ignored): %s", self.job, out.action.upper(), out.point, exc)
+        if done:  # nothing is frozen after a release with done: the ranks can still talk
+            try:
+                self._agree("release", error)
+            except AgentError:
+                pass
+        # After a plain release the agent may freeze any rank at any moment, so the ranks say nothing more to
+        # each other (a stopped peer would never answer); a release the agent refused leaves this node's GPUs
+        # with the job for the valley, and the next acquire finds them held.
+        if error is not None:
+            out.ok, out.detail = False, str(error)
+            log.error("[timeslice] job=%s %s at=%s failed (ignored): %s", self.job, out.action.upper(), out.point, error)
         out.seconds = time.perf_counter() - t0
         if out.ok:
             log.info("[timeslice] job=%s %s at=%s took=%.1fms", self.job,

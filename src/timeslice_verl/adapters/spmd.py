@@ -5,9 +5,12 @@ share the work. Every rank parks (or, with ``swap=checkpoint``, only frees its c
 rank per node — the node's *leader*, its lowest rank — is the client of that node's agent and
 releases or acquires the node's GPUs for all its local ranks. The sequence itself is
 :class:`timeslice_verl.handoff.Handoff`'s, the same as verl's; here are only the ranks
-(:class:`GlooRanks`): they agree over a CPU process group (gloo), so a release or acquire completes
-on every rank only when every node's agent did its part, and a rank that fails or disappears makes
-every leader give its node's GPUs back (the job ends: ``release(done)``) before the error propagates.
+(:class:`GlooRanks`): they agree over a CPU process group (gloo). A release goes to the agents only once
+every rank parked; after it the ranks say nothing more to each other (the agent may stop any of them at
+any moment), so an agent that refuses a release only leaves its node's GPUs with the job for the valley.
+An acquire completes on every rank only when every node's agent granted, and a rank that fails or
+disappears makes every leader give its node's GPUs back (the job ends: ``release(done)``) before the
+error propagates.
 
 Never run a handoff with a GPU collective in flight: the agent locks every rank, and a rank blocked
 in an NCCL kernel waiting for a locked peer would never finish its lock. Coordination therefore
