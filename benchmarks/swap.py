@@ -218,4 +218,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # every rank has its results written and its process group destroyed: leave without running C++ static
+    # destructors, where gloo's threads sometimes abort ("terminate called without an active exception")
+    os._exit(code)
