@@ -138,9 +138,13 @@ class AgentProc:
 
 
 class FakeVllmProc:
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, tagged: bool = False) -> None:
+        """``tagged``: started with ``TIMESLICE_TENANT=1``, so the reclaim ladder may kill it."""
+        env = {k: v for k, v in os.environ.items() if k != "TIMESLICE_TENANT"}
+        if tagged:
+            env["TIMESLICE_TENANT"] = "1"
         self.proc = subprocess.Popen(
-            [PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", "0", *args], stdout=subprocess.PIPE, text=True
+            [PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", "0", *args], stdout=subprocess.PIPE, text=True, env=env
         )
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("listening on "), line

@@ -50,8 +50,10 @@ def test_acquire_release_cycles_move_the_gpu_between_trainer_and_tenant(agent, v
     assert untagged.pid not in agent.job("job-a")["pids"]
 
 
-def test_trainer_priority_never_sleeps_a_serving_engine(agent, vllm, procs):
+def test_trainer_priority_never_sleeps_a_serving_engine(tmp_path, vllm, procs):
     """An acquire while vLLM serves a long request: the agent waits (pause mode=wait), never crashes it."""
+    agent = AgentProc(tmp_path, tenant_url=vllm.url, extra=("timeslice.tenant.pause_mode=wait",)).start()
+    procs.append(agent)
     worker(procs, "job-a")
     out: dict = {}
     t = threading.Thread(target=lambda: out.setdefault("r", vllm.complete(max_tokens=60)))  # ~0.6 s of generation
@@ -73,6 +75,22 @@ def test_trainer_priority_never_sleeps_a_serving_engine(agent, vllm, procs):
         t2.join(10)
         assert late["r"]["choices"][0]["finish_reason"] == "length"
     assert vllm.stats()["aborted"] == 0
+
+
+def test_pause_keep_hands_over_at_once_and_finishes_the_request_after(agent, vllm, procs):
+    """The default pause mode: the trainer waits for no generation; the request in flight is held, not
+    aborted, and finishes once the tenant is back."""
+    worker(procs, "job-a")
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", vllm.complete(max_tokens=200)))  # ~2 s of generation
+    t.start()
+    eventually(lambda: vllm.stats()["running"] == 1, what="request in flight")
+    with agent.client() as c:
+        c.acquire("job-a")
+        assert vllm.stats()["pauses"] == {"keep": 1} and vllm.sleeping()
+        c.release("job-a")
+    t.join(120)
+    assert out["r"]["choices"][0]["finish_reason"] == "length" and vllm.stats()["aborted"] == 0
 
 
 def test_two_trainer_jobs_are_served_fifo(agent, vllm, procs):

@@ -24,8 +24,8 @@ def run(coro):
     return asyncio.run(coro)
 
 
-async def _with_tenant(url, fn):
-    tenant = VllmTenant(url, drain_timeout_s=10)
+async def _with_tenant(url, fn, pause_mode="keep"):
+    tenant = VllmTenant(url, drain_timeout_s=10, pause_mode=pause_mode)
     try:
         return await fn(tenant)
     finally:
@@ -56,7 +56,7 @@ def test_yield_waits_for_in_flight_requests_instead_of_aborting_them(server):
         await tenant.yield_gpu()
         return server.engine.stats()["completed"]
 
-    completed_when_asleep = run(_with_tenant(server.url, scenario))
+    completed_when_asleep = run(_with_tenant(server.url, scenario, pause_mode="wait"))
     t.join(60)
     assert completed_when_asleep == 1, "the yield waited for the request in flight to finish"
     assert results == [(50, "length")] and server.engine.aborted == 0

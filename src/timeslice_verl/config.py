@@ -107,14 +107,18 @@ class TenantSettings:
     e.g. ``'timeslice.tenant.urls=["http://127.0.0.1:8001","http://127.0.0.1:8002"]'``."""
     sleep_level: int = 1
     """vLLM sleep level: 1 keeps weights in host RAM (fast wake), 2 drops them."""
-    pause_mode: PauseMode = PauseMode["wait"]
-    """How vLLM ≥ 0.17 hands over: ``wait`` lets in-flight requests finish first (no work lost;
-    the trainer waits for them), ``keep`` freezes them at once and resumes them after wake-up
-    (the trainer gets the GPU without waiting for long generations)."""
+    pause_mode: PauseMode = PauseMode["keep"]
+    """How vLLM ≥ 0.17 hands over: ``keep`` freezes in-flight requests at once and resumes them after the
+    wake-up (no work lost, and the trainer waits for no generation: the default); ``wait`` lets them finish
+    first (the trainer waits for them). A vLLM that refuses ``keep`` is paused with ``wait``, with a warning."""
     request_timeout_s: float = 30.0
     """Timeout of each control request (pause, sleep, wake_up, resume)."""
     drain_timeout_s: float = 600.0
-    """How long a pause may wait for in-flight requests to finish."""
+    """How long a pause may wait for in-flight requests to finish (``reclaim_deadline_s`` bounds it too)."""
+    reclaim_deadline_s: float = 10.0
+    """The longest the tenant may take to give the GPU back. Past it the agent goes down the ladder: abort
+    the tenant's in-flight requests, then kill its processes (only those tagged ``TIMESLICE_TENANT``); the
+    trainer gets its GPU within this bound whatever the tenant does. 0: no bound (wait for the tenant)."""
 
 
 @dataclass
@@ -191,6 +195,7 @@ NON_NEGATIVE = (
     "agent.park_overhead_gib",
     "tenant.request_timeout_s",
     "tenant.drain_timeout_s",
+    "tenant.reclaim_deadline_s",
     "handoff.acquire_timeout_s",
     "handoff.prepare_lead_s",
 )

@@ -54,7 +54,8 @@ def _raw(sock: Path, *messages: dict | bytes, read: int) -> list[dict]:
 def test_the_agent_answers_others_and_says_which_tenant_call_it_waits_for(tmp_path, procs):
     vllm = FakeVllmProc("--hang", "pause")
     worker = spawn_worker("hang-job")
-    agent = AgentProc(tmp_path, tenant_url=vllm.url).start()
+    # no reclaim deadline: the agent waits on the tenant (with one, the ladder ends the wait: tests/test_ladder.py)
+    agent = AgentProc(tmp_path, tenant_url=vllm.url, extra=("timeslice.tenant.reclaim_deadline_s=0",)).start()
     procs += [vllm, worker, agent]
     done = threading.Event()
 
@@ -68,7 +69,7 @@ def test_the_agent_answers_others_and_says_which_tenant_call_it_waits_for(tmp_pa
     threading.Thread(target=acquire, daemon=True).start()
     status = eventually(lambda: "POST /pause" in (s := agent.status())["waiting_for"] and s, timeout=30,
                         what="the yield to reach /pause")
-    assert status["waiting_for"].startswith(f"POST /pause?mode=wait on {vllm.url} for ")
+    assert status["waiting_for"].startswith(f"POST /pause?mode=keep on {vllm.url} for ")
     assert "tenant yield" in status["transition"]
     assert not done.is_set(), "status was answered while the acquire still waits on the tenant"
     from timeslice_verl.status import render_status

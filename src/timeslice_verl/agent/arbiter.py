@@ -51,7 +51,8 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
         probe: NvmlProbe | None = None,
         tenant_request_timeout_s: float = 30.0,
         tenant_drain_timeout_s: float = 600.0,
-        tenant_pause_mode: str = "wait",
+        tenant_pause_mode: str = "keep",
+        reclaim_deadline_s: float = 10.0,
         prepare_ttl_s: float = 60.0,
         watch_interval_s: float = 0.2,
         reattach_grace_s: float = 60.0,
@@ -67,6 +68,10 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
         self.tenant_request_timeout_s = tenant_request_timeout_s
         self.tenant_drain_timeout_s = tenant_drain_timeout_s
         self.tenant_pause_mode = tenant_pause_mode
+        self.reclaim_deadline_s = reclaim_deadline_s
+        """The longest a tenant's yield may take: past it the agent goes down the ladder (agent/ladder.py)."""
+        self.ladder_counts: dict[str, int] = {}
+        self.ladder_last = ""
         self.prepare_ttl_s = prepare_ttl_s
         self.watch_interval_s = watch_interval_s
         self.jobs: dict[str, Job] = {}
@@ -403,6 +408,7 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
             "queue": list(self.queue),
             "jobs": jobs,
             "tenant": self.tenant_rec.to_dict() if self.tenant_rec else None,
+            "ladder": {"deadline_s": self.reclaim_deadline_s, **self.ladder_counts, "last": self.ladder_last},
             "transitions": self.seq,
         }
         if self.probe is not None:

@@ -28,6 +28,8 @@ class AgentMetrics:
         self.acquire_wait = Histogram(
             "timeslice_acquire_wait_seconds", "How long a trainer job waited for the GPU", ["job"], buckets=_BUCKETS, registry=r
         )
+        self.ladder = Counter("timeslice_tenant_ladder", "Tenant yields that went past the polite step, by the step "
+                              "they ended on (abort, kill)", ["step"], registry=r)
         self.owner = Gauge("timeslice_gpu_owner", "1 for the current owner of the GPU", ["owner"], registry=r)
         self._arbiter = arbiter
         self._owners: set[str] = set()
@@ -43,6 +45,8 @@ class AgentMetrics:
             moving = phases.get("checkpoint" if action == "freeze" else "restore", 1.0)
             if data.get("bytes") and moving > 0:  # a lock after a park moves nothing: its bytes stayed on the GPU
                 self.transition_bytes.labels(action=action).inc(data["bytes"])
+        elif kind == "ladder":
+            self.ladder.labels(step=data["step"]).inc()
         elif kind == "acquire":
             self.acquire_wait.labels(job=data["job"]).observe(data["waited_s"])
         self._update_owner()

@@ -22,6 +22,10 @@ SHUTDOWN_STEP_S = 10.0
 """How long shutdown waits for each step (a transition to stop, the tenant to wake) before going on."""
 
 
+START_REGISTER_S = 5.0
+"""How long the agent's start waits for the configured tenant to answer its registration."""
+
+
 class RecoveryMixin:
     """Start: bring recorded jobs back to a consistent state, wake a tenant left asleep, start the loops.
     Shutdown: thaw every frozen job and wake the tenant, so nothing is left frozen."""
@@ -45,9 +49,11 @@ class RecoveryMixin:
             else:
                 url, level = tenant_rec.url, tenant_rec.sleep_level
         if url:
-            try:
-                await self.register_tenant(url, level, persist=False)
-            except (TenantError, ProtocolError) as exc:
+            try:  # a tenant that hangs never holds up the agent's start: it is retried like a dead one
+                await asyncio.wait_for(self.register_tenant(url, level, persist=False), START_REGISTER_S)
+            except (TenantError, ProtocolError, asyncio.TimeoutError) as exc:
+                if isinstance(exc, asyncio.TimeoutError):
+                    exc = TenantError(f"no answer within {START_REGISTER_S:g} s")
                 log.error("tenant %s: %s (will retry)", url, exc)
                 self.tenant = self._make_tenant(url, level)
                 self.tenant_rec = TenantRecord(url=url, state=DEAD, sleep_level=level, error=str(exc))

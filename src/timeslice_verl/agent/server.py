@@ -319,7 +319,8 @@ async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None 
             probe=probe,
             tenant_request_timeout_s=settings.tenant.request_timeout_s,
             tenant_drain_timeout_s=settings.tenant.drain_timeout_s,
-            tenant_pause_mode=settings.tenant.pause_mode,
+            tenant_pause_mode=str(settings.tenant.pause_mode),
+            reclaim_deadline_s=settings.tenant.reclaim_deadline_s,
             reattach_grace_s=settings.agent.reattach_grace_s,
             park_overhead_bytes=int(settings.agent.park_overhead_gib * 2**30),
         )

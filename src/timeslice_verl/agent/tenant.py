@@ -2,10 +2,12 @@
 
 Contract (docs/architecture.md §5), server started with ``VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode``:
 
-* yield   = ``POST /pause?mode=wait`` (vLLM ≥ 0.17: finishes in-flight requests, queues new ones;
-  older: wait until ``/metrics`` shows no running or waiting request) → ``POST /sleep?level=N&mode=keep``
+* yield   = ``POST /pause?mode=keep`` (vLLM ≥ 0.17: in-flight requests stop where they are and resume
+  after the wake-up; ``mode=wait`` lets them finish first; older: wait until ``/metrics`` shows no
+  running or waiting request) → ``POST /sleep?level=N&mode=keep``
   (``/sleep`` pauses again with its own mode, ``abort`` by default, which would fail the requests
-  queued since the pause: ``keep`` holds them until ``/resume``);
+  queued since the pause: ``keep`` holds them until ``/resume``); a yield that overruns the reclaim deadline goes down the ladder
+  (:mod:`~timeslice_verl.agent.ladder`: ``/pause?mode=abort``, then the tenant's processes are stopped);
 * reclaim = ``POST /wake_up`` → ``POST /resume``;
 * state   = ``GET /is_sleeping``, ``GET /is_paused``, ``GET /health``.
 
@@ -65,7 +67,7 @@ class TenantInfo:
 class VllmTenant:
     def __init__(
         self, url: str, *, sleep_level: int = 1, request_timeout_s: float = 30.0, drain_timeout_s: float = 600.0,
-        pause_mode: str = "wait",
+        pause_mode: str = "keep",
     ) -> None:
         self.info = TenantInfo(url=url.rstrip("/"), sleep_level=sleep_level)
         self.pause_mode = pause_mode
@@ -166,11 +168,34 @@ class VllmTenant:
             self.state = ASLEEP
             return time.perf_counter() - t0
         if self.info.pause == "wait":
-            await self._request("POST", "/pause", timeout=self.drain_timeout_s + self.request_timeout_s, mode=self.pause_mode)
-            if not await self._get_flag("/is_paused"):
-                raise TenantError(f"vLLM at {self.url} accepted /pause but reports is_paused=false: not sleeping it")
+            await self._pause(self.pause_mode, timeout=self.drain_timeout_s + self.request_timeout_s)
         else:
             await self._drain()
+        await self._sleep()
+        return time.perf_counter() - t0
+
+    async def abort_and_sleep(self) -> float:
+        """The reclaim ladder's second step: abort the requests in flight (queued ones are kept), then sleep."""
+        t0 = time.perf_counter()
+        if self.info.pause == "wait":
+            await self._pause("abort")
+        await self._sleep()
+        return time.perf_counter() - t0
+
+    async def _pause(self, mode: str, *, timeout: float | None = None) -> None:
+        try:
+            await self._request("POST", "/pause", timeout=timeout, mode=mode)
+        except TenantError as exc:
+            if mode != "keep" or "HTTP 422" not in str(exc):
+                raise
+            log.warning("vLLM at %s does not take /pause?mode=keep: pausing with mode=wait (in-flight requests finish "
+                        "first) from now on", self.url)
+            self.pause_mode = "wait"
+            await self._request("POST", "/pause", timeout=timeout, mode="wait")
+        if not await self._get_flag("/is_paused"):
+            raise TenantError(f"vLLM at {self.url} accepted /pause but reports is_paused=false: not sleeping it")
+
+    async def _sleep(self) -> None:
         try:
             await self._request("POST", "/sleep", level=self.info.sleep_level, mode="keep")
         except TenantError as exc:
@@ -181,7 +206,6 @@ class VllmTenant:
         if not await self._get_flag("/is_sleeping"):
             raise TenantError(f"vLLM at {self.url} accepted /sleep but reports is_sleeping=false")
         self.state = ASLEEP
-        return time.perf_counter() - t0
 
     async def _drain(self) -> None:
         """vLLM < 0.17: wait until nothing runs or waits (two quiet reads in a row)."""
@@ -279,6 +303,12 @@ class TenantGroup:
     async def yield_gpu(self) -> float:
         t0 = time.perf_counter()
         await self._each("yield", lambda m: m.yield_gpu())
+        self.state = ASLEEP
+        return time.perf_counter() - t0
+
+    async def abort_and_sleep(self) -> float:
+        t0 = time.perf_counter()
+        await self._each("abort", lambda m: m.abort_and_sleep())
         self.state = ASLEEP
         return time.perf_counter() - t0
 

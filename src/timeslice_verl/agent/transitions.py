@@ -11,6 +11,7 @@ import time
 from typing import Any, Callable
 
 from timeslice_verl.agent import procfs
+from timeslice_verl.agent.ladder import TenantKilled, yield_within
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import FAULTED, FROZEN, RUNNING, TRANSITIONING, Job
@@ -216,6 +217,8 @@ class TransitionsMixin:
             self._persist()
             return None
         except TenantError as exc:
+            if isinstance(exc, TenantKilled):
+                self._ladder("kill", str(exc))
             dead = isinstance(exc, TenantDead)
             self.tenant_rec.state, self.tenant_rec.error = (DEAD if dead else TENANT_FAULTED), str(exc)
             self._record(action, self.tenant.url, start, False, detail=str(exc))
@@ -230,18 +233,29 @@ class TransitionsMixin:
             self.current = ""
 
     async def _tenant_yield(self) -> None:
+        """Yield the tenant within ``reclaim_deadline_s``, down the ladder if it must (agent/ladder.py)."""
         assert self.tenant is not None and self.tenant_rec is not None
         start = time.time()
         free_before = self.probe.memory().free if self.probe else 0
-        seconds = await self._tenant_move("tenant_yield", self.tenant.yield_gpu)
-        if seconds is None:
+        climb = await self._tenant_move("tenant_yield", lambda: yield_within(self.tenant, self.reclaim_deadline_s))
+        if climb is None:
             return
         if self.probe is not None:
             self.tenant_bytes = max(0, self.probe.memory().free - free_before)
         self.tenant_rec.state, self.tenant_rec.error = ASLEEP, self.tenant.note
-        self._record("tenant_yield", self.tenant.url, start, True, self.tenant_bytes, f"pause+sleep in {seconds:.3f} s")
-        log.info("tenant yield: vLLM paused and asleep in %.3f s", seconds)
+        seconds = sum(climb.phases.values())
+        detail = climb.detail or f"pause+sleep in {seconds:.3f} s"
+        self._record("tenant_yield", self.tenant.url, start, True, self.tenant_bytes, detail, climb.phases)
+        if climb.step != "polite":
+            self._ladder(climb.step, detail)
+        log.info("tenant yield: vLLM paused and asleep in %.3f s%s", seconds, f" ({detail})" if climb.detail else "")
         self._persist()
+
+    def _ladder(self, step: str, detail: str) -> None:
+        """A yield went past the polite step: counted, shown by ``status``, sent to the metrics."""
+        self.ladder_counts[step] = self.ladder_counts.get(step, 0) + 1
+        self.ladder_last = f"{time.strftime('%H:%M:%S')} {step}: {detail}"
+        self._notify("ladder", {"step": step, "detail": detail})
 
     async def _tenant_reclaim(self, *, check_memory: bool) -> None:
         assert self.tenant is not None and self.tenant_rec is not None

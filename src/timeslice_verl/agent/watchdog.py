@@ -96,8 +96,10 @@ class WatchdogMixin:
         async with self._tenancy_lock, self._step_lock:
             if self.tenant is not tenant or self.tenant_rec is None:
                 return False
-            try:
-                info = await tenant.register()
+            try:  # a trainer that asks meanwhile never waits on a tenant that answers slowly
+                info = await self._unless_a_trainer_asks(tenant.register())
+            except ReclaimAbandoned:
+                return False
             except TenantError as exc:
                 self.tenant_rec.error = str(exc)
                 return False
@@ -120,8 +122,8 @@ class WatchdogMixin:
                 if self.tenant.state == AWAKE:  # waking a server back never delays a trainer that asks meanwhile
                     back = await self._unless_a_trainer_asks(revive)
                 else:  # the trainer holds the GPUs: putting a restarted server to sleep protects it
-                    back = await revive
-            except ReclaimAbandoned:  # a half-woken server answers the next yield, which puts it in step
+                    back = await asyncio.wait_for(revive, self.reclaim_deadline_s or None)
+            except (ReclaimAbandoned, asyncio.TimeoutError):  # a half-woken server answers the next yield
                 back = []
             finally:
                 self.current = ""

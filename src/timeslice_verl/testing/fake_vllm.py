@@ -10,6 +10,8 @@ It follows the contract the agent relies on (docs/architecture.md §5) including
   (``--sleep-in-flight crash``, vllm#28714) or aborts them (``abort``) — the bug the agent must
   never trigger;
 * requests that arrive while paused or asleep wait and are served after ``/wake_up`` + ``/resume``;
+* faults on demand: ``--hang`` (an endpoint never answers), ``--slow-s`` (control calls answer late),
+  ``--die-on`` (the server exits when an endpoint is called);
 * ``--no-dev-mode`` answers 404 on the dev endpoints; ``--version`` < 0.17 has no ``/pause``
   (the agent then drains through ``/metrics``).
 
@@ -32,15 +34,24 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 
+CONTROL = ("pause", "resume", "sleep", "wake_up", "is_sleeping", "is_paused", "health")
+
+
 class FakeVllm:
     def __init__(
         self, *, version: str = "0.24.0", dev_mode: bool = True, sleep_in_flight: str = "crash", token_s: float = 0.01,
         fail_wake_up: bool = False,
         hang: str = "",
+        slow_s: float = 0.0,
+        die_on: str = "",
     ) -> None:
         self.version = version
         self.hang = hang
-        """An endpoint (``pause``, ``wake_up``…) that never answers: a broken engine."""
+        """An endpoint (``pause``, ``health``…, or ``pause:keep`` for one mode) that never answers: a broken engine."""
+        self.slow_s = slow_s
+        """Every control call (pause, sleep, wake_up, resume, is_*) answers this late: an overloaded server."""
+        self.die_on = die_on
+        """An endpoint whose call makes the server exit at once: a crash mid-yield."""
         self.fail_wake_up = fail_wake_up
         self.wake_up_calls = 0
         self.dev_mode = dev_mode
@@ -59,6 +70,7 @@ class FakeVllm:
         self.completed = 0
         self.aborted = 0
         self.sleeps = 0
+        self.pauses: dict[str, int] = {}
         self._ids = 0
 
     def stats(self) -> dict[str, Any]:
@@ -66,7 +78,7 @@ class FakeVllm:
             return {
                 "sleeping": self.sleeping, "paused": self.paused, "running": len(self.running), "waiting": self.waiting,
                 "completed": self.completed, "aborted": self.aborted, "sleeps": self.sleeps, "version": self.version,
-                "wake_up_calls": self.wake_up_calls,
+                "wake_up_calls": self.wake_up_calls, "pauses": dict(self.pauses),
             }
 
     def generate(self, max_tokens: int) -> tuple[int, str]:
@@ -111,6 +123,7 @@ class FakeVllm:
 
     def pause(self, mode: str) -> None:
         with self.cond:
+            self.pauses[mode] = self.pauses.get(mode, 0) + 1
             self.paused = True
             if mode == "abort":
                 self._abort_all()
@@ -178,6 +191,8 @@ def make_handler(engine: FakeVllm) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             url = urlparse(self.path)
+            if self._fault(url, parse_qs(url.query)):
+                return
             if url.path == "/health":
                 self._send(200, {})
             elif url.path == "/version":
@@ -203,9 +218,23 @@ def make_handler(engine: FakeVllm) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(404, {"detail": "Not Found"})
 
+        def _fault(self, url: Any, query: dict[str, list[str]]) -> bool:
+            """The injected faults; True when the call is never answered."""
+            name = url.path.lstrip("/")
+            if engine.die_on and name == engine.die_on:
+                os._exit(3)
+            if engine.slow_s and name in CONTROL:
+                time.sleep(engine.slow_s)
+            if engine.hang and engine.hang in (name, f"{name}:{query.get('mode', [''])[0]}"):
+                time.sleep(3600)  # never answers
+                return True
+            return False
+
         def do_POST(self) -> None:
             url = urlparse(self.path)
             query = parse_qs(url.query)
+            if self._fault(url, query):
+                return
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             if url.path in ("/v1/completions", "/v1/chat/completions"):
@@ -223,9 +252,6 @@ def make_handler(engine: FakeVllm) -> type[BaseHTTPRequestHandler]:
                 })
                 return
             if not self._dev():
-                return
-            if engine.hang and url.path == "/" + engine.hang:
-                time.sleep(3600)  # never answers
                 return
             if url.path == "/pause" and engine.has_pause:
                 engine.pause(query.get("mode", ["abort"])[0])
@@ -282,12 +308,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sleep-in-flight", choices=("crash", "abort"), default="crash")
     ap.add_argument("--token-s", type=float, default=0.01)
     ap.add_argument("--fail-wake-up", action="store_true", help="answer every /wake_up with 500 (a broken engine)")
-    ap.add_argument("--hang", default="", help="an endpoint that never answers, e.g. wake_up or pause")
+    ap.add_argument("--hang", default="", help="an endpoint that never answers, e.g. wake_up, health, pause or pause:keep")
+    ap.add_argument("--slow-s", type=float, default=0.0, help="answer every control call this many seconds late")
+    ap.add_argument("--die-on", default="", help="exit at once when this endpoint is called, e.g. pause")
     ap.add_argument("--asleep", action="store_true", help="start paused and asleep (as an agent left it)")
     a = ap.parse_args(argv)
     server = FakeVllmServer(
         a.host, a.port, version=a.vllm_version, dev_mode=not a.no_dev_mode, sleep_in_flight=a.sleep_in_flight, token_s=a.token_s,
-        fail_wake_up=a.fail_wake_up, hang=a.hang,
+        fail_wake_up=a.fail_wake_up, hang=a.hang, slow_s=a.slow_s, die_on=a.die_on,
     )
     if a.asleep:
         server.engine.sleeping = server.engine.paused = server.engine.frozen = True
