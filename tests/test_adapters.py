@@ -107,6 +107,18 @@ def test_trigger_1_exact_sequence_with_a_save(ray_local, tmp_path):
     assert scripted == real[: len(scripted)]
 
 
+def test_the_backlog_is_read_off_verls_trainer_and_its_message_queue(ray_local, tmp_path):
+    """What the break-even rule reads at a release: samples queued for the next step and samples it needs."""
+    from timeslice_verl.adapters.common import fully_async_backlog, lifecycle_for
+
+    cfg = h.trainer_config(tmp_path, trigger=1)
+    trainer = h.build_trainer(verl_trainer_module.FullyAsyncTrainer, cfg, steps=3)
+    required = trainer.required_samples
+    assert fully_async_backlog(trainer) == (3 * required, required)
+    trainer.message_queue_client.remaining = 1
+    assert lifecycle_for(trainer, "stock").backlog() == (1, required)
+
+
 def test_trigger_2_syncs_every_other_step(ray_local, tmp_path):
     cfg = h.trainer_config(tmp_path, trigger=2)
     run(h.build_trainer(verl_trainer_module.FullyAsyncTrainer, cfg, steps=4))

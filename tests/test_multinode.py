@@ -35,9 +35,11 @@ def _free_port() -> int:
 def _nodes(tmp_path: Path, procs: list, *, slow_tenant_b: bool = False) -> list[dict]:
     nodes = []
     for name in ("a", "b"):
-        vllm = FakeVllmProc(*(["--token-s", "0.02"] if (slow_tenant_b and name == "b") else []))
+        slow = slow_tenant_b and name == "b"
+        vllm = FakeVllmProc(*(["--token-s", "0.02"] if slow else []))
         (tmp_path / name).mkdir()
-        agent = AgentProc(tmp_path / name, tenant_url=vllm.url).start()
+        # the slow node's agent lets requests in flight finish before its tenant sleeps (pause mode wait)
+        agent = AgentProc(tmp_path / name, tenant_url=vllm.url, extra=("timeslice.tenant.pause_mode=wait",) if slow else ()).start()
         worker = spawn_worker(f"mn-{name}")  # the node's GPU process: each node's job has its own name here
         procs.extend([vllm, agent, worker])
         nodes.append({"name": name, "vllm": vllm, "agent": agent, "worker": worker, "job": f"mn-{name}"})

@@ -67,6 +67,18 @@ def test_exact_event_sequence(tmp_path, monkeypatch, sync_step):
     assert len([e for e in fakes.log if e[0] == "update_actor"]) == 3 * sync_step
 
 
+def test_the_backlog_is_read_off_the_replay_buffer_per_mini_batch(tmp_path, monkeypatch):
+    """What the break-even rule reads at a v1 release: groups sampleable for the next mini-batch, and its size."""
+    from timeslice_verl.adapters.common import v1_backlog
+
+    fakes = h.Fakes(monkeypatch)
+    trainer = h.build(h.v1_config(tmp_path, sync_step=2), fakes)
+    mini_batch = int(trainer.config.data.train_batch_size) // 2
+    trainer.replay_buffer = fakes.buffer  # as verl's _setup does
+    fakes.buffer.ready = ["g1", "g2", "g3"]
+    assert v1_backlog(trainer) == (3, mini_batch)
+
+
 def test_saves_fire_their_events_and_a_save_that_raises_is_not_saved(tmp_path, monkeypatch):
     fakes = h.Fakes(monkeypatch, steps=3)
     trainer = h.build(h.v1_config(tmp_path, sync_step=1, extra=["trainer.save_freq=2"]), fakes)
@@ -144,7 +156,7 @@ def test_other_v1_modes_are_refused_when_launched_through_run_ppo(tmp_path):
         preflight(h.v1_config(tmp_path, sync_step=1, extra=["timeslice.adapter=v1"]), v1=False)
 
 
-def test_the_agent_plugin_hands_the_gpu_over_on_v1(tmp_path, monkeypatch):
+def _v1_handoffs(tmp_path, monkeypatch, *extra: str, sampleable: int | None = None) -> list[tuple[str, str]]:
     from agent_support import AgentProc, FakeVllmProc, spawn_worker
 
     vllm = FakeVllmProc()
@@ -152,21 +164,35 @@ def test_the_agent_plugin_hands_the_gpu_over_on_v1(tmp_path, monkeypatch):
     worker = spawn_worker("v1-test")
     try:
         fakes = h.Fakes(monkeypatch, steps=2)
+        fakes.buffer.sampleable = sampleable
         cfg = h.v1_config(tmp_path, sync_step=1, extra=[
             f"timeslice.agent.socket={agent.socket}", "timeslice.plugins.disabled=[metrics]", "timeslice.tenant.url=",
-            "timeslice.handoff.prepare=false",
+            "timeslice.handoff.prepare=false", *extra,
         ])
         h.run(h.build(cfg, fakes), fakes)
-        handoffs = [(e["action"], e["point"]) for e in map(json.loads, (tmp_path / "events.jsonl").read_text().splitlines())
-                    if e["hook"] == "handoff"]
-        assert handoffs == [
-            ("acquire", "init_workers_begin"), ("release", "init_workers_end"),
-            ("acquire", "weight_sync_begin"), ("release", "weight_sync_end"),
-            ("acquire", "pre_train_step"), ("release", "weight_sync_end"),
-            ("acquire", "pre_train_step"), ("release", "weight_sync_end"),
-            ("release", "timeslice_stop"),
-        ]
+        return [(e["action"], e["point"]) for e in map(json.loads, (tmp_path / "events.jsonl").read_text().splitlines())
+                if e["hook"] == "handoff"]
     finally:
         worker.kill()
         agent.stop()
         vllm.stop()
+
+
+def test_the_agent_plugin_skips_every_release_while_the_replay_buffer_is_ahead(tmp_path, monkeypatch):
+    """The next mini-batch is always sampleable: no valley to lend, so the trainer never lets go of its GPU."""
+    assert _v1_handoffs(tmp_path, monkeypatch, sampleable=10**6) == [
+        ("acquire", "init_workers_begin"), ("skip", "init_workers_end"),
+        ("skip", "weight_sync_end"), ("skip", "weight_sync_end"), ("skip", "weight_sync_end"),
+        ("release", "timeslice_stop"),
+    ]
+
+
+def test_the_agent_plugin_hands_the_gpu_over_on_v1(tmp_path, monkeypatch):
+    handoffs = _v1_handoffs(tmp_path, monkeypatch, "timeslice.handoff.break_even_margin=0")  # every valley lent
+    assert handoffs == [
+        ("acquire", "init_workers_begin"), ("release", "init_workers_end"),
+        ("acquire", "weight_sync_begin"), ("release", "weight_sync_end"),
+        ("acquire", "pre_train_step"), ("release", "weight_sync_end"),
+        ("acquire", "pre_train_step"), ("release", "weight_sync_end"),
+        ("release", "timeslice_stop"),
+    ]

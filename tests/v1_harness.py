@@ -128,6 +128,13 @@ class FakeReplayBuffer:
         self.wait_s = wait_s
         self.sampled: list[tuple[int, int]] = []
 
+    sampleable: int | None = None
+    """What ``get_sampleable_count`` answers instead of the groups generated so far (a rollout far ahead)."""
+
+    def get_sampleable_count(self, global_steps: int, partition_id: str) -> int:
+        """verl's ``ReplayBuffer.get_sampleable_count``: the groups ready to sample."""
+        return len(self.ready) if self.sampleable is None else self.sampleable
+
     def sample(self, global_steps: int, partition_id: str, batch_size: int):
         time.sleep(self.wait_s)  # the trainer's idle valley
         keys = [self.ready.pop(0) if self.ready else f"k{global_steps}-{i}" for i in range(batch_size)]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from timeslice_verl.events import STARTUP_POINT, is_trainer_wait  # noqa: F401 (one definition of trainer wait)
+from timeslice_verl.events import PREPARE_POINT, STARTUP_POINT, is_trainer_wait  # noqa: F401 (one definition of trainer wait)
 
 CLASSES = ("trainer", "vLLM", "swapping", "idle")
 COLORS = {"trainer": "#1f77b4", "vLLM": "#2ca02c", "swapping": "#ff7f0e", "idle": "#d9d9d9"}
@@ -169,10 +169,12 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "harvested_fraction": round(seconds["vLLM"] / wall, 4),
         "harvest_of_idle": round(seconds["vLLM"] / valley, 4) if valley > 0 else 0.0,
         "swapping_fraction": round(seconds["swapping"] / wall, 4),
+        "idle_fraction": round(seconds["idle"] / wall, 4),
         "handoffs": {
             a: sum(1 for r in records if r.get("hook") == "handoff" and r.get("action") == a)
-            for a in ("acquire", "release", "prepare", "crash_release")
+            for a in ("acquire", "release", "skip", "prepare", "crash_release")
         },
+        "forecast": forecast(records),
         "transitions": {a: sum(1 for t in trans if t["action"] == a) for a in ("freeze", "thaw", "tenant_yield", "tenant_reclaim")},
         "failed_transitions": sum(1 for t in trans if not t.get("ok", True)),
         "trainer_wait_ms": {f"p{q}": ms(percentile(waits, q)) for q in (50, 90, 99)} | {"max": ms(max(waits) if waits else None)},
@@ -183,6 +185,22 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "parked_gib_max": round(max((r.get("parked_bytes", 0) for r in records if r.get("hook") == "handoff"), default=0)
                                 / 2**30, 3),
     }
+
+
+def forecast(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """How well the way back was timed: ``early_ms`` — the GPUs were back before the trainer asked (an
+    early forecast: they sat with the trainer unused); ``late_ms`` — the trainer's acquires that still waited."""
+    handoffs = [r for r in records if r.get("hook") == "handoff"]
+    early = [float(r.get("early_s", 0.0)) for r in handoffs if r.get("action") == "acquire" and r.get("early_s")]
+    late = [float(r["waited_s"]) for r in handoffs if is_trainer_wait(r) and r["waited_s"] > 0]
+    prepared = sum(1 for r in handoffs if r.get("action") in ("prepare",) or (r.get("action") == "acquire"
+                                                                                and r.get("point") == PREPARE_POINT))
+
+    def stats(values: list[float]) -> dict[str, float | None]:
+        return {"p50": round(percentile(values, 50) * 1e3, 3) if values else None,
+                "max": round(max(values) * 1e3, 3) if values else None, "total": round(sum(values) * 1e3, 3)}
+
+    return {"prepared": prepared, "early_ms": stats(early), "late_ms": stats(late)}
 
 
 def _job(records: list[dict[str, Any]]) -> str:
@@ -197,10 +215,13 @@ def render_summary(s: dict[str, Any]) -> str:
         f"  trainer held the GPU   {s['trainer_busy_fraction'] * 100:5.1f} %   (idle valleys: {s['trainer_idle_fraction'] * 100:.1f} %)",
         f"  vLLM harvested         {s['harvested_fraction'] * 100:5.1f} %   ({s['harvest_of_idle'] * 100:.1f} % of the valleys)",
         f"  swapping               {s['swapping_fraction'] * 100:5.1f} %",
+        f"  idle, no owner         {s.get('idle_fraction', 0.0) * 100:5.1f} %",
         f"  trainer wait ms        p50 {fmt(w['p50'])}  p90 {fmt(w['p90'])}  p99 {fmt(w['p99'])}  max {fmt(w['max'])}",
         f"  thaw ms p50 {fmt(s['thaw_ms']['p50'])} · freeze ms p50 {fmt(s['freeze_ms']['p50'])} · "
         f"frozen up to {s['frozen_gib_max']:.2f} GiB" + (f" · parked up to {s['parked_gib_max']:.2f} GiB" if s.get("parked_gib_max") else ""),
         f"  handoffs {s['handoffs']} · transitions {s['transitions']} · failed {s['failed_transitions']}",
+        *([f"  way back: {f['prepared']} prepared · early ms p50 {fmt(f['early_ms']['p50'])} max {fmt(f['early_ms']['max'])}"
+           f" · late ms p50 {fmt(f['late_ms']['p50'])} max {fmt(f['late_ms']['max'])}"] if (f := s.get("forecast")) else []),
     ])
 
 

@@ -128,9 +128,15 @@ class HandoffSettings:
     acquire_timeout_s: float = 0.0
     """Give up an acquire after this long (0: wait as long as it takes)."""
     prepare: bool = True
-    """Ask the agent to start restoring before the batch is complete."""
+    """Bring the GPUs back before the batch is complete: with a park swap the acquire and every rank's unpark
+    run in the background, so the trainer's acquire waits for nothing; with a checkpoint swap the agent starts
+    restoring early."""
     prepare_lead_s: float = 0.0
-    """How early to prepare; 0: the restore time the agent last measured for this job."""
+    """How early to start the way back; 0: 1.2 × the last way back measured in this run (yield, thaw, unpark)."""
+    break_even_margin: float = 1.5
+    """Lend a valley only when it is expected to last this many round trips (park, freeze, the tenant's wake and
+    yield, thaw, unpark, as measured in this run); a release whose next batch is already queued is always
+    skipped. 0: lend every valley."""
     swap: Swap = Swap["checkpoint"]
     """How the trainer's GPU memory leaves the GPU: ``checkpoint`` (the agent's driver checkpoint moves
     the whole process, ~2 GB/s), ``park`` (each worker copies its tensors to pinned host RAM at copy-engine
@@ -198,6 +204,7 @@ NON_NEGATIVE = (
     "tenant.reclaim_deadline_s",
     "handoff.acquire_timeout_s",
     "handoff.prepare_lead_s",
+    "handoff.break_even_margin",
 )
 
 

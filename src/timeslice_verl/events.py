@@ -160,7 +160,7 @@ class HandoffEvent(Event):
     """The trainer's side of a GPU handoff: an acquire, release or prepare sent to the agent."""
 
     action: str = ""
-    """``acquire``, ``release``, ``prepare`` or ``crash_release``."""
+    """``acquire``, ``release``, ``skip`` (a release that could not pay), ``prepare`` or ``crash_release``."""
     point: str = ""
     """The lifecycle hook that caused it (``pre_train_step``…)."""
     waited_s: float = 0.0
@@ -182,6 +182,8 @@ class HandoffEvent(Event):
     """Bytes the workers parked in (release) or brought back from (acquire) pinned host RAM, over ranks."""
     park_s: float = 0.0
     """The slowest rank's park or unpark, seconds (the trainer waited for it)."""
+    early_s: float = 0.0
+    """An acquire prepared ahead of need: how long the GPUs were back before the trainer asked."""
 
     kind: ClassVar[str] = "handoff"
 
@@ -197,6 +199,8 @@ class HandoffEvent(Event):
 
 STARTUP_POINT = "init_workers_begin"
 """The acquire before verl loads the model: start-up, not a valley, so no trainer wait."""
+PREPARE_POINT = "prepare"
+"""The acquire the way back makes ahead of need, in the background: nobody waits on it."""
 
 
 def is_trainer_wait(record: dict[str, Any]) -> bool:
@@ -204,4 +208,4 @@ def is_trainer_wait(record: dict[str, Any]) -> bool:
     and the ones a weight sync or a save make). The one definition of "trainer wait", for the summary,
     the metrics plugin and the benchmarks."""
     return (record.get("hook", "handoff") == "handoff" and record.get("action") == "acquire"
-            and record.get("ok", True) and record.get("point") != STARTUP_POINT)
+            and record.get("ok", True) and record.get("point") not in (STARTUP_POINT, PREPARE_POINT))

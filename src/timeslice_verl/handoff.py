@@ -6,9 +6,13 @@ Every trainer that lends its GPUs — verl's driver through the agent plugin, an
 * **release**: every rank parks its tensors (or, with ``swap=checkpoint``, frees its caches), then the
   agent's client releases the job (with the ranks' park reports); a rank that cannot park makes every
   rank unpark, and the job keeps its GPUs for that valley;
-* **prepare**: a hint that the agent may start bringing the GPUs back (a timer fires it, or the trainer);
+* **skip**: a release that cannot pay is not made — the next batch is already queued, or the valley is
+  expected to be shorter than ``break_even_margin`` round trips (:mod:`~timeslice_verl.valley`);
+* **prepare**: the way back ahead of need (:mod:`~timeslice_verl.wayback`): before the valley's forecast
+  end, the GPUs are acquired and every rank unparks in the background (park swaps), or the agent is told
+  to start restoring (checkpoint swap);
 * **acquire**: the agent grants the GPUs (it woke nothing, yielded the tenant, unlocked and restored the
-  processes), then every rank unparks;
+  processes), then every rank unparks — unless the way back already did;
 * **crash** / **done**: the GPUs come back and every rank unparks before the final release, so no rank
   is ever left without its tensors; the agent forgets a job released with ``done``.
 
@@ -19,16 +23,15 @@ plugin turns it into a ``handoff`` event for the timeline and metrics plugins).
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from timeslice_verl.agent.client import AgentClient, AgentError
 from timeslice_verl.names import SWAP_MODES
-from timeslice_verl.events import HandoffEvent, Transition
+from timeslice_verl.handoff_figures import HandoffFigures, _park_entries, handoff_event, summarize
 from timeslice_verl.log import get_logger
-from timeslice_verl.valley import PreparePlanner
+from timeslice_verl.valley import MARGIN, PreparePlanner, ValleyForecast
+from timeslice_verl.wayback import WayBack
 
 log = get_logger("handoff")
 
@@ -62,61 +65,6 @@ class Ranks(Protocol):
         Optional: ranks that one process drives (verl's worker groups) need no agreement."""
 
 
-@dataclass
-class HandoffFigures:
-    """What one handoff did, as the trainer saw it."""
-
-    action: str
-    """``acquire``, ``release``, ``crash_release`` or ``prepare``."""
-    point: str
-    seconds: float = 0.0
-    """How long the trainer was blocked (the whole call)."""
-    agent_s: float = 0.0
-    """The agent's part (0 on ranks that are not the agent's client)."""
-    ok: bool = True
-    detail: str = ""
-    agent: dict[str, Any] = field(default_factory=dict)
-    """The agent's reply (``transitions``, ``thawed``, ``thaw_s``…)."""
-    memory: dict[str, int] = field(default_factory=dict)
-    """Byte totals over ranks after freeing caches (``live``, ``reserved_before``, ``reserved_after``)."""
-    swap: str = ""
-    """The swap mode when ranks parked or unparked, else empty."""
-    park: list[dict[str, Any]] = field(default_factory=list)
-    """One park or unpark report per rank."""
-
-    @property
-    def park_s(self) -> float:
-        """The slowest rank's park or unpark (the trainer waited for it)."""
-        return max((float(r.get("seconds", 0.0)) for r in self.park), default=0.0)
-
-    @property
-    def parked(self) -> int:
-        return sum(int(r.get("parked", 0)) for r in self.park)
-
-
-def summarize(reports: list[dict[str, Any]]) -> dict[str, int]:
-    """Byte totals over ranks: ``live``, ``reserved_before``, ``reserved_after``, ``cupy_freed``."""
-    total = {"live": 0, "reserved_before": 0, "reserved_after": 0, "cupy_freed": 0}
-    for r in reports:
-        total["live"] += int(r.get("live_after", 0))
-        total["reserved_before"] += int(r.get("reserved_before", 0))
-        total["reserved_after"] += int(r.get("reserved_after", 0))
-        total["cupy_freed"] += int(r.get("cupy_before", 0)) - int(r.get("cupy_after", 0))
-    return total
-
-
-def handoff_event(lifecycle: Any, figures: HandoffFigures) -> HandoffEvent:
-    """The ``handoff`` event of one handoff's figures (stamped with the trainer's step)."""
-    memory = figures.memory
-    return lifecycle.event(
-        HandoffEvent, action=figures.action, point=figures.point, waited_s=round(figures.seconds, 6), ok=figures.ok,
-        detail=figures.detail, transitions=tuple(Transition.from_dict(t) for t in figures.agent.get("transitions", [])),
-        live_bytes=memory.get("live", 0), reserved_before=memory.get("reserved_before", 0),
-        reserved_after=memory.get("reserved_after", 0), swap=figures.swap, parked_bytes=figures.parked,
-        park_s=figures.park_s,
-    )
-
-
 class Handoff:
     """One job's handoffs on this node: the agent connection (``client``: None on ranks that only
     follow), the ranks, the swap mode and the prepare timer.
@@ -128,6 +76,7 @@ class Handoff:
         self, job: str, *, client: AgentClient | None, ranks: Ranks | None, swap: str = "checkpoint",
         acquire_timeout_s: float | None = None, prepare: bool = True, prepare_lead_s: float = 0.0,
         report: Callable[[HandoffFigures], None] | None = None,
+        backlog: Callable[[], tuple[int, int]] | None = None, break_even_margin: float = MARGIN,
     ) -> None:
         if swap not in SWAP_MODES:
             raise ValueError(f"swap {swap!r} is not one of {', '.join(SWAP_MODES)}")
@@ -137,13 +86,17 @@ class Handoff:
         self.job, self.client, self.ranks, self.swap = job, client, ranks, swap
         self.acquire_timeout_s = acquire_timeout_s or None
         self.prepare_enabled = prepare
-        self.planner = PreparePlanner(lead_s=prepare_lead_s)
+        self.planner = ValleyForecast(lead_s=prepare_lead_s, margin=break_even_margin)
+        self.backlog_source = backlog
+        """(queued, required) samples for the next step, read off verl; None for trainers without a queue."""
         self.report = report or (lambda figures: None)
         self.held = True
         self.parked = False
         """The ranks' tensors are in pinned host RAM (released with a park swap, not yet unparked)."""
-        self._timer: threading.Timer | None = None
-        self._lock = threading.Lock()
+        self._way_back = WayBack(self.planner, self._backlog, self._bring_back)
+        self._prepared_at: float | None = None
+        """When the way back ahead of need got the GPUs back (the trainer had not asked yet)."""
+        self._last_release_s = 0.0
 
     # ------------------------------------------------------------------ set-up
 
@@ -178,12 +131,23 @@ class Handoff:
         """Block until the job owns its GPUs and every rank has its tensors; None when it already did.
         An agent that refuses raises (the trainer never trains without its GPU). ``timeout_s``: instead
         of ``acquire_timeout_s``."""
-        self.cancel_prepare()
+        t0 = time.perf_counter()
+        self.cancel_prepare()  # joins a way back under way
+        if isinstance(self._way_back.error, RankLost):
+            raise self._way_back.error
         if self.held:
             if self.parked:  # a park that failed half-way left ranks parked: they need their tensors now
                 self._unpark()
-            return None
-        t0 = time.perf_counter()
+            if self._prepared_at is None:
+                return None
+            out = HandoffFigures("acquire", point, seconds=time.perf_counter() - t0, detail="prepared ahead of need",
+                                 early_s=max(0.0, time.monotonic() - self._prepared_at - (time.perf_counter() - t0)))
+            self._prepared_at = None
+            self.report(out)
+            return out
+        return self._acquire_now(point, t0, timeout_s=timeout_s)
+
+    def _acquire_now(self, point: str, t0: float, *, timeout_s: float | None = None) -> HandoffFigures:
         out = HandoffFigures("acquire", point)
         error: BaseException | None = None
         if self.client is not None:
@@ -198,8 +162,10 @@ class Handoff:
             out.park, out.swap = self._unpark(), self.swap
         out.seconds = time.perf_counter() - t0
         if out.agent.get("thawed"):
-            yield_s = sum(t["end"] - t["start"] for t in out.agent.get("transitions", []) if t["action"] == "tenant_yield")
-            self.planner.observe_thaw(float(out.agent.get("thaw_s", 0.0)) + yield_s + out.park_s)
+            moves = {a: sum(t["end"] - t["start"] for t in out.agent.get("transitions", []) if t["action"] == a)
+                     for a in ("freeze", "thaw", "tenant_yield", "tenant_reclaim")}
+            self.planner.observe_thaw(moves["thaw"] + moves["tenant_yield"] + out.park_s)
+            self.planner.observe_round_trip(self._last_release_s + sum(moves.values()) + out.park_s)
         log.info("[timeslice] job=%s ACQUIRE at=%s waited=%.0fms thawed=%s thaw=%.0fms frozen=%.2fGiB", self.job,
                  point, out.seconds * 1e3, bool(out.agent.get("thawed")), float(out.agent.get("thaw_s", 0)) * 1e3,
                  out.agent.get("frozen_bytes", 0) / 2**30)
@@ -236,6 +202,13 @@ class Handoff:
         if not self.held and not force:
             return None
         t0 = time.perf_counter()
+        if self.held and not force:
+            decision = self.planner.decide(self._backlog())
+            if not decision.release:  # the trainer keeps its GPUs: the valley cannot pay for a round trip
+                log.info("[timeslice] job=%s SKIP release at=%s: %s", self.job, point, decision.reason)
+                out = HandoffFigures("skip", point, detail=decision.reason, seconds=time.perf_counter() - t0)
+                self.report(out)
+                return out
         out = HandoffFigures("release", point)
         if self.held:
             if self.swap != "checkpoint":
@@ -273,6 +246,8 @@ class Handoff:
             out.ok, out.detail = False, str(error)
             log.error("[timeslice] job=%s %s at=%s failed (ignored): %s", self.job, out.action.upper(), out.point, error)
         out.seconds = time.perf_counter() - t0
+        if out.action == "release":
+            self._last_release_s = out.seconds
         if out.ok:
             log.info("[timeslice] job=%s %s at=%s took=%.1fms", self.job,
                      "CRASH-RELEASE" if out.action == "crash_release" else "RELEASE", out.point, out.seconds * 1e3)
@@ -335,6 +310,7 @@ class Handoff:
 
     def _final(self, point: str, action: str, *, done: bool) -> HandoffFigures:
         self.cancel_prepare()
+        self._prepared_at = None
         t0 = time.perf_counter()
         if self.parked:
             self._unpark_for_good(point)
@@ -371,36 +347,36 @@ class Handoff:
         return out
 
     def _schedule_prepare(self) -> None:
-        if not self.prepare_enabled or self.client is None:
+        if self.prepare_enabled and self.client is not None:
+            self._way_back.start()
+
+    def _bring_back(self, point: str) -> None:
+        """The way back ahead of need (a :class:`WayBack` thread): with parked ranks the whole acquire and
+        unpark, so the trainer's acquire waits for nothing; otherwise the agent's prepare."""
+        if not self.parked:
+            self.prepare(point)
             return
-        delay = self.planner.delay()
-        if delay is None:
-            return
-        with self._lock:
-            self._cancel_locked()
-            self._timer = threading.Timer(delay, self.prepare, args=("timer",))
-            self._timer.daemon = True
-            self._timer.start()
+        self._acquire_now(point, time.perf_counter(), timeout_s=None)
+        self._prepared_at = time.monotonic()
+
+    def _backlog(self) -> tuple[int, int] | None:
+        if self.backlog_source is None:
+            return None
+        try:
+            return self.backlog_source()
+        except Exception as exc:  # a signal, never a reason to fail a handoff
+            log.debug("[timeslice] job=%s backlog unreadable: %s", self.job, exc)
+            return None
 
     def cancel_prepare(self) -> None:
-        with self._lock:
-            self._cancel_locked()
-
-    def _cancel_locked(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        """Stop a way back that has not started; wait for one under way."""
+        self._way_back.stop()
 
     def close(self) -> None:
         self.cancel_prepare()
         if self.client is not None:
             self.client.close()
             self.client = None
-
-
-def _park_entries(reports: list[dict[str, Any]]) -> list[dict[str, int]]:
-    """What the agent's release takes of each rank's park report."""
-    return [{"pid": int(r["pid"]), "parked": int(r.get("parked", 0)), "kept": int(r.get("kept", 0))} for r in reports]
 
 
 __all__ = ["Handoff", "HandoffFigures", "PreparePlanner", "RankLost", "Ranks", "handoff_event", "summarize"]

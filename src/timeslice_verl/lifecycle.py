@@ -58,6 +58,7 @@ class Lifecycle:
         adapter: str = "",
         progress: Callable[[Any], tuple[int, int]] = _default_progress,
         workers: Any = None,
+        backlog: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         self.settings = settings
         self.manager = manager
@@ -69,6 +70,9 @@ class Lifecycle:
         self.workers = workers
         """The trainer's GPU workers as the adapter sees them (``local_pids()``, ``release_caches()``),
         or None outside verl."""
+        self.backlog = backlog
+        """(queued, required): samples ready for the trainer's next step and samples it needs, read off verl
+        (fully-async's message queue, v1's replay buffer); None where the adapter has no such signal."""
         self._lock = threading.RLock()
         self._started = False
         self._start_error: BaseException | None = None

@@ -101,7 +101,29 @@ def _bind(trainer: Any) -> Lifecycle | object:
         _announced.add(key)
         log.info("timeslice: %s adapter fires lifecycle events for job %s (pid %d)", chosen, settings.job, os.getpid())
     extra = {"progress": v1_progress} if is_v1 else {}  # fully-async: the dispatcher's default (param versions)
-    return Lifecycle.build(settings, trainer=trainer, adapter=chosen, workers=VerlWorkers(trainer), **extra)
+    backlog = (lambda: v1_backlog(trainer)) if is_v1 else (lambda: fully_async_backlog(trainer))
+    return Lifecycle.build(settings, trainer=trainer, adapter=chosen, workers=VerlWorkers(trainer), backlog=backlog,
+                           **extra)
+
+
+def fully_async_backlog(trainer: Any) -> tuple[int, int] | None:
+    """(samples in the message queue, samples a step takes) of verl's fully-async trainer; None before the
+    queue exists."""
+    client = getattr(trainer, "message_queue_client", None)
+    required = int(getattr(trainer, "required_samples", 0) or 0)
+    if client is None or not required:
+        return None
+    return int(client.get_queue_size_sync()), required
+
+
+def v1_backlog(trainer: Any) -> tuple[int, int] | None:
+    """(sampleable groups for the next step, groups a mini-batch takes) of verl's v1 ``separate_async``
+    trainer, counted as verl's own switch decision counts them."""
+    buffer = getattr(trainer, "replay_buffer", None)
+    if buffer is None or not hasattr(buffer, "get_sampleable_count"):
+        return None
+    required = int(trainer.config.data.train_batch_size) // max(1, int(getattr(trainer, "parameter_sync_step", 1) or 1))
+    return int(buffer.get_sampleable_count(int(getattr(trainer, "global_steps", 0) or 0) + 1, "train")), required
 
 
 def _check_job_tag(settings: TimesliceSettings) -> None:

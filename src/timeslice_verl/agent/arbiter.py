@@ -21,9 +21,10 @@ from timeslice_verl.agent.gpu import NvmlProbe
 from timeslice_verl.agent.policy import TENANT_FAULTED, JobView, World, next_move
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.recovery import RecoveryMixin
+from timeslice_verl.agent.snapshot import SnapshotMixin
 from timeslice_verl.agent.tenancy import TenancyMixin
-from timeslice_verl.agent.state import RUNNING, Job, StateStore, TenantRecord
-from timeslice_verl.agent.tenant import ASLEEP, AWAKE, TenantGroup, VllmTenant
+from timeslice_verl.agent.state import Job, StateStore, TenantRecord
+from timeslice_verl.agent.tenant import ASLEEP, TenantGroup, VllmTenant
 from timeslice_verl.agent.freeze.base import ThawError, FreezeBackend
 from timeslice_verl.agent.transitions import TransitionsMixin
 from timeslice_verl.agent.watchdog import WatchdogMixin
@@ -42,7 +43,7 @@ MAX_GPU_BYTES = 2**40
 """Without NVML, what no GPU's memory reaches: the bound on a rank's park figures."""
 
 
-class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
+class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin, SnapshotMixin):
     def __init__(
         self,
         backend: FreezeBackend,
@@ -372,53 +373,3 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin):
             fut.set_result(True)
         log.info("grant: job %s owns the GPU", job.name)
         self._persist()
-
-
-    # ================================================================== status / persistence
-
-    def owner(self) -> str:
-        for job in self.jobs.values():
-            if job.holding and job.state == RUNNING:
-                return f"job:{job.name}"
-        if self.tenant_rec and self.tenant_rec.state == AWAKE:
-            return "tenant"
-        if self.current:
-            return "transitioning"
-        for job in self.jobs.values():
-            if job.state == RUNNING and job.pids():
-                return f"job:{job.name}"
-        return "none"
-
-    def snapshot(self) -> dict[str, Any]:
-        now = time.monotonic()
-        jobs = []
-        for job in self.jobs.values():
-            d = job.to_dict()
-            d["pids"] = job.pids()
-            d["attached"] = job.attached is not None
-            d["prepared"] = job.prepared_until > now
-            d["queued"] = job.name in self.queue
-            d["refused"] = job.refused
-            del d["procs"], d["registered"]
-            jobs.append(d)
-        snap: dict[str, Any] = {
-            "owner": self.owner(),
-            "transition": self.current,
-            "waiting_for": self.tenant.waiting_for() if self.tenant is not None else "",
-            "queue": list(self.queue),
-            "jobs": jobs,
-            "tenant": self.tenant_rec.to_dict() if self.tenant_rec else None,
-            "ladder": {"deadline_s": self.reclaim_deadline_s, **self.ladder_counts, "last": self.ladder_last},
-            "transitions": self.seq,
-        }
-        if self.probe is not None:
-            mem = self.probe.memory()
-            snap["gpu"] = {"total": mem.total, "used": mem.used, "free": mem.free, "driver": self.probe.driver_version}
-        return snap
-
-    def _persist(self) -> None:
-        try:
-            self.store.save(self.jobs, self.tenant_rec, {"queue": list(self.queue)})
-        except OSError as exc:  # pragma: no cover - disk full etc.
-            log.error("could not write state file %s: %s", self.store.path, exc)
-

@@ -5,10 +5,12 @@ event                      handoff (:class:`timeslice_verl.handoff.Handoff`)
 =========================  ==================================================================
 init_workers_begin         acquire (model loading needs the GPU)
 init_workers_end           pin park buffers, register worker pids, release
-post_rollout               learn the queue rhythm; a timer sends ``prepare`` early next time
+post_rollout               learn the valley (seconds per missing sample, queue waits)
 pre_train_step             acquire — blocks until the trainer's processes are restored
 weight_sync_begin          make sure the GPU is held (a real acquire only before the pre-fit sync)
-weight_sync_end            release, when weights were synced and no model save follows in this step
+weight_sync_end            release, when weights were synced, no model save follows in this step and
+                           the valley pays (else skip: the next batch is queued, or it is too short);
+                           the way back starts ahead of the valley's forecast end
 save_checkpoint_begin      make sure the GPU is held, and allow the save
 save_checkpoint_end        release (after the step's save: the release deferred at weight_sync_end)
 trainer_exception          crash: unpark, then release (never leave the GPU pinned to a dead job)
@@ -27,7 +29,8 @@ from typing import Any
 from timeslice_verl.agent.client import AgentClient, AgentError
 from timeslice_verl.autostart import connect
 from timeslice_verl.events import Event, RolloutEvent
-from timeslice_verl.handoff import Handoff, PreparePlanner, handoff_event
+from timeslice_verl.handoff import Handoff, handoff_event
+from timeslice_verl.valley import ValleyForecast
 from timeslice_verl.hookspecs import hookimpl
 from timeslice_verl.log import get_logger
 
@@ -49,7 +52,7 @@ class AgentPlugin:
         return self.handoff.client if self.handoff is not None else None
 
     @property
-    def planner(self) -> PreparePlanner:
+    def planner(self) -> ValleyForecast:
         assert self.handoff is not None
         return self.handoff.planner
 
@@ -71,6 +74,7 @@ class AgentPlugin:
             self.job, client=client, ranks=ranks, swap=swap, acquire_timeout_s=handoff.acquire_timeout_s,
             prepare=handoff.prepare, prepare_lead_s=handoff.prepare_lead_s,
             report=lambda figures: lifecycle.notify("handoff", handoff_event(lifecycle, figures)),
+            backlog=getattr(lifecycle, "backlog", None), break_even_margin=handoff.break_even_margin,
         )
         self.handoff.held = False  # the first acquire (before verl loads the model) goes to the agent
         self._ensure_tenant(settings)

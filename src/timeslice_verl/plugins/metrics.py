@@ -7,7 +7,9 @@ Prometheus endpoint (``timeslice.agent.metrics_port``) covers the node-level vie
 Keys (prefix ``timeslice.metrics.prefix``, default ``timeslice/``): ``acquire_wait_s``,
 ``freeze_s`` and ``thaw_s`` (the agent's whole moves), ``checkpoint_gbps`` and ``restore_gbps`` (the
 CUDA driver's byte rates, when it moved bytes), ``frozen_gib``, ``tenant_yield_s``, ``tenant_reclaim_s``,
-``handoffs``; with a park swap mode also ``park_s``, ``unpark_s`` and ``parked_gib``. The names follow
+``handoffs``, ``skipped`` (1 in a step whose release could not pay), ``way_back_early_s`` (a prepared
+acquire: how long the GPUs were back before the trainer asked); with a park swap mode also ``park_s``,
+``unpark_s`` and ``parked_gib``. The names follow
 the glossary of docs/architecture.md.
 """
 
@@ -35,6 +37,10 @@ class MetricsPlugin:
         out: dict[str, float] = {}
         if is_trainer_wait(event.to_dict()):
             out["acquire_wait_s"] = event.waited_s  # the trainer wait (events.is_trainer_wait)
+        if event.action == "skip":
+            out["skipped"] = 1.0
+        if event.early_s:
+            out["way_back_early_s"] = event.early_s
         for t in event.transitions:
             if not t.ok:
                 continue
