@@ -24,6 +24,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "benchmarks" / "verl_run"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from summarize import _records, timeline_figures  # noqa: E402
 
@@ -125,7 +126,16 @@ def side_by_side() -> str:
             f"({one['back_s'] / two['back_s']:.2f}×); medians of 19 handoffs each, two runs minutes apart")
 
 
+def ladder_cpu() -> str:
+    """The reclaim ladder on CPU with the stand-in vLLM: the trainer's acquire against the deadline."""
+    import ladder
+
+    data = json.loads((RESULTS / "2026-11-30-cpu-ladder" / "ladder.json").read_text())
+    return ladder.table(data["rows"], data["deadline_s"])
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "ladder-cpu": ladder_cpu,
     "verl-run": verl_run, "cuda-cycles": cuda_cycles, "swap-one-gpu": swap_one_gpu,
     "swap-two-gpus": swap_two_gpus, "side-by-side": side_by_side,
 }
