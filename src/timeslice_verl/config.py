@@ -46,7 +46,7 @@ Backend = Choice("Backend", [(v, v) for v in ("cuda", "cuda-cli", "sigstop")])
 """How the agent freezes a job's processes (``timeslice.agent.backend``)."""
 PauseMode = Choice("PauseMode", [(v, v) for v in ("wait", "keep")])
 """How vLLM hands the GPU over (``timeslice.tenant.pause_mode``)."""
-Swap = Choice("Swap", [(v, v) for v in SWAP_MODES])
+Swap = Choice("Swap", [(v, v) for v in (*SWAP_MODES, "auto")])
 """How the trainer's GPU memory leaves the GPU (``timeslice.handoff.swap``)."""
 
 
@@ -137,8 +137,9 @@ class HandoffSettings:
     """Lend a valley only when it is expected to last this many round trips (park, freeze, the tenant's wake and
     yield, thaw, unpark, as measured in this run); a release whose next batch is already queued is always
     skipped. 0: lend every valley."""
-    swap: Swap = Swap["checkpoint"]
-    """How the trainer's GPU memory leaves the GPU: ``checkpoint`` (the agent's driver checkpoint moves
+    swap: Swap = Swap["auto"]
+    """How the trainer's GPU memory leaves the GPU: ``auto`` (``park`` when every node has the host RAM it
+    pins, with room to spare; else ``checkpoint``, and the log says why), ``checkpoint`` (the agent's driver checkpoint moves
     the whole process, ~2 GB/s), ``park`` (each worker copies its tensors to pinned host RAM at copy-engine
     speed, ~50 GB/s, and the agent only locks it; context and NCCL stay, ~1–2 GB) or ``park+checkpoint``
     (park, then the driver checkpoint moves the remainder: the GPU is left empty). Park modes pin host

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 
@@ -12,6 +11,7 @@ from timeslice_verl.agent import procfs
 from timeslice_verl.agent.gpu import nvml
 from timeslice_verl.config import JOB_TAG_ENV, NCCL_ENV, TimesliceSettings, socket_path
 from timeslice_verl.names import split_urls
+from timeslice_verl.swap_choice import host_available, parkable
 
 MIN_DRIVER = 570
 
@@ -125,13 +125,6 @@ def check_backend(settings: TimesliceSettings) -> Check:
     return Check(name, True, f"timeslice.agent.backend={settings.agent.backend}")
 
 
-def mem_available() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def check_host_ram(settings: TimesliceSettings) -> Check:
     name = "host RAM >= GPU bytes to freeze"
     nvml, err = _nvml()
@@ -143,14 +136,26 @@ def check_host_ram(settings: TimesliceSettings) -> Check:
             total += int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).total)  # type: ignore[attr-defined]
         except Exception as exc:
             return Check(name, False, f"GPU {i}: {exc}", "fix timeslice.agent.gpus")
-    avail = mem_available()
+    avail = host_available()
     return Check(name, avail >= total, f"{avail / 2**30:.1f} GiB available for {total / 2**30:.1f} GiB of GPU memory",
                  "a frozen trainer's GPU memory lives in host RAM: free RAM or freeze fewer GPUs per node")
 
 
+def check_park_room(settings: TimesliceSettings) -> Check:
+    """How much trainer state ``park`` can pin here: what ``swap=auto`` decides by, in numbers."""
+    name = "host RAM for park (pinned, the size of the trainer's GPU state)"
+    avail = host_available()
+    most = parkable(avail)
+    detail = (f"{avail / 2**30:.1f} GiB available: swap=auto parks up to {most / 2**30:.1f} GiB of trainer state per node "
+              f"(about {most / 16 / 1e9:.2f} B parameters with AdamW in fp32, 16 bytes each); "
+              f"timeslice.handoff.swap={settings.handoff.swap}")
+    ok = str(settings.handoff.swap) not in ("park", "park+checkpoint") or most > 0
+    return Check(name, ok, detail, "free host RAM, or use timeslice.handoff.swap=auto (checkpoint when park cannot fit)")
+
+
 def run_checks(settings: TimesliceSettings) -> list[Check]:
     return [check_driver(), check_nvml(), check_backend(settings), *check_nccl_env(settings), *check_vllm(settings),
-            check_agent(settings), check_host_ram(settings)]
+            check_agent(settings), check_host_ram(settings), check_park_room(settings)]
 
 
 def render(checks: list[Check]) -> str:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Protocol
 
 from timeslice_verl.agent.client import AgentClient, AgentError
 from timeslice_verl.names import SWAP_MODES
+from timeslice_verl.swap_choice import choose
 from timeslice_verl.handoff_figures import HandoffFigures, _park_entries, handoff_event, summarize
 from timeslice_verl.log import get_logger
 from timeslice_verl.valley import MARGIN, PreparePlanner, ValleyForecast
@@ -78,9 +79,10 @@ class Handoff:
         report: Callable[[HandoffFigures], None] | None = None,
         backlog: Callable[[], tuple[int, int]] | None = None, break_even_margin: float = MARGIN,
     ) -> None:
-        if swap not in SWAP_MODES:
-            raise ValueError(f"swap {swap!r} is not one of {', '.join(SWAP_MODES)}")
-        if swap != "checkpoint" and ranks is None:
+        if swap not in (*SWAP_MODES, "auto"):
+            raise ValueError(f"swap {swap!r} is not one of {', '.join(SWAP_MODES)} or auto")
+        swap = "checkpoint" if swap == "auto" and ranks is None else swap  # nothing could park
+        if swap not in ("checkpoint", "auto") and ranks is None:
             raise ValueError(f"swap {swap} needs trainer ranks that can park their tensors (verl's worker groups, "
                              "or a RankHandoff in an SPMD trainer); this trainer has none: use swap=checkpoint")
         self.job, self.client, self.ranks, self.swap = job, client, ranks, swap
@@ -106,6 +108,8 @@ class Handoff:
         pinned: list[dict[str, Any]] = []
         if self.ranks is None:
             return pinned
+        if self.swap == "auto":
+            self.swap = self._pick_swap()
         if self.swap != "checkpoint" and not self.ranks.can_park():
             log.error("[timeslice] job=%s swap=%s but the ranks have no park method (is timeslice-verl installed "
                       "where the workers run?): swapping by checkpoint instead", self.job, self.swap)
@@ -124,6 +128,20 @@ class Handoff:
                 log.warning("[timeslice] job=%s could not register worker pids %s: %s (tag discovery still applies)",
                             self.job, pids, exc)
         return pinned
+
+    def _pick_swap(self) -> str:
+        """``swap=auto``: what every host of the ranks can afford (:func:`~timeslice_verl.swap_choice.choose`)."""
+        assert self.ranks is not None
+        try:
+            reports = self.ranks.release_caches() if self.ranks.can_park() else None
+        except RankLost:
+            raise
+        except Exception as exc:
+            log.warning("[timeslice] job=%s swap=auto: the ranks' memory is unknown: %s", self.job, exc)
+            reports = []
+        swap, why = choose(reports)
+        log.log(20 if swap == "park" else 30, "[timeslice] job=%s swap=auto: %s (%s)", self.job, swap, why)
+        return swap
 
     # ------------------------------------------------------------------ acquire
 

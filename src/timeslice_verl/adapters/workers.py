@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from timeslice_verl.log import get_logger
+from timeslice_verl.swap_choice import host_available
 
 log = get_logger("adapter.workers")
 
@@ -58,6 +59,7 @@ def release_caches_here() -> dict[str, Any]:
     if pool is not None:
         pool.free_all_blocks()
         report["cupy_after"] = int(pool.total_bytes())
+    report["host_available"] = host_available()
     return report
 
 

@@ -65,7 +65,7 @@ class AgentPlugin:
         handoff = settings.handoff
         ranks = getattr(lifecycle, "workers", None)
         swap = str(handoff.swap)
-        if swap != "checkpoint" and ranks is None:  # refused before any connection is made
+        if swap not in ("checkpoint", "auto") and ranks is None:  # refused before any connection is made
             raise ValueError(f"timeslice.handoff.swap={swap} needs trainer workers that can park their tensors "
                              "(verl's worker groups, or a RankHandoff in an SPMD trainer); this trainer has none: "
                              "use timeslice.handoff.swap=checkpoint")
