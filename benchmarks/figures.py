@@ -134,8 +134,19 @@ def ladder_cpu() -> str:
     return ladder.table(data["rows"], data["deadline_s"])
 
 
+def ladder_h200() -> str:
+    """The ladder against a real vLLM 0.24 on one H200: polite yields under load, then a stopped server."""
+    import ladder
+
+    data = json.loads((RESULTS / "2026-11-30-h200-ladder" / "ladder-vllm.json").read_text())
+    keep = [r for r in data["rows"] if r["scenario"] == "vllm-keep"]
+    return (ladder.table(data["rows"], data["deadline_s"]) + "\n\n"
+            f"Batch requests during the `vllm-keep` cycles: {keep[0]['requests_ok']} completed, "
+            f"{keep[0]['requests_failed']} failed.")
+
+
 TABLES: dict[str, Callable[[], str]] = {
-    "ladder-cpu": ladder_cpu,
+    "ladder-cpu": ladder_cpu, "ladder-h200": ladder_h200,
     "verl-run": verl_run, "cuda-cycles": cuda_cycles, "swap-one-gpu": swap_one_gpu,
     "swap-two-gpus": swap_two_gpus, "side-by-side": side_by_side,
 }

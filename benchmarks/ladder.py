@@ -75,12 +75,11 @@ def _stop(*procs: subprocess.Popen | None) -> None:
             p.wait(10)
 
 
-def _timed_acquire(sock: Path, job: str) -> dict[str, Any]:
-    with AgentClient(sock) as client:
-        t0 = time.monotonic()
-        reply = client.acquire(job, timeout_s=600)
-        seconds = time.monotonic() - t0
-        status = client.status()
+def _timed_acquire(client: AgentClient, job: str) -> dict[str, Any]:
+    t0 = time.monotonic()
+    reply = client.acquire(job, timeout_s=600)
+    seconds = time.monotonic() - t0
+    status = client.status()
     yields = [t for t in reply["transitions"] if t["action"] == "tenant_yield"]
     step = "kill" if status["ladder"].get("kill") else "abort" if status["ladder"].get("abort") else "polite"
     return {"acquire_s": round(seconds, 4), "step": step, "tenant": (status["tenant"] or {}).get("state", ""),
@@ -95,7 +94,8 @@ def standin(name: str, deadline: float) -> dict[str, Any]:
             agent, sock = _agent(Path(tmp), url, deadline)
             worker = _worker("ladder-job")
             time.sleep(0.5)  # the worker's tag readable in /proc before the agent scans for it
-            out = _timed_acquire(sock, "ladder-job")
+            with AgentClient(sock) as client:
+                out = _timed_acquire(client, "ladder-job")
             out["tenant_alive_after"] = vllm.poll() is None
             return out
         finally:
@@ -106,15 +106,16 @@ def _load(url: str, stop: threading.Event, results: dict[str, int]) -> None:
     import httpx
 
     with httpx.Client(timeout=300) as client:
+        model = client.get(f"{url}/v1/models").json()["data"][0]["id"]
         while not stop.is_set():
             try:
-                r = client.post(f"{url}/v1/completions", json={"model": "tenant", "prompt": "count:", "max_tokens": 256})
+                r = client.post(f"{url}/v1/completions", json={"model": model, "prompt": "count:", "max_tokens": 256})
                 results["ok" if r.is_success else "failed"] += 1
             except httpx.HTTPError:
                 results["failed"] += 1
 
 
-def real_vllm(url: str, pid: int, deadline: float, cycles: int) -> list[dict[str, Any]]:
+def real_vllm(url: str, pid: int, deadline: float, cycles: int, log_dir: Path | None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ladder-") as tmp:
         agent, sock = _agent(Path(tmp), url, deadline)
@@ -128,25 +129,28 @@ def real_vllm(url: str, pid: int, deadline: float, cycles: int) -> list[dict[str
             with AgentClient(sock) as client:
                 for _ in range(cycles):
                     time.sleep(2.0)  # the tenant serves the valley
-                    row = _timed_acquire(sock, "ladder-job")
+                    row = _timed_acquire(client, "ladder-job")
                     row["scenario"] = "vllm-keep"
                     rows.append(row)
                     client.release("ladder-job", wait=True)
-            time.sleep(2.0)
-            stop.set()
-            for t in load:
-                t.join(300)
-            for row in rows:
-                row["requests_ok"], row["requests_failed"] = results["ok"], results["failed"]
-            os.kill(pid, signal.SIGSTOP)  # the server answers nothing from now on
-            row = _timed_acquire(sock, "ladder-job")
-            row["scenario"] = "vllm-stopped"
-            time.sleep(1.0)
-            row["tenant_alive_after"] = Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid)
-            rows.append(row)
+                time.sleep(2.0)
+                stop.set()
+                for t in load:
+                    t.join(300)
+                for row in rows:
+                    row["requests_ok"], row["requests_failed"] = results["ok"], results["failed"]
+                os.kill(pid, signal.SIGSTOP)  # the server answers nothing from now on
+                row = _timed_acquire(client, "ladder-job")
+                row["scenario"] = "vllm-stopped"
+                time.sleep(1.0)
+                row["tenant_alive_after"] = Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid)
+                rows.append(row)
         finally:
             stop.set()
             _stop(worker, agent)
+            if log_dir is not None:
+                log_dir.mkdir(parents=True, exist_ok=True)
+                (log_dir / "agent.log").write_text((Path(tmp) / "agent.log").read_text())
     return rows
 
 
@@ -177,10 +181,11 @@ def main() -> int:
     ap.add_argument("--vllm-url")
     ap.add_argument("--vllm-pid", type=int)
     ap.add_argument("--cycles", type=int, default=5)
+    ap.add_argument("--log-dir", type=Path, help="keep the agent's log there (real vLLM)")
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []
     if args.vllm_url:
-        rows += real_vllm(args.vllm_url, args.vllm_pid, args.deadline, args.cycles)
+        rows += real_vllm(args.vllm_url, args.vllm_pid, args.deadline, args.cycles, args.log_dir)
     else:
         for name in STANDIN:
             for _ in range(args.repeat):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker
+from agent_support import AgentProc, FakeVllmProc, eventually, proc_state, spawn_worker
 from timeslice_verl.agent.ladder import budgets, tenant_processes
 
 DEADLINE = "timeslice.tenant.reclaim_deadline_s=2"
@@ -111,6 +111,16 @@ def test_an_untagged_tenant_is_never_killed(tmp_path, procs):
     assert "nothing stopped" in yields[-1]["detail"] and "not tagged TIMESLICE_TENANT" in yields[-1]["detail"], yields
     assert status["owner"] == "job:job-a" and status["tenant"]["state"] == "dead"
     assert vllm.alive()
+
+
+def test_the_kill_takes_what_the_tagged_server_started(tmp_path, procs):
+    """vLLM's engine core (the process that holds the GPU memory) is the server's child: it goes too."""
+    vllm, agent = _setup(tmp_path, procs, "--hang", "pause", "--engine-child")
+    child = vllm.stats()["child_pid"]
+    assert tenant_processes(vllm.url)[0] == [vllm.proc.pid, child]
+    reply, yields, status = _acquire(agent)
+    assert "SIGKILL to 2 process(es)" in yields[-1]["detail"], yields
+    eventually(lambda: proc_state(child) in ("gone", "Z"), what="the engine child stopped")
 
 
 def test_tenant_processes_names_the_listener_only_when_tagged(procs):

@@ -5,10 +5,11 @@ A yield climbs down at most three steps, each bounded so the whole stays within
 
 1. **polite** — ``/pause`` (``keep`` or ``wait``) then ``/sleep``: no request is lost;
 2. **abort** — ``/pause?mode=abort`` then ``/sleep``: the in-flight requests fail, queued ones are kept;
-3. **kill** — SIGKILL to the tenant's processes: the server listening on the tenant's port and its
-   descendants, each tagged ``TIMESLICE_TENANT`` in its environment and owned by the agent's user
-   (any user's when the agent runs as root). An untagged server is never touched: without the tag the
-   ladder ends at step 2 and the tenant is reported dead (the trainer gets the GPU all the same).
+3. **kill** — SIGKILL to the tenant's processes: the server listening on the tenant's port, when it is
+   tagged ``TIMESLICE_TENANT`` in its environment, and every process it started (vLLM's engine core holds
+   the GPU memory), each owned by the agent's user (any user's when the agent runs as root). An untagged
+   server is never touched: without the tag the ladder ends at step 2 and the tenant is reported dead
+   (the trainer gets the GPU all the same).
 
 A behaving tenant never leaves step 1. Whoever started vLLM (a supervisor, a Kubernetes Deployment)
 restarts a killed one; the agent's watchdog registers it again when it answers.
@@ -32,6 +33,8 @@ TENANT_TAG_ENV = "TIMESLICE_TENANT"
 """Set (to any non-empty value) in the environment of a vLLM server the agent may kill at step 3."""
 
 STEPS = ("polite", "abort", "kill")
+SHORT_DEADLINE_S = 5.0
+"""Below it the polite step (60 %) may not cover a behaving vLLM's first sleep: the agent warns at start."""
 
 
 @dataclass(frozen=True)
@@ -133,23 +136,30 @@ def tenant_processes(url: str) -> tuple[list[int], str]:
     for pid in sorted(listeners):
         try:
             proc = psutil.Process(pid)
-            family = [proc, *proc.children(recursive=True)]
-        except psutil.Error:
-            continue
-        for p in family:
-            try:
-                if me != 0 and p.uids().real != me:
-                    refused.append(f"{p.pid} (another user's)")
-                    continue
-                if not p.environ().get(TENANT_TAG_ENV):
-                    refused.append(f"{p.pid} (not tagged {TENANT_TAG_ENV})")
-                    continue
-            except psutil.Error:
+            if me != 0 and proc.uids().real != me:
+                refused.append(f"{pid} (another user's)")
                 continue
-            pids.append(p.pid)
+            if not proc.environ().get(TENANT_TAG_ENV):
+                refused.append(f"{pid} (not tagged {TENANT_TAG_ENV})")
+                continue
+            children = proc.children(recursive=True)
+        except psutil.Error as exc:
+            refused.append(f"{pid} ({type(exc).__name__})")
+            continue
+        pids.append(pid)
+        # what a tagged server started is part of it (vLLM's engine core holds the GPU memory), as long as it
+        # is this user's
+        for child in children:
+            try:
+                if me == 0 or child.uids().real == me:
+                    pids.append(child.pid)
+                else:
+                    refused.append(f"{child.pid} (another user's)")
+            except psutil.Error as exc:
+                refused.append(f"{child.pid} ({type(exc).__name__})")
     if not pids:
         return [], f"the process(es) on port {port} may not be stopped: {', '.join(refused) or 'gone'}"
-    return pids, ""
+    return pids, f"left alone: {', '.join(refused)}" if refused else ""
 
 
 async def kill_tenant(url: str, timeout_s: float) -> str:
@@ -161,6 +171,8 @@ def _kill(url: str, timeout_s: float) -> str:
     import psutil
 
     pids, why = tenant_processes(url)
+    if why and pids:
+        log.warning("tenant %s: %s", url, why)
     if not pids:
         log.error("tenant %s: nothing stopped: %s", url, why)
         return f"nothing stopped ({why})"
@@ -177,5 +189,5 @@ def _kill(url: str, timeout_s: float) -> str:
     return f"SIGKILL to {len(procs)} process(es) {pids}" + (f", {len(alive)} still alive" if alive else "")
 
 
-__all__ = ["Budgets", "Climb", "STEPS", "TENANT_TAG_ENV", "TenantKilled", "budgets", "kill_tenant", "tenant_processes",
+__all__ = ["SHORT_DEADLINE_S", "Budgets", "Climb", "STEPS", "TENANT_TAG_ENV", "TenantKilled", "budgets", "kill_tenant", "tenant_processes",
            "yield_within"]

@@ -25,6 +25,7 @@ from typing import Any
 from timeslice_verl import __version__
 from timeslice_verl.agent import protocol
 from timeslice_verl.agent.arbiter import Arbiter
+from timeslice_verl.agent.ladder import SHORT_DEADLINE_S, budgets
 from timeslice_verl.agent.gpu import open_probe
 from timeslice_verl.agent.host import (  # noqa: F401 (AgentStartError, MAX_CONNECTIONS: re-exported)
     BACKLOG,
@@ -313,6 +314,11 @@ async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None 
         backend.only_on_gpus = not settings.agent.freeze_off_gpu
         if not backend.frees_gpu_memory:
             log.warning("backend %s: %s", backend.name, backend.description)
+        if 0 < settings.tenant.reclaim_deadline_s < SHORT_DEADLINE_S:
+            log.warning("timeslice.tenant.reclaim_deadline_s=%g leaves the polite yield %.1f s: a behaving vLLM's first "
+                        "/sleep pins its host backup (1.5-1.6 s on an H200), so the ladder may abort or kill it; "
+                        "%g s or more is safe", settings.tenant.reclaim_deadline_s,
+                        budgets(settings.tenant.reclaim_deadline_s).polite_s, SHORT_DEADLINE_S)
         arbiter = Arbiter(
             backend,
             StateStore(state_path(settings).resolve()),  # one file, however the path reaches it (links)

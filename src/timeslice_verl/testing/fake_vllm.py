@@ -71,6 +71,7 @@ class FakeVllm:
         self.aborted = 0
         self.sleeps = 0
         self.pauses: dict[str, int] = {}
+        self.child_pid = 0
         self._ids = 0
 
     def stats(self) -> dict[str, Any]:
@@ -78,7 +79,7 @@ class FakeVllm:
             return {
                 "sleeping": self.sleeping, "paused": self.paused, "running": len(self.running), "waiting": self.waiting,
                 "completed": self.completed, "aborted": self.aborted, "sleeps": self.sleeps, "version": self.version,
-                "wake_up_calls": self.wake_up_calls, "pauses": dict(self.pauses),
+                "wake_up_calls": self.wake_up_calls, "pauses": dict(self.pauses), "child_pid": self.child_pid,
             }
 
     def generate(self, max_tokens: int) -> tuple[int, str]:
@@ -195,6 +196,8 @@ def make_handler(engine: FakeVllm) -> type[BaseHTTPRequestHandler]:
                 return
             if url.path == "/health":
                 self._send(200, {})
+            elif url.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": "m", "object": "model"}]})
             elif url.path == "/version":
                 self._send(200, {"version": engine.version})
             elif url.path == "/metrics":
@@ -311,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hang", default="", help="an endpoint that never answers, e.g. wake_up, health, pause or pause:keep")
     ap.add_argument("--slow-s", type=float, default=0.0, help="answer every control call this many seconds late")
     ap.add_argument("--die-on", default="", help="exit at once when this endpoint is called, e.g. pause")
+    ap.add_argument("--engine-child", action="store_true",
+                    help="start a child process without the TIMESLICE_TENANT tag, as vLLM starts its engine core")
     ap.add_argument("--asleep", action="store_true", help="start paused and asleep (as an agent left it)")
     a = ap.parse_args(argv)
     server = FakeVllmServer(
@@ -319,6 +324,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     if a.asleep:
         server.engine.sleeping = server.engine.paused = server.engine.frozen = True
+    if a.engine_child:
+        import subprocess
+
+        env = {k: v for k, v in os.environ.items() if k != "TIMESLICE_TENANT"}
+        child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"], env=env)
+        server.engine.child_pid = child.pid
     print(f"listening on {server.url}", flush=True)
     try:
         server.httpd.serve_forever()
