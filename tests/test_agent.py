@@ -50,15 +50,21 @@ def test_acquire_release_cycles_move_the_gpu_between_trainer_and_tenant(agent, v
     assert untagged.pid not in agent.job("job-a")["pids"]
 
 
+def request_in_flight(vllm, max_tokens: int) -> tuple[threading.Thread, dict]:
+    """A completion running on the stand-in vLLM (returned once it runs); its reply lands in ``out["r"]``."""
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", vllm.complete(max_tokens=max_tokens)))
+    t.start()
+    eventually(lambda: vllm.stats()["running"] == 1, what="request in flight")
+    return t, out
+
+
 def test_trainer_priority_never_sleeps_a_serving_engine(tmp_path, vllm, procs):
     """An acquire while vLLM serves a long request: the agent waits (pause mode=wait), never crashes it."""
     agent = AgentProc(tmp_path, tenant_url=vllm.url, extra=("timeslice.tenant.pause_mode=wait",)).start()
     procs.append(agent)
     worker(procs, "job-a")
-    out: dict = {}
-    t = threading.Thread(target=lambda: out.setdefault("r", vllm.complete(max_tokens=60)))  # ~0.6 s of generation
-    t.start()
-    eventually(lambda: vllm.stats()["running"] == 1, what="request in flight")
+    t, out = request_in_flight(vllm, max_tokens=60)  # ~0.6 s of generation
     with agent.client() as c:
         c.acquire("job-a")
         assert vllm.alive(), "the stand-in vLLM exits if slept with a request in flight"
@@ -81,10 +87,7 @@ def test_pause_keep_hands_over_at_once_and_finishes_the_request_after(agent, vll
     """The default pause mode: the trainer waits for no generation; the request in flight is held, not
     aborted, and finishes once the tenant is back."""
     worker(procs, "job-a")
-    out: dict = {}
-    t = threading.Thread(target=lambda: out.setdefault("r", vllm.complete(max_tokens=200)))  # ~2 s of generation
-    t.start()
-    eventually(lambda: vllm.stats()["running"] == 1, what="request in flight")
+    t, out = request_in_flight(vllm, max_tokens=200)  # ~2 s of generation
     with agent.client() as c:
         c.acquire("job-a")
         assert vllm.stats()["pauses"] == {"keep": 1} and vllm.sleeping()
