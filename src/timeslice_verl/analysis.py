@@ -175,6 +175,7 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
             for a in ("acquire", "release", "skip", "prepare", "crash_release")
         },
         "forecast": forecast(records),
+        "valleys": valleys(records),
         "transitions": {a: sum(1 for t in trans if t["action"] == a) for a in ("freeze", "thaw", "tenant_yield", "tenant_reclaim")},
         "failed_transitions": sum(1 for t in trans if not t.get("ok", True)),
         "trainer_wait_ms": {f"p{q}": ms(percentile(waits, q)) for q in (50, 90, 99)} | {"max": ms(max(waits) if waits else None)},
@@ -203,6 +204,27 @@ def forecast(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"prepared": prepared, "early_ms": stats(early), "late_ms": stats(late)}
 
 
+def valleys(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each lent valley (a release to the next acquire) against what its round trip cost: the release, the
+    agent's moves reported with the acquire (freeze, the tenant's wake and yield, thaw) and the unpark.
+    ``below_break_even``: valleys that were shorter than their own round trip (lending them could not pay)."""
+    handoffs = [r for r in records if r.get("hook") == "handoff" and r.get("ok", True)]
+    out: list[tuple[float, float]] = []
+    release = None
+    for r in handoffs:
+        if r.get("action") == "release" and r.get("point") != "timeslice_stop":
+            release = r
+        elif r.get("action") == "acquire" and release is not None and r.get("point") != STARTUP_POINT:
+            moves = sum(float(t["end"]) - float(t["start"]) for t in r.get("transitions", [])
+                        if t.get("action") in ("freeze", "thaw", "tenant_yield", "tenant_reclaim"))
+            valley = float(r["time"]) - float(r.get("waited_s", 0.0)) - float(release["time"])
+            out.append((valley, float(release.get("waited_s", 0.0)) + moves + float(r.get("park_s", 0.0))))
+            release = None
+    return {"lent": len(out), "below_break_even": sum(1 for v, trip in out if v < trip),
+            "valley_s_p50": round(percentile([v for v, _ in out], 50), 3) if out else None,
+            "round_trip_s_p50": round(percentile([t for _, t in out], 50), 3) if out else None}
+
+
 def _job(records: list[dict[str, Any]]) -> str:
     return next((r["job"] for r in records if r.get("job") and r.get("hook") != "transition"), "")
 
@@ -222,6 +244,8 @@ def render_summary(s: dict[str, Any]) -> str:
         f"  handoffs {s['handoffs']} · transitions {s['transitions']} · failed {s['failed_transitions']}",
         *([f"  way back: {f['prepared']} prepared · early ms p50 {fmt(f['early_ms']['p50'])} max {fmt(f['early_ms']['max'])}"
            f" · late ms p50 {fmt(f['late_ms']['p50'])} max {fmt(f['late_ms']['max'])}"] if (f := s.get("forecast")) else []),
+        *([f"  valleys lent {v['lent']} (median {fmt(v['valley_s_p50'])} s; round trip {fmt(v['round_trip_s_p50'])} s)"
+           f" · shorter than their round trip: {v['below_break_even']}"] if (v := s.get("valleys")) else []),
     ])
 
 

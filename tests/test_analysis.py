@@ -1,0 +1,47 @@
+"""What the timeline summary says of the valleys and the way back, from hand-written records."""
+
+from __future__ import annotations
+
+import pytest
+
+from timeslice_verl.analysis import forecast, valleys
+
+
+def handoff(action: str, point: str, t: float, waited: float = 0.0, moves: float = 0.0, **extra) -> dict:
+    trans = [{"action": "thaw", "start": t - moves, "end": t, "ok": True}] if moves else []
+    return {"hook": "handoff", "action": action, "point": point, "time": t, "waited_s": waited, "transitions": trans,
+            "ok": True, **extra}
+
+
+START = [handoff("acquire", "init_workers_begin", 1.0), handoff("release", "init_workers_end", 2.0)]
+
+
+@pytest.mark.parametrize(
+    ("records", "expected"),
+    [
+        ([], {"lent": 0, "below_break_even": 0, "valley_s_p50": None, "round_trip_s_p50": None}),
+        # a 10 s valley (release at 2, acquire asked at 12) that cost 0.1 + 0.5 + 0.2 s
+        ([*START, handoff("acquire", "pre_train_step", 12.7, waited=0.7, moves=0.5, park_s=0.2)],
+         {"lent": 1, "below_break_even": 0, "valley_s_p50": 10.0, "round_trip_s_p50": 0.7}),
+        # asked again 0.05 s after the release: shorter than its own round trip
+        ([*START, handoff("acquire", "pre_train_step", 2.6, waited=0.55, moves=0.5)],
+         {"lent": 1, "below_break_even": 1, "valley_s_p50": 0.05, "round_trip_s_p50": 0.5}),
+        # a skipped valley is not lent
+        ([handoff("acquire", "init_workers_begin", 1.0), handoff("skip", "weight_sync_end", 2.0)],
+         {"lent": 0, "below_break_even": 0, "valley_s_p50": None, "round_trip_s_p50": None}),
+    ],
+)
+def test_valleys(records, expected):
+    assert valleys(records) == expected
+
+
+def test_forecast_reports_the_way_backs_early_and_late():
+    records = [
+        handoff("acquire", "prepare", 5.0, waited=0.4),  # the way back, in the background: no trainer wait
+        handoff("acquire", "pre_train_step", 6.0, waited=0.0, early_s=1.0),
+        handoff("acquire", "pre_train_step", 9.0, waited=0.3),  # a late one: the trainer waited
+    ]
+    f = forecast(records)
+    assert f["prepared"] == 1
+    assert f["early_ms"] == {"p50": 1000.0, "max": 1000.0, "total": 1000.0}
+    assert f["late_ms"] == {"p50": 300.0, "max": 300.0, "total": 300.0}
