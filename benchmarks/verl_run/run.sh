@@ -6,7 +6,8 @@
 #   interleave  +timeslice=interleave with a vLLM batch tenant on GPU 0 under constant load, and the agent
 # usage: MODEL=dir DATA=dir OUT=dir bash benchmarks/verl_run/run.sh MODE [extra hydra overrides...]
 # env: ROLLOUT_STEPS (32 = 8 trainer steps), DEADLINE_S (480), TENANT_PORT (8001), TENANT_UTIL (0.35),
-#      LOAD_CLIENTS (8), PYTHON (python3). Leaves in OUT: verl.log, timeline.jsonl, load.json, agent.log,
+#      LOAD_CLIENTS (8), PYTHON (python3), RESPONSE_LEN (128 response tokens), REWARD (a custom reward file,
+#      e.g. benchmarks/verl_run/reward.py, which a random model can earn; default: verl's gsm8k rule). Leaves in OUT: verl.log, timeline.jsonl, load.json, agent.log,
 #      tenant.log, status.json, row.json (the summary row: python3 benchmarks/verl_run/summarize.py OUT...)
 set -uo pipefail
 MODE=${1:?solo, observe or interleave}; shift
@@ -24,10 +25,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
+RESPONSE_LEN=${RESPONSE_LEN:-128}
 extra=()
+if [ -n "${REWARD:-}" ]; then
+  extra+=(reward.custom_reward_function.path="$(cd "$(dirname "$REWARD")" && pwd)/$(basename "$REWARD")")
+fi
 if [ "$MODE" = interleave ]; then
   # the batch tenant: a vLLM with sleep mode on the trainer's GPU, and the node's agent arbitrating GPU 0
-  CUDA_VISIBLE_DEVICES=0 VLLM_SERVER_DEV_MODE=1 setsid "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
+  CUDA_VISIBLE_DEVICES=0 VLLM_SERVER_DEV_MODE=1 TIMESLICE_TENANT=1 setsid "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
     --served-model-name tenant --enable-sleep-mode --gpu-memory-utilization "${TENANT_UTIL:-0.35}" --max-model-len 1024 \
     --enforce-eager --host 127.0.0.1 --port "$PORT" > "$OUT/tenant.log" 2>&1 &
   pids+=($!)
@@ -37,10 +42,10 @@ if [ "$MODE" = interleave ]; then
   setsid "$PY" "$HERE/load.py" "http://127.0.0.1:$PORT" "$OUT/load.json" --clients "${LOAD_CLIENTS:-8}" \
     --stop-file "$OUT/stop-load" > "$OUT/load.log" 2>&1 &
   load_pid=$!
-  extra=(+timeslice=interleave timeslice.tenant.url="http://127.0.0.1:$PORT" timeslice.agent.socket="$SOCK"
+  extra+=(+timeslice=interleave timeslice.tenant.url="http://127.0.0.1:$PORT" timeslice.agent.socket="$SOCK"
          timeslice.timeline.path="$OUT/timeline.jsonl")
 elif [ "$MODE" = observe ]; then
-  extra=(+timeslice=observe timeslice.timeline.path="$OUT/timeline.jsonl")
+  extra+=(+timeslice=observe timeslice.timeline.path="$OUT/timeline.jsonl")
 elif [ "$MODE" != solo ]; then
   echo "unknown mode $MODE (solo, observe, interleave)" >&2; exit 2
 fi
@@ -48,7 +53,7 @@ fi
 t0=$(date +%s)
 timeout -k 10 "${DEADLINE_S:-480}" "$PY" -m verl.experimental.fully_async_policy.fully_async_main \
   data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" data.prompt_key=prompt \
-  data.truncation=left data.max_prompt_length=256 data.max_response_length=128 \
+  data.truncation=left data.max_prompt_length=256 data.max_response_length="$RESPONSE_LEN" \
   data.train_batch_size=0 data.gen_batch_size=1 data.return_raw_chat=True data.dataloader_num_workers=0 \
   actor_rollout_ref.model.path="$MODEL" +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
   actor_rollout_ref.model.use_remove_padding=False actor_rollout_ref.hybrid_engine=False \
@@ -61,7 +66,8 @@ timeout -k 10 "${DEADLINE_S:-480}" "$PY" -m verl.experimental.fully_async_policy
   actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.n=4 \
   actor_rollout_ref.rollout.calculate_log_probs=True actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.4 actor_rollout_ref.rollout.enforce_eager=True \
-  actor_rollout_ref.rollout.max_model_len=512 actor_rollout_ref.rollout.max_num_batched_tokens=4096 \
+  actor_rollout_ref.rollout.max_model_len=$(( 512 > 256 + RESPONSE_LEN ? 512 : 256 + RESPONSE_LEN )) \
+  actor_rollout_ref.rollout.max_num_batched_tokens=$(( 4096 > 256 + RESPONSE_LEN ? 4096 : 256 + RESPONSE_LEN )) \
   actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2 \
   actor_rollout_ref.rollout.checkpoint_engine.backend=nccl \
   actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512 \
