@@ -7,6 +7,7 @@ Hydra or OmegaConf to know them.
 from __future__ import annotations
 
 import re
+import urllib.parse
 
 SWAP_MODES = ("checkpoint", "park", "park+checkpoint")
 """How a released job's memory leaves the GPU (``timeslice.handoff.swap``; the agent's ``release``)."""
@@ -33,19 +34,18 @@ LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"}
 def server_key(url: str) -> str:
     """What tells two tenant servers apart: scheme, host (every loopback name is one host, case does not
     count) and port (the scheme's default when none is written). ``http://localhost:8000/`` and
-    ``http://127.0.0.1:8000`` are one server."""
-    scheme, _, rest = url.strip().partition("://")
-    netloc = rest.split("/", 1)[0].rsplit("@", 1)[-1].lower()
-    host, port = netloc, ""
-    if netloc.startswith("["):
-        host, _, tail = netloc.partition("]")
-        host, port = host + "]", tail.lstrip(":")
-    elif netloc.count(":") == 1:
-        host, port = netloc.split(":")
+    ``http://127.0.0.1:8000`` are one server. A URL the parser refuses is its own key."""
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return url.strip()
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
     if host in LOOPBACK_HOSTS or host.startswith("127."):
         host = "loopback"
-    port = port or ("443" if scheme.lower() == "https" else "80")
-    return f"{scheme.lower()}://{host}:{port}/{rest.split('/', 1)[1].rstrip('/') if '/' in rest else ''}"
+    port = port or (443 if scheme == "https" else 80)
+    return f"{scheme}://{host}:{port}/{parts.path.strip('/')}"
 
 
 def repeated_url(url: str) -> str | None:
