@@ -53,6 +53,19 @@ def _advance(plan: Plan, value: Any, error: BaseException | None) -> tuple[bool,
         return True, stop.value
 
 
+def _action(lc: Lifecycle, step: Any, call: Callable[[], Any], *, sync: bool) -> Callable[[], Any]:
+    """What a plan step asks for, as a call: blocking for ``run``, a coroutine for ``arun``."""
+    if step is CALL:
+        return call
+    if isinstance(step, Fire):
+        return lambda: (lc.call if sync else lc.fire)(step.hook, step.event)
+    if isinstance(step, Report):
+        return lambda: (lc.report_exception if sync else lc.areport_exception)(step.point, step.error)
+    if isinstance(step, Stop):
+        return lambda: (lc.stop if sync else lc.astop)(step.reason)
+    raise TypeError(f"unknown plan step {step!r}")  # pragma: no cover
+
+
 def run(lc: Lifecycle, plan: Plan, call: Callable[[], Any]) -> Any:
     """Drive ``plan`` from a synchronous method; ``call`` runs verl's original."""
     value, error = None, None
@@ -62,16 +75,7 @@ def run(lc: Lifecycle, plan: Plan, call: Callable[[], Any]) -> Any:
             return step
         value, error = None, None
         try:
-            if step is CALL:
-                value = call()
-            elif isinstance(step, Fire):
-                value = lc.call(step.hook, step.event)
-            elif isinstance(step, Report):
-                value = lc.report_exception(step.point, step.error)
-            elif isinstance(step, Stop):
-                value = lc.stop(step.reason)
-            else:  # pragma: no cover
-                raise TypeError(f"unknown plan step {step!r}")
+            value = _action(lc, step, call, sync=True)()
         except BaseException as exc:  # handed to the plan, which re-raises it
             error = exc
 
@@ -85,16 +89,7 @@ async def arun(lc: Lifecycle, plan: Plan, call: Callable[[], Awaitable[Any]]) ->
             return step
         value, error = None, None
         try:
-            if step is CALL:
-                value = await call()
-            elif isinstance(step, Fire):
-                value = await lc.fire(step.hook, step.event)
-            elif isinstance(step, Report):
-                value = await lc.areport_exception(step.point, step.error)
-            elif isinstance(step, Stop):
-                value = await lc.astop(step.reason)
-            else:  # pragma: no cover
-                raise TypeError(f"unknown plan step {step!r}")
+            value = await _action(lc, step, call, sync=False)()
         except BaseException as exc:
             error = exc
 
