@@ -68,7 +68,7 @@ class Ranks(Protocol):
 
 class Handoff:
     """One job's handoffs on this node: the agent connection (``client``: None on ranks that only
-    follow), the ranks, the swap mode and the prepare timer.
+    follow), the ranks, the swap mode, the valley forecast and the way back.
 
     ``report`` receives every handoff's figures. ``held`` starts True: a trainer starts on its GPU.
     """
