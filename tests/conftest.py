@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Ray started by a test is the test's own: never join a cluster already running on the machine (a developer's
+# `ray start`, another test run), which auto-initialising Ray would otherwise do. Tests that build a cluster
+# pass its address explicitly.
+os.environ["RAY_ADDRESS"] = "local"
 
 
 def _gpu_available() -> tuple[bool, str]:

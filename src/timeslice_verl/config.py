@@ -81,6 +81,10 @@ class AgentSettings:
     """How long a client retries reaching the agent (covers an agent restart)."""
     autostart: bool = False
     """Let the agent plugin start ``timeslice-verl agent`` when none answers on the socket."""
+    across_nodes: bool = False
+    """verl trainers whose workers span nodes: every node's agent (on that node's default socket, each started
+    with its own tenant) takes part in each handoff, through one Ray actor per node. Model loading goes to every
+    live Ray node whose agent answers; once the workers exist, to the nodes that host them."""
     reattach_grace_s: float = 60.0
     """After an agent restart, how long a job that held the GPU keeps it without its client coming back."""
     freeze_off_gpu: bool = False

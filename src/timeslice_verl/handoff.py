@@ -6,19 +6,17 @@ Every trainer that lends its GPUs — verl's driver through the agent plugin, an
 * **release**: every rank parks its tensors (or, with ``swap=checkpoint``, frees its caches), then the
   agent's client releases the job (with the ranks' park reports); a rank that cannot park makes every
   rank unpark, and the job keeps its GPUs for that valley;
-* **skip**: a release that cannot pay is not made — the next batch is already queued, or the valley is
-  expected to be shorter than ``break_even_margin`` round trips (:mod:`~timeslice_verl.valley`);
-* **prepare**: the way back ahead of need (:mod:`~timeslice_verl.wayback`): before the valley's forecast
-  end, the GPUs are acquired and every rank unparks in the background (park swaps), or the agent is told
-  to start restoring (checkpoint swap);
+* **skip**: a release that cannot pay is not made (:mod:`~timeslice_verl.valley`);
+* **prepare**: the way back ahead of need (:mod:`~timeslice_verl.wayback`), in the background;
 * **acquire**: the agent grants the GPUs (it woke nothing, yielded the tenant, unlocked and restored the
   processes), then every rank unparks — unless the way back already did;
 * **crash** / **done**: the GPUs come back and every rank unparks before the final release, so no rank
   is ever left without its tensors; the agent forgets a job released with ``done``.
 
 What differs between trainers lives behind :class:`Ranks` (verl's worker groups, or torchrun ranks that
-agree over gloo). Each handoff is reported as a :class:`HandoffFigures` record to a callback (the agent
-plugin turns it into a ``handoff`` event for the timeline and metrics plugins).
+agree over gloo) and the client (one node's agent, or every node's: :mod:`~timeslice_verl.node_agents`).
+Each handoff is reported as a :class:`HandoffFigures` record to a callback (the agent plugin turns it into a
+``handoff`` event for the timeline and metrics plugins).
 """
 
 from __future__ import annotations
@@ -111,14 +109,17 @@ class Handoff:
         if self.swap == "auto":
             self.swap = self._pick_swap()
         if self.swap != "checkpoint" and not self.ranks.can_park():
-            log.error("[timeslice] job=%s swap=%s but the ranks have no park method (is timeslice-verl installed "
-                      "where the workers run?): swapping by checkpoint instead", self.job, self.swap)
+            log.error("[timeslice] job=%s swap=%s but the ranks have no park method (is timeslice-verl installed where "
+                      "the workers run?): swapping by checkpoint instead", self.job, self.swap)
             self.swap = "checkpoint"
         if self.swap != "checkpoint":
             t0 = time.perf_counter()
             pinned = self.ranks.park_reserve()
             log.info("[timeslice] job=%s pinned %.2f GiB of host RAM for parking on %d rank(s) in %.1f s", self.job,
                      sum(int(r.get("pinned", 0)) for r in pinned) / 2**30, len(pinned), time.perf_counter() - t0)
+        if hasattr(self.client, "register_ranks"):  # across nodes: each node's agent gets its own ranks' pids
+            self.client.register_ranks(self.job, self.ranks)  # type: ignore[union-attr]
+            return pinned
         pids = self.ranks.local_pids()
         if pids and self.client is not None:
             try:

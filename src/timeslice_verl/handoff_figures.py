@@ -65,9 +65,11 @@ def handoff_event(lifecycle: Any, figures: HandoffFigures) -> HandoffEvent:
     )
 
 
-def _park_entries(reports: list[dict[str, Any]]) -> list[dict[str, int]]:
-    """What the agent's release takes of each rank's park report."""
-    return [{"pid": int(r["pid"]), "parked": int(r.get("parked", 0)), "kept": int(r.get("kept", 0))} for r in reports]
+def _park_entries(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the agent's release takes of each rank's park report (and, across nodes, the rank's node, which
+    tells :class:`~timeslice_verl.node_agents.NodeAgents` whose agent gets it)."""
+    return [{"pid": int(r["pid"]), "parked": int(r.get("parked", 0)), "kept": int(r.get("kept", 0)),
+             **({"node": r["node"]} if r.get("node") else {})} for r in reports]
 
 
 

@@ -60,6 +60,7 @@ def release_caches_here() -> dict[str, Any]:
         pool.free_all_blocks()
         report["cupy_after"] = int(pool.total_bytes())
     report["host_available"] = host_available()
+    report["node"] = node_id()
     return report
 
 
@@ -71,7 +72,7 @@ def _parker_here(action: str) -> dict[str, Any]:
     """This process's parker does ``action`` (``reserve``, ``park``, ``unpark``); its report, with the host."""
     from timeslice_verl.park import parker
 
-    return {**getattr(parker(), action)().to_dict(), "host": socket.gethostname()}
+    return {**getattr(parker(), action)().to_dict(), "host": socket.gethostname(), "node": node_id()}
 
 
 def _worker_park(self: Any) -> dict[str, Any]:  # bound to verl's Worker
@@ -110,8 +111,17 @@ def install_worker_methods(module: Any) -> None:
             setattr(worker, name, register(dispatch_mode=dispatch.ONE_TO_ALL)(fn))
 
 
-def _whoami(_actor: Any) -> tuple[str, int]:
-    return socket.gethostname(), os.getpid()
+def _whoami(_actor: Any) -> tuple[str, int, str]:
+    return socket.gethostname(), os.getpid(), node_id()
+
+
+def node_id() -> str:
+    """The Ray node this process runs on ("" outside Ray): what tells nodes apart where hostnames do not."""
+    ray = sys.modules.get("ray")
+    try:
+        return str(ray.get_runtime_context().get_node_id()) if ray is not None and ray.is_initialized() else ""
+    except Exception:  # an older Ray, or no worker context
+        return ""
 
 
 class VerlWorkers:
@@ -130,6 +140,17 @@ class VerlWorkers:
 
     def local_pids(self) -> list[int]:
         """PIDs of the workers on this node (best effort: [] when Ray cannot tell)."""
+        here = socket.gethostname()
+        return sorted({pid for host, pid, _ in self._whoami() if host == here})
+
+    def node_pids(self) -> dict[str, list[int]]:
+        """PIDs of the workers per Ray node id (for a job that spans nodes)."""
+        out: dict[str, list[int]] = {}
+        for _, pid, node in self._whoami():
+            out.setdefault(node, []).append(pid)
+        return {node: sorted(set(pids)) for node, pids in out.items()}
+
+    def _whoami(self) -> list[tuple[str, int, str]]:
         handles = {id(w): w for g in self.groups() for w in (getattr(g, "workers", None) or [])}
         if not handles:
             return []
@@ -138,12 +159,10 @@ class VerlWorkers:
 
             if not ray.is_initialized():
                 return []
-            answers = ray.get([w.__ray_call__.remote(_whoami) for w in handles.values()], timeout=30)
+            return ray.get([w.__ray_call__.remote(_whoami) for w in handles.values()], timeout=30)
         except Exception as exc:  # not a Ray worker group, Ray too old, worker gone…
             log.debug("worker pid lookup failed: %s", exc)
             return []
-        here = socket.gethostname()
-        return sorted({pid for host, pid in answers if host == here})
 
     def _on_every_rank(self, name: str) -> list[dict[str, Any]]:
         """Call a worker-group method on every rank; one report per worker process ([] without the method)."""

@@ -69,7 +69,13 @@ class AgentPlugin:
             raise ValueError(f"timeslice.handoff.swap={swap} needs trainer workers that can park their tensors "
                              "(verl's worker groups, or a RankHandoff in an SPMD trainer); this trainer has none: "
                              "use timeslice.handoff.swap=checkpoint")
-        client = connect(settings, client_name=f"trainer:{self.job}")
+        if settings.agent.across_nodes:  # verl's workers span nodes: every node's agent takes part
+            from timeslice_verl.node_agents import NodeAgents
+
+            client = NodeAgents.on_ray_nodes(client_name=f"trainer:{self.job}",
+                                             connect_timeout_s=settings.agent.connect_timeout_s)
+        else:
+            client = connect(settings, client_name=f"trainer:{self.job}")
         self.handoff = Handoff(
             self.job, client=client, ranks=ranks, swap=swap, acquire_timeout_s=handoff.acquire_timeout_s,
             prepare=handoff.prepare, prepare_lead_s=handoff.prepare_lead_s,
@@ -81,7 +87,7 @@ class AgentPlugin:
 
     def _ensure_tenant(self, settings: Any) -> None:
         url = settings.tenant.url
-        if not url or self.client is None:
+        if not url or self.client is None or settings.agent.across_nodes:  # across nodes: each agent has its own
             return
         if self.client.status().get("tenant") is None:
             try:

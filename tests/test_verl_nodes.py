@@ -1,0 +1,108 @@
+"""verl across nodes on CPU: a local two-node Ray cluster, an agent per node, verl's real worker group.
+
+Each Ray node gets its own ``XDG_RUNTIME_DIR`` (so its own default agent socket) and its own agent (CPU test
+backend) with a stand-in vLLM; verl's ``RayWorkerGroup`` places one worker on each node; the handoff's agent
+client is :class:`~timeslice_verl.node_agents.NodeAgents`, one actor per node.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytestmark = [
+    pytest.mark.verl,
+    pytest.mark.skipif(importlib.util.find_spec("verl") is None, reason="verl test: verl is not installed"),
+]
+
+from agent_support import AgentProc, FakeVllmProc, eventually, stopped  # noqa: E402
+from timeslice_verl.handoff import Handoff, RankLost  # noqa: E402
+
+JOB = "mn-verl"
+
+
+def _node(tmp_path: Path, name: str, procs: list) -> dict:
+    xdg = tmp_path / f"xdg-{name}"
+    (xdg / "timeslice-verl").mkdir(parents=True, mode=0o700)
+    os.chmod(xdg, 0o700)
+    vllm = FakeVllmProc()
+    procs.append(vllm)
+    (tmp_path / name).mkdir()
+    agent = AgentProc(tmp_path / name, tenant_url=vllm.url)
+    agent.socket = xdg / "timeslice-verl" / "agent.sock"  # the node's default socket
+    agent.start()
+    procs.append(agent)
+    return {"xdg": xdg, "vllm": vllm, "agent": agent}
+
+
+@pytest.fixture
+def cluster(tmp_path, procs):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    nodes = {name: _node(tmp_path, name, procs) for name in ("a", "b")}
+    # logical CPUs: verl's placement-group bundles ask for several per worker, whatever the machine has
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 16, "env_vars": {"XDG_RUNTIME_DIR": str(nodes["a"]["xdg"])}})
+    c.add_node(num_cpus=16, env_vars={"XDG_RUNTIME_DIR": str(nodes["b"]["xdg"])})
+    ray.init(address=c.address, log_to_driver=False)
+    try:
+        yield nodes
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def _worker_group():
+    import ray
+    from verl.single_controller.base.worker import Worker
+    from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+    import timeslice_verl.adapters.workers  # noqa: F401  (gives verl's Worker the timeslice methods)
+
+    pool = RayResourcePool(process_on_nodes=[1, 1], use_gpu=False)
+    return RayWorkerGroup(resource_pool=pool, ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(Worker)))
+
+
+def test_every_nodes_ranks_are_frozen_in_every_valley_and_a_lost_node_gives_the_others_back(cluster):
+    from timeslice_verl.node_agents import NodeAgents
+    from timeslice_verl.adapters.workers import VerlWorkers
+
+    ranks = VerlWorkers(SimpleNamespace(actor_rollout_wg=_worker_group()))
+    by_node = ranks.node_pids()
+    assert len(by_node) == 2 and all(len(p) == 1 for p in by_node.values()), by_node
+    pids = [p for ps in by_node.values() for p in ps]
+    agents = NodeAgents.on_ray_nodes(client_name=f"trainer:{JOB}", connect_timeout_s=5.0)  # as the agent plugin does
+    assert sorted(agents.actors) == sorted(by_node), "every node's agent answers"
+    handoff = Handoff(JOB, client=agents, ranks=ranks, swap="checkpoint", prepare=False)
+    handoff.held = False
+    handoff.acquire("init_workers_begin")  # model loading: every node's GPUs
+    handoff.begin()  # each node's agent learns its own worker's pid
+    tenants = [n["vllm"] for n in cluster.values()]
+    for cycle in range(3):
+        handoff.release("weight_sync_end")
+        eventually(lambda: all(stopped(p) for p in pids), what=f"cycle {cycle}: every node's rank frozen")
+        eventually(lambda: not any(v.sleeping() for v in tenants), what=f"cycle {cycle}: every node's tenant awake")
+        out = handoff.acquire("pre_train_step")
+        assert not any(stopped(p) for p in pids), f"cycle {cycle}: a rank still frozen in the step"
+        assert all(v.sleeping() for v in tenants)
+        assert len(out.agent["nodes"]) == 2
+    # node b's agent is lost during a valley: the acquire fails, node a gives its GPU back
+    handoff.release("weight_sync_end")
+    eventually(lambda: all(stopped(p) for p in pids), what="frozen before the loss")
+    cluster["b"]["agent"].kill()
+    with pytest.raises(RankLost, match="failed on 1 of 2 node"):
+        handoff.acquire("pre_train_step")
+    import ray
+
+    a, pid_a = cluster["a"], by_node[ray.get_runtime_context().get_node_id()][0]  # the driver runs on node a
+    eventually(lambda: a["agent"].job(JOB) is None, what="node a's agent forgot the job")
+    eventually(lambda: not stopped(pid_a), what="node a's rank thawed")
+    eventually(lambda: not a["vllm"].sleeping(), what="node a's tenant has its GPU back")
+    for pid in pids:  # node b's rank stays as its killed agent left it (a restarted agent would thaw it)
+        os.kill(pid, signal.SIGCONT)
+    agents.close()
