@@ -194,8 +194,7 @@ def forecast(records: list[dict[str, Any]]) -> dict[str, Any]:
     handoffs = [r for r in records if r.get("hook") == "handoff"]
     early = [float(r.get("early_s", 0.0)) for r in handoffs if r.get("action") == "acquire" and r.get("early_s")]
     late = [float(r["waited_s"]) for r in handoffs if is_trainer_wait(r) and r["waited_s"] > 0]
-    prepared = sum(1 for r in handoffs if r.get("action") in ("prepare",) or (r.get("action") == "acquire"
-                                                                                and r.get("point") == PREPARE_POINT))
+    prepared = sum(1 for r in handoffs if r.get("action") == "prepare" or r.get("point") == PREPARE_POINT)
 
     def stats(values: list[float]) -> dict[str, float | None]:
         return {"p50": round(percentile(values, 50) * 1e3, 3) if values else None,

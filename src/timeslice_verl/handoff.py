@@ -21,6 +21,7 @@ Each handoff is reported as a :class:`HandoffFigures` record to a callback (the 
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Protocol
 
@@ -141,7 +142,7 @@ class Handoff:
             log.warning("[timeslice] job=%s swap=auto: the ranks' memory is unknown: %s", self.job, exc)
             reports = []
         swap, why = choose(reports)
-        log.log(20 if swap == "park" else 30, "[timeslice] job=%s swap=auto: %s (%s)", self.job, swap, why)
+        log.log(logging.INFO if swap == "park" else logging.WARNING, "[timeslice] job=%s swap=auto: %s (%s)", self.job, swap, why)
         return swap
 
     # ------------------------------------------------------------------ acquire

@@ -65,6 +65,23 @@ class Climb:
     detail: str = ""
 
 
+async def _step(climb: Climb, name: str, move: Awaitable[Any], budget: float | None) -> str:
+    """One step of the ladder within ``budget``: '' when it worked, else why not (a dead server raises).
+    Without a budget (no deadline) a failure is raised as it is."""
+    t0 = time.monotonic()
+    try:
+        await asyncio.wait_for(move, budget)
+        return ""
+    except TenantDead:
+        raise
+    except (asyncio.TimeoutError, TenantError) as exc:
+        if budget is None:
+            raise
+        return f"no answer within {budget:.1f} s" if isinstance(exc, asyncio.TimeoutError) else str(exc)
+    finally:
+        climb.phases[name] = time.monotonic() - t0  # type: ignore[index]
+
+
 async def yield_within(
     tenant: Any, deadline_s: float, *, kill: Callable[[str, float], Awaitable[str]] | None = None
 ) -> Climb:
@@ -72,36 +89,20 @@ async def yield_within(
     had to kill) or :class:`TenantError` (without a deadline, as the polite step failed)."""
     b = budgets(deadline_s)
     climb = Climb(phases={})
-    t0 = time.monotonic()
-    try:
-        await asyncio.wait_for(tenant.yield_gpu(), b.polite_s)
-        climb.phases["polite"] = time.monotonic() - t0
+    why = await _step(climb, "polite", tenant.yield_gpu(), b.polite_s)
+    if not why:
         return climb
-    except TenantDead:
-        raise
-    except (asyncio.TimeoutError, TenantError) as exc:
-        if b.polite_s is None:
-            raise
-        why = f"no answer within {b.polite_s:.1f} s" if isinstance(exc, asyncio.TimeoutError) else str(exc)
-    climb.phases["polite"] = time.monotonic() - t0
     climb.step = "abort"
     log.warning("tenant %s: polite yield failed (%s): aborting its in-flight requests", tenant.url, why)
-    t1 = time.monotonic()
-    try:
-        await asyncio.wait_for(tenant.abort_and_sleep(), b.abort_s)
-        climb.phases["abort"] = time.monotonic() - t1
+    why2 = await _step(climb, "abort", tenant.abort_and_sleep(), b.abort_s)
+    if not why2:
         climb.detail = f"ladder: abort (polite: {why})"
         return climb
-    except TenantDead:
-        raise
-    except (asyncio.TimeoutError, TenantError) as exc:
-        why2 = f"no answer within {b.abort_s:.1f} s" if isinstance(exc, asyncio.TimeoutError) else str(exc)
-    climb.phases["abort"] = time.monotonic() - t1
     climb.step = "kill"
     log.error("tenant %s: abort failed too (%s): stopping its processes", tenant.url, why2)
     t2 = time.monotonic()
     outcome = await (kill or kill_tenant)(tenant.url, b.kill_s)
-    climb.phases["kill"] = time.monotonic() - t2
+    climb.phases["kill"] = time.monotonic() - t2  # type: ignore[index]
     raise TenantKilled(f"ladder: kill after polite ({why}) and abort ({why2}): {outcome}")
 
 
