@@ -27,13 +27,14 @@ JOB = "mn-verl"
 
 
 def _node(tmp_path: Path, name: str, procs: list) -> dict:
+    """An agent (a short re-attach grace: a job whose client is gone is thawed soon) and a stand-in vLLM."""
     xdg = tmp_path / f"xdg-{name}"
     (xdg / "timeslice-verl").mkdir(parents=True, mode=0o700)
     os.chmod(xdg, 0o700)
     vllm = FakeVllmProc()
     procs.append(vllm)
     (tmp_path / name).mkdir()
-    agent = AgentProc(tmp_path / name, tenant_url=vllm.url)
+    agent = AgentProc(tmp_path / name, tenant_url=vllm.url, extra=("timeslice.agent.reattach_grace_s=1",))
     agent.socket = xdg / "timeslice-verl" / "agent.sock"  # the node's default socket
     agent.start()
     procs.append(agent)
@@ -48,7 +49,8 @@ def cluster(tmp_path, procs):
     nodes = {name: _node(tmp_path, name, procs) for name in ("a", "b")}
     # logical CPUs: verl's placement-group bundles ask for several per worker, whatever the machine has
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 16, "env_vars": {"XDG_RUNTIME_DIR": str(nodes["a"]["xdg"])}})
-    c.add_node(num_cpus=16, env_vars={"XDG_RUNTIME_DIR": str(nodes["b"]["xdg"])})
+    nodes["b"]["ray"] = c.add_node(num_cpus=16, env_vars={"XDG_RUNTIME_DIR": str(nodes["b"]["xdg"])})
+    nodes["cluster"] = c
     ray.init(address=c.address, log_to_driver=False)
     try:
         yield nodes
@@ -68,21 +70,34 @@ def _worker_group():
     return RayWorkerGroup(resource_pool=pool, ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(Worker)))
 
 
-def test_every_nodes_ranks_are_frozen_in_every_valley_and_a_lost_node_gives_the_others_back(cluster):
-    from timeslice_verl.node_agents import NodeAgents
+def _handoff() -> tuple[Handoff, dict[str, list[int]], object]:
+    """verl's worker group over both nodes and the handoff the agent plugin builds for it, past model loading."""
     from timeslice_verl.adapters.workers import VerlWorkers
+    from timeslice_verl.node_agents import NodeAgents
 
     ranks = VerlWorkers(SimpleNamespace(actor_rollout_wg=_worker_group()))
     by_node = ranks.node_pids()
     assert len(by_node) == 2 and all(len(p) == 1 for p in by_node.values()), by_node
-    pids = [p for ps in by_node.values() for p in ps]
     agents = NodeAgents.on_ray_nodes(client_name=f"trainer:{JOB}", connect_timeout_s=5.0)  # as the agent plugin does
     assert sorted(agents.actors) == sorted(by_node), "every node's agent answers"
     handoff = Handoff(JOB, client=agents, ranks=ranks, swap="checkpoint", prepare=False)
     handoff.held = False
     handoff.acquire("init_workers_begin")  # model loading: every node's GPUs
     handoff.begin()  # each node's agent learns its own worker's pid
-    tenants = [n["vllm"] for n in cluster.values()]
+    return handoff, by_node, agents
+
+
+def _node_a_gave_back(cluster: dict, pid_a: int) -> None:
+    a = cluster["a"]
+    eventually(lambda: a["agent"].job(JOB) is None, what="node a's agent forgot the job")
+    eventually(lambda: not stopped(pid_a), what="node a's rank thawed")
+    eventually(lambda: not a["vllm"].sleeping(), what="node a's tenant has its GPU back")
+
+
+def test_every_nodes_ranks_are_frozen_in_every_valley_and_a_lost_node_gives_the_others_back(cluster):
+    handoff, by_node, agents = _handoff()
+    pids = [p for ps in by_node.values() for p in ps]
+    tenants = [cluster[n]["vllm"] for n in ("a", "b")]
     for cycle in range(3):
         handoff.release("weight_sync_end")
         eventually(lambda: all(stopped(p) for p in pids), what=f"cycle {cycle}: every node's rank frozen")
@@ -99,10 +114,32 @@ def test_every_nodes_ranks_are_frozen_in_every_valley_and_a_lost_node_gives_the_
         handoff.acquire("pre_train_step")
     import ray
 
-    a, pid_a = cluster["a"], by_node[ray.get_runtime_context().get_node_id()][0]  # the driver runs on node a
-    eventually(lambda: a["agent"].job(JOB) is None, what="node a's agent forgot the job")
-    eventually(lambda: not stopped(pid_a), what="node a's rank thawed")
-    eventually(lambda: not a["vllm"].sleeping(), what="node a's tenant has its GPU back")
+    _node_a_gave_back(cluster, by_node[ray.get_runtime_context().get_node_id()][0])  # the driver runs on node a
     for pid in pids:  # node b's rank stays as its killed agent left it (a restarted agent would thaw it)
         os.kill(pid, signal.SIGCONT)
+    agents.close()
+
+
+def test_a_ray_node_that_dies_in_a_valley_leaves_no_gpu_held_on_either_node(cluster):
+    """Node b itself goes (its raylet and every Ray process on it: the rank, the agent's actor), not only its
+    agent: the acquire fails, node a gives its GPU back, and node b's agent, whose client is gone, thaws what
+    is left of the rank and keeps its tenant awake."""
+    import ray
+
+    handoff, by_node, agents = _handoff()
+    node_a = ray.get_runtime_context().get_node_id()
+    pid_a = by_node[node_a][0]
+    pid_b = next(ps[0] for node, ps in by_node.items() if node != node_a)
+    handoff.release("weight_sync_end")
+    eventually(lambda: stopped(pid_a) and stopped(pid_b), what="both ranks frozen in the valley")
+    node_b = cluster["b"]["ray"].node_id
+    cluster["cluster"].remove_node(cluster["b"]["ray"], allow_graceful=False)
+    eventually(lambda: not any(n["Alive"] for n in ray.nodes() if n["NodeID"] == node_b), what="Ray saw node b die", timeout=120, interval=0.5)
+    with pytest.raises(RankLost, match="failed on 1 of 2 node"):
+        handoff.acquire("pre_train_step")
+    _node_a_gave_back(cluster, pid_a)
+    b = cluster["b"]
+    eventually(lambda: (b["agent"].job(JOB) or {}).get("state") != "frozen", what="node b's agent thawed the orphaned job")
+    eventually(lambda: not stopped(pid_b), what="node b's rank is not left stopped")
+    assert not b["vllm"].sleeping(), "node b's tenant keeps the GPU"
     agents.close()
