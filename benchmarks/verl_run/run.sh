@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The guide's validated run: verl 0.9.x fully_async_main on one node, GPU 0 = trainer (+ the batch tenant),
-# GPU 1 = verl's rollout. One mode per call, same config and seed each time:
+# The guide's validated run: verl 0.9.x on one node, GPU 0 = trainer (+ the batch tenant), GPU 1 = verl's
+# rollout; fully_async_main, or with TRAINER=v1 verl's v1 separate_async trainer (main_ppo). One mode per call,
+# same config and seed each time:
 #   solo        plain verl (no timeslice section, no tenant)
 #   observe     +timeslice=observe: events and timeline, the GPU is never handed over
 #   interleave  +timeslice=interleave with a vLLM batch tenant on GPU 0 under constant load, and the agent
 # usage: MODEL=dir DATA=dir OUT=dir bash benchmarks/verl_run/run.sh MODE [extra hydra overrides...]
-# env: ROLLOUT_STEPS (32 = 8 trainer steps), DEADLINE_S (480), TENANT_PORT (8001), TENANT_UTIL (0.35),
-#      LOAD_CLIENTS (8), PYTHON (python3), RESPONSE_LEN (128 response tokens), REWARD (a custom reward file,
-#      e.g. benchmarks/verl_run/reward.py, which a random model can earn; default: verl's gsm8k rule). Leaves in OUT: verl.log, timeline.jsonl, load.json, agent.log,
-#      tenant.log, status.json, row.json (the summary row: python3 benchmarks/verl_run/summarize.py OUT...)
+# env: TRAINER (fully_async or v1), ROLLOUT_STEPS (fully_async: 32 = 8 trainer steps), STEPS (v1: 8),
+#      DEADLINE_S (480), TENANT_PORT (8001), TENANT_UTIL (0.35), LOAD_CLIENTS (8), PYTHON (python3),
+#      RESPONSE_LEN (128 response tokens), REWARD (a custom reward file, e.g. benchmarks/verl_run/reward.py,
+#      which a random model can earn; default: verl's gsm8k rule).
+# Leaves in OUT: verl.log, timeline.jsonl, load.json, agent.log, tenant.log, status.json, run.json, row.json
+#      (the summary row: python3 benchmarks/verl_run/summarize.py OUT...)
 set -uo pipefail
 MODE=${1:?solo, observe or interleave}; shift
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -50,37 +53,52 @@ elif [ "$MODE" != solo ]; then
   echo "unknown mode $MODE (solo, observe, interleave)" >&2; exit 2
 fi
 
+common=(
+  data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" data.prompt_key=prompt
+  data.truncation=left data.max_prompt_length=256 data.max_response_length="$RESPONSE_LEN"
+  data.gen_batch_size=1 data.return_raw_chat=True data.dataloader_num_workers=0
+  actor_rollout_ref.model.path="$MODEL" +actor_rollout_ref.model.override_config.attn_implementation=sdpa
+  actor_rollout_ref.model.use_remove_padding=False actor_rollout_ref.hybrid_engine=False
+  actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.fsdp_config.strategy=fsdp2 critic.strategy=fsdp2
+  actor_rollout_ref.actor.fsdp_config.use_torch_compile=False actor_rollout_ref.actor.use_torch_compile=False
+  actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_mini_batch_size=4
+  actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192
+  actor_rollout_ref.actor.use_kl_loss=False actor_rollout_ref.actor.entropy_coeff=0
+  algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False
+  actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.n=4
+  actor_rollout_ref.rollout.calculate_log_probs=True actor_rollout_ref.rollout.tensor_model_parallel_size=1
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.4 actor_rollout_ref.rollout.enforce_eager=True
+  actor_rollout_ref.rollout.max_model_len=$(( 512 > 256 + RESPONSE_LEN ? 512 : 256 + RESPONSE_LEN ))
+  actor_rollout_ref.rollout.max_num_batched_tokens=$(( 4096 > 256 + RESPONSE_LEN ? 4096 : 256 + RESPONSE_LEN ))
+  actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2
+  actor_rollout_ref.rollout.checkpoint_engine.backend=nccl
+  actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512
+  trainer.logger="['console']" trainer.project_name=timeslice-verl trainer.experiment_name="validated-$MODE"
+  trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1 trainer.resume_mode=disable
+  trainer.total_epochs=1 trainer.nnodes=1 trainer.n_gpus_per_node=1 trainer.default_local_dir="$OUT/ckpt"
+  ray_kwargs.ray_init.num_cpus=32 +ray_kwargs.ray_init.include_dashboard=False
+)
+case "${TRAINER:-fully_async}" in
+  fully_async)
+    entry=verl.experimental.fully_async_policy.fully_async_main
+    trainer=(data.train_batch_size=0 rollout.nnodes=1 rollout.n_gpus_per_node=1
+      rollout.total_rollout_steps="${ROLLOUT_STEPS:-32}"
+      async_training.staleness_threshold=0.5 async_training.trigger_parameter_sync_step=1
+      async_training.require_batches=1 async_training.partial_rollout=True) ;;
+  v1)  # a weight push after every mini-batch; the rollout on its own GPU (no hybrid replicas on the trainer's)
+    entry=verl.trainer.main_ppo
+    trainer=(trainer.use_v1=True trainer.v1.trainer_mode=separate_async
+      trainer.v1.separate_async.parameter_sync_step=1 data.train_batch_size=4
+      trainer.total_training_steps="${STEPS:-8}"
+      actor_rollout_ref.rollout.nnodes=1 actor_rollout_ref.rollout.n_gpus_per_node=1) ;;
+  *) echo "unknown TRAINER ${TRAINER} (fully_async, v1)" >&2; exit 2 ;;
+esac
+
 t0=$(date +%s)
-timeout -k 10 "${DEADLINE_S:-480}" "$PY" -m verl.experimental.fully_async_policy.fully_async_main \
-  data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" data.prompt_key=prompt \
-  data.truncation=left data.max_prompt_length=256 data.max_response_length="$RESPONSE_LEN" \
-  data.train_batch_size=0 data.gen_batch_size=1 data.return_raw_chat=True data.dataloader_num_workers=0 \
-  actor_rollout_ref.model.path="$MODEL" +actor_rollout_ref.model.override_config.attn_implementation=sdpa \
-  actor_rollout_ref.model.use_remove_padding=False actor_rollout_ref.hybrid_engine=False \
-  actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.fsdp_config.strategy=fsdp2 critic.strategy=fsdp2 \
-  actor_rollout_ref.actor.fsdp_config.use_torch_compile=False actor_rollout_ref.actor.use_torch_compile=False \
-  actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_mini_batch_size=4 \
-  actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192 \
-  actor_rollout_ref.actor.use_kl_loss=False actor_rollout_ref.actor.entropy_coeff=0 \
-  algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False \
-  actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.n=4 \
-  actor_rollout_ref.rollout.calculate_log_probs=True actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
-  actor_rollout_ref.rollout.gpu_memory_utilization=0.4 actor_rollout_ref.rollout.enforce_eager=True \
-  actor_rollout_ref.rollout.max_model_len=$(( 512 > 256 + RESPONSE_LEN ? 512 : 256 + RESPONSE_LEN )) \
-  actor_rollout_ref.rollout.max_num_batched_tokens=$(( 4096 > 256 + RESPONSE_LEN ? 4096 : 256 + RESPONSE_LEN )) \
-  actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2 \
-  actor_rollout_ref.rollout.checkpoint_engine.backend=nccl \
-  actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512 \
-  trainer.logger="['console']" trainer.project_name=timeslice-verl trainer.experiment_name="validated-$MODE" \
-  trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1 trainer.resume_mode=disable \
-  trainer.total_epochs=1 trainer.nnodes=1 trainer.n_gpus_per_node=1 trainer.default_local_dir="$OUT/ckpt" \
-  rollout.nnodes=1 rollout.n_gpus_per_node=1 rollout.total_rollout_steps="${ROLLOUT_STEPS:-32}" \
-  async_training.staleness_threshold=0.5 async_training.trigger_parameter_sync_step=1 \
-  async_training.require_batches=1 async_training.partial_rollout=True \
-  ray_kwargs.ray_init.num_cpus=32 +ray_kwargs.ray_init.include_dashboard=False \
+timeout -k 10 "${DEADLINE_S:-480}" "$PY" -m "$entry" "${common[@]}" "${trainer[@]}" \
   "${extra[@]}" "$@" > "$OUT/verl.log" 2>&1
 rc=$?
-echo "{\"mode\": \"$MODE\", \"rc\": $rc, \"wall_s\": $(( $(date +%s) - t0 ))}" > "$OUT/run.json"
+echo "{\"mode\": \"$MODE\", \"trainer\": \"${TRAINER:-fully_async}\", \"rc\": $rc, \"wall_s\": $(( $(date +%s) - t0 ))}" > "$OUT/run.json"
 if [ "$MODE" = interleave ]; then
   touch "$OUT/stop-load"; wait "$load_pid"
   "$PY" -m timeslice_verl.cli status timeslice.agent.socket="$SOCK" --json > "$OUT/status.json" 2>&1
