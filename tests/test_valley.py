@@ -53,6 +53,23 @@ def test_due_in(forecast, backlog, due):
     assert forecast.due_in(backlog) == (pytest.approx(due) if due is not None else None)
 
 
+@pytest.mark.parametrize(
+    ("per_sample_s", "backlog", "since_s", "due"),
+    [
+        (0.1, (19, 20), 0.0, 0.0),  # 0.1 s left < lead 0.5 s: now
+        (2.0, (19, 20), 0.0, 1.5),  # one sample 2 s apart, just begun: 2 - 0.5
+        (2.0, (19, 20), 1.2, 0.3),  # the same sample 1.2 s along: 0.8 s left - 0.5
+        (2.0, (19, 20), 5.0, 0.0),  # overdue: now, never negative
+        (2.0, (17, 20), 1.0, 4.5),  # 3 missing: 6 s - 1 s along - 0.5
+        (2.0, (20, 20), 9.0, 0.0),  # complete
+    ],
+)
+def test_due_in_counts_how_far_along_the_next_sample_is(per_sample_s, backlog, since_s, due):
+    """Samples of long responses come seconds apart: the time the backlog has stood still is progress."""
+    forecast = learned(per_sample_s=per_sample_s)
+    assert forecast.due_in(backlog, since_s=since_s) == pytest.approx(due)
+
+
 def test_a_wait_teaches_the_rate_only_for_the_samples_that_were_missing():
     f = ValleyForecast()
     f.decide((6, 8))  # 2 missing
@@ -116,3 +133,14 @@ def test_a_way_back_not_yet_due_is_cancelled_by_the_acquire():
     h.acquire("pre_train_step")
     assert calls.count("agent.acquire") == 1 and "agent.prepare" not in calls
     assert calls[-4:] == ["agent.acquire", "agree:acquire", "unpark", "agree:unpark"], "the trainer's own acquire did it"
+
+
+def test_the_way_back_fires_while_the_next_sample_is_under_way():
+    """One sample missing, 0.2 s per sample, lead 0.05 s: the backlog never moves, yet the way back starts —
+    the standing still is the sample's progress (read from the backlog alone it would wait forever)."""
+    h, calls, reports = _handoff("park", backlog=lambda: (19, 20),
+                                 forecast=learned(per_sample_s=0.2, round_trip_s=0.01, lead_s=0.05))
+    assert h.release("weight_sync_end").action == "release"
+    eventually(lambda: "agree:unpark" in calls, what="the way back's acquire and unpark")
+    out = h.acquire("pre_train_step")
+    assert out.detail == "prepared ahead of need"

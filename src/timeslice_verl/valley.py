@@ -105,14 +105,19 @@ class ValleyForecast:
             return self.lead_s
         return None if self.thaw_s is None else self.thaw_s * 1.2
 
-    def due_in(self, backlog: tuple[int, int] | None) -> float | None:
-        """Seconds until the way back should start (0: now); None when nothing tells."""
+    def due_in(self, backlog: tuple[int, int] | None, since_s: float = 0.0) -> float | None:
+        """Seconds until the way back should start (0: now); None when nothing tells. ``since_s``: how long
+        the backlog has stood still — the next sample is that far along already. Without it a forecast is
+        late by up to one sample's interval, which with long responses (samples seconds apart) is longer
+        than the lead itself."""
         lead = self.lead()
         if lead is None:
             return None
         if backlog is not None:
             expected = self.expected(*backlog)
             if expected is not None:
+                if expected > 0:
+                    expected = max(0.0, expected - since_s)
                 return max(0.0, expected - lead)
         waits = list(self.waits)
         return max(0.0, min(waits) - lead) if waits else None

@@ -1,7 +1,8 @@
 """The way back, ahead of need: a thread that brings the trainer's GPUs back before its batch is complete.
 
-Started at each release; it watches the valley (the backlog when the adapter gives one, else the time since
-the release) and, ``lead`` seconds before the valley's forecast end, runs the handoff's way back: with a
+Started at each release; it watches the valley (the backlog when the adapter gives one — the samples still
+missing, and how long since the last one came — else the time since the release) and, ``lead`` seconds
+before the valley's forecast end, runs the handoff's way back: with a
 park swap the whole acquire and every rank's unpark (so the trainer's acquire then waits for nothing), with a
 checkpoint swap the agent's ``prepare`` (so the acquire waits only for the agent's reply). The trainer's
 acquire stops a way back not yet started and joins one under way.
@@ -50,18 +51,22 @@ class WayBack:
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
-    def _due_in(self, released: float) -> float | None:
+    def _due_in(self, released: float, seen: dict) -> float | None:
         backlog = self.backlog()
+        now = time.monotonic()
         if backlog is not None:
-            due = self.forecast.due_in(backlog)
+            if backlog != seen.get("backlog"):  # a sample arrived (polled: up to POLL_S late)
+                seen["backlog"], seen["at"] = backlog, now if "backlog" in seen else released
+            due = self.forecast.due_in(backlog, since_s=now - seen["at"])
             if due is not None:
                 return due
         delay = self.forecast.delay()
-        return None if delay is None else max(0.0, released + delay - time.monotonic())
+        return None if delay is None else max(0.0, released + delay - now)
 
     def _run(self, cancel: threading.Event, released: float) -> None:
+        seen: dict = {}  # the backlog last read, and since when it stood still
         while True:
-            due = self._due_in(released)
+            due = self._due_in(released, seen)
             if due is None:
                 return  # nothing to go on yet: the acquire does the way back
             if due > 0:
