@@ -24,6 +24,39 @@ CLI = [sys.executable, "-m", "timeslice_verl.cli"]
 
 
 @pytest.mark.slow
+def test_demo_skips_a_release_when_the_next_batch_is_queued_and_solo_runs_the_same_schedule(tmp_path):
+    """Every 2nd batch comes 20x faster: it is queued when the step before it ends, so that release is a
+    skip; no lent valley is shorter than its round trip. ``--solo`` runs the schedule with no agent."""
+    args = ["--steps", "4", "--rollout-s", "0.6", "--train-s", "0.1", "--device", "cpu", "--burst-every", "2"]
+    shared = subprocess.run([*CLI, "demo", "--out", str(tmp_path / "shared"), *args], capture_output=True, text=True,
+                            timeout=240)
+    assert shared.returncode == 0, shared.stdout[-3000:] + shared.stderr[-3000:]
+    summary = json.loads((tmp_path / "shared" / "summary.json").read_text())
+    skips = [json.loads(line) for line in (tmp_path / "shared" / "run.jsonl").read_text().splitlines()
+             if '"skip"' in line]
+    assert summary["handoffs"]["skip"] == len(skips) >= 1
+    assert all(r["detail"].startswith("next batch queued") for r in skips), skips
+    assert summary["valleys"]["below_break_even"] == 0 and summary["failed_transitions"] == 0
+    assert summary["worker_data_intact"] is True
+
+    solo = subprocess.run([*CLI, "demo", "--out", str(tmp_path / "solo"), *args, "--solo"], capture_output=True,
+                          text=True, timeout=240)
+    assert solo.returncode == 0, solo.stdout[-3000:] + solo.stderr[-3000:]
+    assert "solo (the trainer keeps its GPU)" in solo.stdout
+    records = [json.loads(line) for line in (tmp_path / "solo" / "run.jsonl").read_text().splitlines()]
+    assert sum(r["hook"] == "pre_train_step" for r in records) == 4
+    assert not any(r["hook"] in ("handoff", "transition") for r in records), "nothing is handed over in a solo run"
+    assert not (tmp_path / "solo" / "agent.log").exists()
+
+
+def test_demo_refuses_a_setting_the_schema_refuses_before_starting_anything(tmp_path):
+    proc = subprocess.run([*CLI, "demo", "--out", str(tmp_path / "d"), "--set", "timeslice.handoff.swap=bogus"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "timeslice.handoff.swap" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "d" / "agent.log").exists()
+
+
+@pytest.mark.slow
 def test_demo_dry_run_writes_a_png_and_a_summary_that_matches_its_jsonl(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run(

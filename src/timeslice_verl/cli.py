@@ -187,37 +187,58 @@ def timeline_plot(path: str, output: str | None, json_out: str | None) -> None:
 @main.command("demo")
 @click.option("--out", type=click.Path(file_okay=False), default="timeslice-demo", show_default=True)
 @click.option("--steps", default=8, show_default=True, help="Training steps.")
-@click.option("--rollout-s", default=1.5, show_default=True, help="Seconds the trainer waits for each batch.")
+@click.option("--rollout-s", default=1.5, show_default=True, help="Seconds the rollout takes per batch (the trainer waits "
+              "for what training did not cover).")
 @click.option("--train-s", default=0.5, show_default=True, help="Seconds of GPU work per step.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--gib", default=8.0, show_default=True, help="GPU memory the trainer worker holds (cuda).")
 @click.option("--vllm-url", default="", help="A running vLLM (VLLM_SERVER_DEV_MODE=1, --enable-sleep-mode).")
 @click.option("--vllm-model", default="", help="Start vLLM on this model instead.")
 @click.option("--clients", default=4, show_default=True, help="Concurrent batch clients against vLLM.")
+@click.option("--burst-every", default=0, show_default=True,
+              help="Every k-th batch comes 20x faster (already queued at the release: a skipped handoff); 0: none.")
+@click.option("--solo", is_flag=True, help="The same schedule with +timeslice=observe: no agent, no tenant (the baseline).")
+@click.option("--set", "overrides", multiple=True, metavar="timeslice.KEY=VALUE",
+              help="A setting of the interleave section, e.g. --set timeslice.handoff.swap=checkpoint (repeatable).")
 def demo_cmd(out: str, steps: int, rollout_s: float, train_s: float, device: str, gib: float, vllm_url: str,
-             vllm_model: str, clients: int) -> None:
+             vllm_model: str, clients: int, burst_every: int, solo: bool, overrides: tuple[str, ...]) -> None:
     """Run the whole chain on this machine and draw the timeline (a dry run without a GPU)."""
     from pathlib import Path
 
     from timeslice_verl import analysis
     from timeslice_verl.demo.run import DemoOptions, run_demo
 
-    if steps < 1 or rollout_s < 0 or train_s < 0 or gib <= 0 or clients < 0:
-        raise click.UsageError("--steps must be >= 1; --rollout-s, --train-s, --clients >= 0; --gib > 0")
+    if steps < 1 or rollout_s < 0 or train_s < 0 or gib <= 0 or clients < 0 or burst_every < 0:
+        raise click.UsageError("--steps must be >= 1; --rollout-s, --train-s, --clients, --burst-every >= 0; --gib > 0")
+    bad = [o for o in overrides if not o.startswith("timeslice.") or "=" not in o]
+    if bad:
+        raise click.UsageError(f"--set takes timeslice.KEY=VALUE, not {', '.join(map(repr, bad))}")
+    if solo and overrides:
+        raise click.UsageError("--solo runs without the interleave section: --set has nothing to set")
     from timeslice_verl.demo.run import gpu_available
 
     if device == "cuda" and not gpu_available():
         raise click.UsageError("--device cuda needs an NVIDIA GPU and torch with CUDA; none here "
                                "(leave --device at auto for the labelled dry run)")
     opts = DemoOptions(out=Path(out), steps=steps, rollout_s=rollout_s, train_s=train_s, device=device, gib=gib,
-                       vllm_url=vllm_url, vllm_model=vllm_model, clients=clients)
-    summary = run_demo(opts)
+                       vllm_url=vllm_url, vllm_model=vllm_model, clients=clients, burst_every=burst_every, solo=solo,
+                       overrides=overrides)
+    try:
+        summary = run_demo(opts)
+    except ConfigError as exc:  # a --set the schema refuses: the overrides' own message, no traceback
+        raise click.UsageError(str(exc)) from None
     click.echo("")
     click.echo(summary["mode"]["label"])
-    click.echo(analysis.render_summary(summary))
+    if solo:  # +timeslice=observe: nothing was handed over, only the steps tell
+        click.echo(f"job demo: {len(summary['steps_detail'])} steps in {summary['wall_s']:.1f} s, solo (the trainer "
+                   "keeps its GPU)")
+    else:
+        click.echo(analysis.render_summary(summary))
     b = summary["batch"]
-    click.echo(f"  vLLM served {b.get('completed', 0)} requests ({b.get('tokens', 0)} tokens), aborted {b.get('aborted', 0)}; "
-               f"worker data intact: {summary['worker_data_intact']}")
+    click.echo(f"  median step {summary['step_s_median']:.3f} s over {len(summary['steps_detail'])} steps")
+    served = "" if solo else (f"vLLM served {b.get('completed', 0)} requests ({b.get('tokens', 0)} tokens), "
+                              f"aborted {b.get('aborted', 0)}; ")
+    click.echo(f"  {served}worker data intact: {summary['worker_data_intact']}")
     for name, path in summary["files"].items():
         click.echo(f"  {name:10} {path}")
 

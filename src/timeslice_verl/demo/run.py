@@ -2,8 +2,11 @@
 
 The trainer loop fires the real hooks through the real plugin manager (bundled agent, timeline and
 metrics plugins plus any installed entry-point plugins) on a fully-async-like schedule: wait for a
-batch, train on the GPU, sync weights, sometimes save. A worker process tagged ``TIMESLICE_JOB``
-stands for verl's GPU worker; batch clients keep the tenant busy so its harvest can be counted.
+batch from the rollout's queue, train on the GPU, sync weights, sometimes save. A worker process tagged
+``TIMESLICE_JOB`` stands for verl's GPU worker and parks its tensors on a GPU like verl's workers do; the
+queue's backlog lets the handoff skip valleys that cannot pay (:mod:`timeslice_verl.demo.trainer`). Batch
+clients keep the tenant busy so its harvest can be counted. ``solo`` runs the same schedule with
+``+timeslice=observe`` (no agent, no tenant): the baseline a time-sliced run is compared with.
 
 * On a GPU machine: the CUDA driver backend freezes the worker (``--gib`` of device memory), and the
   tenant is a real vLLM (``--vllm-url`` of a server started with ``VLLM_SERVER_DEV_MODE=1
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import threading
@@ -31,6 +35,7 @@ from timeslice_verl import analysis
 from timeslice_verl.agent.client import wait_for_agent
 from timeslice_verl.agent.gpu import gpu_count
 from timeslice_verl.config import NCCL_ENV
+from timeslice_verl.demo.trainer import DemoRanks, DemoRollout, schedule
 from timeslice_verl.overrides import compose
 from timeslice_verl.events import CheckpointEvent, InitWorkersEvent, RolloutEvent, TrainStepEvent, WeightSyncEvent
 from timeslice_verl.lifecycle import Lifecycle
@@ -53,6 +58,12 @@ class DemoOptions:
     vllm_model: str = ""
     clients: int = 4
     seed: int = 0
+    burst_every: int = 0
+    """Every k-th batch comes 20x faster (the next batch is already queued at the release: a skip)."""
+    solo: bool = False
+    """The same schedule with ``+timeslice=observe``: no agent, no tenant (the baseline)."""
+    overrides: tuple[str, ...] = ()
+    """More ``timeslice.…`` overrides for the interleave section (e.g. ``timeslice.handoff.swap=checkpoint``)."""
 
 
 @dataclass
@@ -135,6 +146,8 @@ class Worker:
     """The stand-in trainer worker process (``demo.worker``), tagged for ``job``; the benchmark uses it too."""
 
     def __init__(self, device: str, gib: float, log_path: Path, job: str = JOB) -> None:
+        self.device = device
+        self._lock = threading.Lock()  # the way back unparks from its own thread
         env = dict(os.environ, TIMESLICE_JOB=job, **NCCL_ENV)
         self.stderr = open(log_path, "w")
         self.proc = subprocess.Popen(
@@ -147,9 +160,10 @@ class Worker:
         self.nbytes, self.checksum = int(ready[1]), ready[2]
 
     def ask(self, line: str) -> str:
-        self.proc.stdin.write(line + "\n")  # type: ignore[union-attr]
-        self.proc.stdin.flush()  # type: ignore[union-attr]
-        return (self.proc.stdout.readline() or "").strip()  # type: ignore[union-attr]
+        with self._lock:
+            self.proc.stdin.write(line + "\n")  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+            return (self.proc.stdout.readline() or "").strip()  # type: ignore[union-attr]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -185,6 +199,49 @@ def _start_vllm(model: str, out: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("vLLM did not come up within 600 s")
 
 
+def _tenant(opts: DemoOptions, out: Path) -> tuple[str, str, Any, Any]:
+    """(url, kind, the stand-in server or None, the started vLLM process or None)."""
+    if opts.solo:
+        return "", "no tenant (solo)", None, None
+    if opts.vllm_url:
+        return opts.vllm_url, "real vLLM", None, None
+    if opts.vllm_model:
+        proc, url = _start_vllm(opts.vllm_model, out)
+        return url, "real vLLM", None, proc
+    from timeslice_verl.testing.fake_vllm import FakeVllmServer
+
+    fake = FakeVllmServer(sleep_in_flight="crash", token_s=0.004).start()
+    return fake.url, "SIMULATED vLLM (timeslice_verl.testing.fake_vllm)", fake, None
+
+
+def _train(lc: Lifecycle, trainer: DemoTrainer, worker: Worker, rollout: DemoRollout, opts: DemoOptions) -> list[dict[str, Any]]:
+    """The fully-async step loop; one record per step (``step_s``: from asking for the batch to the end of
+    the weight sync, like verl's ``timing_s/step``)."""
+    step_log = []
+    for step in range(1, opts.steps + 1):
+        trainer.global_steps, trainer.metrics = step, {}
+        t0 = time.monotonic()
+        wait = rollout.take()  # the rollout produces the next batch elsewhere; the trainer GPU idles
+        lc.call("post_rollout", lc.event(RolloutEvent, samples=rollout.required, required_samples=rollout.required,
+                                         queue_wait_s=round(wait, 6)))
+        lc.call("pre_train_step", lc.event(TrainStepEvent, local_step=1, samples=rollout.required))
+        done = worker.ask(f"step {opts.train_s * 1e3:.0f}")
+        trainer.current_param_version += 1
+        save = bool(opts.save_every) and step % opts.save_every == 0
+        lc.call("weight_sync_begin", lc.event(WeightSyncEvent))
+        time.sleep(0.05)
+        lc.call("weight_sync_end", lc.event(WeightSyncEvent, synced=True, elapsed_s=0.05, save_follows=save))
+        if save:  # the adapters tell the same: the GPU is released after the save, not before it
+            lc.call("save_checkpoint_begin", lc.event(CheckpointEvent))
+            time.sleep(0.1)
+            lc.call("save_checkpoint_end", lc.event(CheckpointEvent, saved=True, elapsed_s=0.1))
+        metrics = {k: v for k, v in trainer.metrics.items() if k.startswith("timeslice/")}
+        step_log.append({"step": step, "step_s": round(time.monotonic() - t0, 6), "wait_s": round(wait, 6),
+                         "worker": done, **metrics})
+        log.info("step %d: %s %s", step, done, metrics)
+    return step_log
+
+
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
     out = opts.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -193,102 +250,88 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     os.chmod(run_dir, 0o700)
     timeline = out / "run.jsonl"
     timeline.unlink(missing_ok=True)
-    rng = random.Random(opts.seed)
 
+    compose("interleave", list(opts.overrides))  # a refused override fails here, before anything starts
     gpu = opts.device == "cuda" or (opts.device == "auto" and gpu_available())
     backend = "cuda" if gpu else "sigstop"
-    fake = None
-    vllm_proc = None
-    if opts.vllm_url:
-        tenant_url, tenant_kind = opts.vllm_url, "real vLLM"
-    elif opts.vllm_model:
-        vllm_proc, tenant_url = _start_vllm(opts.vllm_model, out)
-        tenant_kind = "real vLLM"
-    else:
-        from timeslice_verl.testing.fake_vllm import FakeVllmServer
-
-        fake = FakeVllmServer(sleep_in_flight="crash", token_s=0.004).start()
-        tenant_url, tenant_kind = fake.url, "SIMULATED vLLM (timeslice_verl.testing.fake_vllm)"
+    tenant_url, tenant_kind, fake, vllm_proc = _tenant(opts, out)
     dry = not gpu
     mode = {
         "dry_run": dry,
+        "solo": opts.solo,
         "backend": backend,
         "tenant": tenant_kind,
         "label": ("DRY RUN on CPU: CPU test backend (SIGSTOP/SIGCONT — no GPU memory moves) + " + tenant_kind)
-        if dry else f"GPU: CUDA driver checkpoint/restore + {tenant_kind}",
+        if dry else f"GPU: CUDA driver (lock, checkpoint/restore) + {tenant_kind}",
     }
     log.info("demo: %s", mode["label"])
 
-    agent_log = open(out / "agent.log", "w")
+    agent = agent_log = None
     socket = run_dir / "agent.sock"
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "timeslice_verl.cli", "agent", f"timeslice.agent.socket={socket}",
-         f"timeslice.agent.backend={backend}", f"timeslice.tenant.url={tenant_url}",
-         f"timeslice.agent.state_file={run_dir / 'agent-state.json'}",
-         # the dry run's CPU backend touches no GPU: its GPU lock stays in its own folder
-         *([f"timeslice.agent.lock_dir={run_dir}"] if backend == "sigstop" else [])],
-        stdout=agent_log, stderr=subprocess.STDOUT,
-    )
+    if not opts.solo:
+        agent_log = open(out / "agent.log", "w")
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "timeslice_verl.cli", "agent", f"timeslice.agent.socket={socket}",
+             f"timeslice.agent.backend={backend}", f"timeslice.tenant.url={tenant_url}",
+             f"timeslice.agent.state_file={run_dir / 'agent-state.json'}",
+             # the dry run's CPU backend touches no GPU: its GPU lock stays in its own folder
+             *([f"timeslice.agent.lock_dir={run_dir}"] if backend == "sigstop" else [])],
+            stdout=agent_log, stderr=subprocess.STDOUT,
+        )
     worker: Worker | None = None
     clients: BatchClients | None = None
     lc: Lifecycle | None = None
+    rollout = DemoRollout(schedule(opts.steps, opts.rollout_s, burst_every=opts.burst_every, seed=opts.seed))
     batch: dict[str, int] = {}
     try:
-        wait_for_agent(socket, 60)
-        settings = compose("interleave", [
-            f"timeslice.job={JOB}", f"timeslice.agent.socket={socket}", f"timeslice.agent.backend={backend}",
-            f"timeslice.tenant.url={tenant_url}", f"timeslice.timeline.path={timeline}",
-        ])
+        if opts.solo:
+            settings = compose("observe", [f"timeslice.job={JOB}", f"timeslice.timeline.path={timeline}"])
+        else:
+            wait_for_agent(socket, 60)
+            settings = compose("interleave", [
+                f"timeslice.job={JOB}", f"timeslice.agent.socket={socket}", f"timeslice.agent.backend={backend}",
+                f"timeslice.tenant.url={tenant_url}", f"timeslice.timeline.path={timeline}", *opts.overrides,
+            ])
         trainer = DemoTrainer()
-        lc = Lifecycle.build(settings, trainer=trainer, adapter="demo")
+        ranks = DemoRanks(None)
+        lc = Lifecycle.build(settings, trainer=trainer, adapter="demo", workers=ranks, backlog=rollout.backlog)
         lc.start()
-        clients = BatchClients(tenant_url, opts.clients, max_tokens=48 if gpu else 24).start()
+        if tenant_url:
+            clients = BatchClients(tenant_url, opts.clients, max_tokens=48 if gpu else 24).start()
 
         # init_workers: the job's GPU worker is created and loads its "model"
         t0 = time.monotonic()
         lc.call("init_workers_begin", lc.event(InitWorkersEvent))
-        worker = Worker("cuda" if gpu else "cpu", opts.gib, out / "worker.log")
+        worker = ranks.worker = Worker("cuda" if gpu else "cpu", opts.gib, out / "worker.log")
         lc.call("init_workers_end", lc.event(InitWorkersEvent, elapsed_s=round(time.monotonic() - t0, 6)))
-        # the pre-fit weight sync fully_async_main runs before fit()
+        # fully_async_main builds the rollouter (its vLLM servers) next: a valley of its own
+        time.sleep(opts.rollout_s)
+        # the pre-fit weight sync fully_async_main runs before fit(); then the rollouter starts
         lc.call("weight_sync_begin", lc.event(WeightSyncEvent, initial=True))
         time.sleep(0.05)
         lc.call("weight_sync_end", lc.event(WeightSyncEvent, initial=True, synced=True, elapsed_s=0.05))
-
-        step_log = []
-        for step in range(1, opts.steps + 1):
-            trainer.global_steps, trainer.metrics = step, {}
-            wait = opts.rollout_s * rng.uniform(0.8, 1.2)
-            time.sleep(wait)  # the rollout engines produce the next batch; the trainer GPU idles
-            lc.call("post_rollout", lc.event(RolloutEvent, samples=16, required_samples=16, queue_wait_s=round(wait, 6)))
-            lc.call("pre_train_step", lc.event(TrainStepEvent, local_step=1, samples=16))
-            done = worker.ask(f"step {opts.train_s * 1e3:.0f}")
-            trainer.current_param_version += 1
-            lc.call("weight_sync_begin", lc.event(WeightSyncEvent))
-            time.sleep(0.05)
-            lc.call("weight_sync_end", lc.event(WeightSyncEvent, synced=True, elapsed_s=0.05))
-            if opts.save_every and step % opts.save_every == 0:
-                lc.call("save_checkpoint_begin", lc.event(CheckpointEvent))
-                time.sleep(0.1)
-                lc.call("save_checkpoint_end", lc.event(CheckpointEvent, saved=True, elapsed_s=0.1))
-            step_log.append({"step": step, "worker": done, **{k: v for k, v in trainer.metrics.items() if k.startswith("timeslice/")}})
-            log.info("step %d: %s %s", step, done, {k: v for k, v in trainer.metrics.items() if k.startswith("timeslice/")})
-        intact = worker.ask("check").split()[-1] == worker.checksum
-        lc.stop("finished")
+        rollout.start()
+        step_log = _train(lc, trainer, worker, rollout, opts)
+        lc.stop("finished")  # the GPU comes back (thawed, unparked) and the agent forgets the job
         lc = None
-        batch = clients.finish()
-        clients = None
+        intact = worker.ask("check").split()[-1] == worker.checksum
+        if clients is not None:
+            batch = clients.finish()
+            clients = None
     finally:
+        rollout.stop()
         if lc is not None:
             lc.stop("error")
         if clients is not None:
             batch = clients.finish(timeout=10)
-        if agent.poll() is None:
+        if agent is not None and agent.poll() is None:
             agent.terminate()
             try:
                 agent.wait(120)
             except subprocess.TimeoutExpired:
                 agent.kill()
-        agent_log.close()
+        if agent_log is not None:
+            agent_log.close()
         if worker is not None:
             worker.stop()
         if fake is not None:
@@ -302,8 +345,12 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     summary["batch"] = batch
     summary["worker_data_intact"] = intact
     summary["steps_detail"] = step_log
-    png = analysis.plot(records, out / "timeline.png", title="DRY RUN (CPU)" if dry else "GPU")
+    summary["step_s_median"] = round(statistics.median(s["step_s"] for s in step_log), 6) if step_log else None
+    title = ("DRY RUN (CPU)" if dry else "GPU") + (" solo" if opts.solo else "")
+    png = analysis.plot(records, out / "timeline.png", title=title)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    summary["files"] = {"timeline": str(timeline), "png": str(png), "summary": str(out / "summary.json"), "agent_log": str(out / "agent.log")}
+    summary["files"] = {"timeline": str(timeline), "png": str(png), "summary": str(out / "summary.json")}
+    if agent is not None:
+        summary["files"]["agent_log"] = str(out / "agent.log")
     summary["options"] = {k: str(v) for k, v in asdict(opts).items()}
     return summary

@@ -3,7 +3,9 @@
 Started by the demo (and the GPU tests) with ``TIMESLICE_JOB`` in its environment, like verl's
 worker processes, so the agent finds and freezes it. Line protocol on stdin/stdout:
 ``step <ms>`` → works for about that long, answers ``done <ms>``; ``check`` → ``checksum <value>``
-(the data must survive checkpoint/restore unchanged); ``quit``. It prints
+(the data must survive checkpoint/restore and park/unpark unchanged); ``reserve``, ``park``, ``unpark``
+→ what :mod:`timeslice_verl.park` did, ``caches`` → the bytes freed before a freeze (one JSON line each,
+``{"error": …}`` when it failed: verl's worker-group methods, over a pipe); ``quit``. It prints
 ``ready <bytes> <checksum> <device>`` once its memory is allocated.
 
 GPU mode (``--device cuda``, needs torch) allocates ``--gib`` GiB of random bf16 data plus a
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import sys
 import time
@@ -68,6 +71,19 @@ class CudaWorker:
             self.torch.cuda.synchronize()
 
 
+def _swap_command(action: str) -> dict:
+    """What verl's workers do for a handoff (``timeslice_park`` and friends), in this process."""
+    from timeslice_verl.adapters.workers import release_caches_here
+    from timeslice_verl.park import parker
+
+    try:
+        if action == "caches":
+            return release_caches_here()
+        return getattr(parker(), action)().to_dict()
+    except Exception as exc:  # the driver decides (a failed park keeps the GPU for the valley)
+        return {"pid": os.getpid(), "error": f"{type(exc).__name__}: {exc}"}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="timeslice-verl demo trainer worker")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -86,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"done {(time.perf_counter() - t0) * 1e3:.1f}", flush=True)
         elif cmd[0] == "check":
             print(f"checksum {worker.checksum()}", flush=True)
+        elif cmd[0] in ("reserve", "park", "unpark", "caches"):
+            print(json.dumps(_swap_command(cmd[0])), flush=True)
         elif cmd[0] == "quit":
             break
     return 0
