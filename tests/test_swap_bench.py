@@ -40,3 +40,22 @@ def test_two_ranks_one_agent_a_tenant_per_gpu_every_swap_mode(tmp_path, procs):
     assert all(r["losses_as_solo"] and r["bit_identical"] and r["p6"] == 0 for r in rows), rows
     # how much the tenants served in 0.3 s valleys depends on the machine's load: a benchmark figure, not a test
     assert (tmp_path / "out" / "swap.md").read_text().count("| park") == 2
+
+
+@pytest.mark.slow
+def test_the_valley_benchmark_compares_solo_and_interleave_on_one_schedule(tmp_path):
+    """benchmarks/valleys.py (dry run): both runs on the same seeded schedule; its row is what their summaries say."""
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "v"
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "valleys.py"), "--out", str(out), "--steps", "4",
+                           "--rollout-s", "0.6", "--train-s", "0.1", "--burst-every", "2", "--device", "cpu",
+                           "--clients", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((out / "valleys.json").read_text())
+    solo, shared, row = result["solo"], result["interleave"], result["row"]
+    assert [s["wait_s"] > 0 for s in solo["steps_detail"]][:1] == [True]  # the first batch is always awaited
+    assert row["steps"] == len(shared["steps_detail"]) == len(solo["steps_detail"]) == 4
+    assert row["step_ratio"] == pytest.approx(shared["step_s_median"] / solo["step_s_median"], abs=1e-3)
+    assert row["skipped"] == shared["handoffs"]["skip"] >= 1 and row["below_break_even"] == 0
+    assert row["intact"] is True and row["batch_failed"] == 0
+    assert "| steps | step s solo |" in proc.stdout and "DRY RUN" in proc.stdout

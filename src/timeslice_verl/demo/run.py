@@ -175,9 +175,9 @@ class Worker:
         self.stderr.close()
 
 
-def _start_vllm(model: str, out: Path) -> tuple[subprocess.Popen, str]:
+def start_vllm(model: str, out: Path) -> tuple[subprocess.Popen, str]:
     port = 8000 + random.randint(100, 900)
-    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", TIMESLICE_TENANT="1")  # started here: the ladder may stop it
     logf = open(out / "vllm.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--enable-sleep-mode",
@@ -206,7 +206,7 @@ def _tenant(opts: DemoOptions, out: Path) -> tuple[str, str, Any, Any]:
     if opts.vllm_url:
         return opts.vllm_url, "real vLLM", None, None
     if opts.vllm_model:
-        proc, url = _start_vllm(opts.vllm_model, out)
+        proc, url = start_vllm(opts.vllm_model, out)
         return url, "real vLLM", None, proc
     from timeslice_verl.testing.fake_vllm import FakeVllmServer
 
