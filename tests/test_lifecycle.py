@@ -146,3 +146,33 @@ def test_notify_refuses_gating_hooks():
     lc = build(Recorder())
     with pytest.raises(ValueError, match="gating"):
         lc.notify("pre_train_step", lc.event(TrainStepEvent))
+
+
+def test_a_background_report_never_waits_for_the_hook_call_that_waits_for_it():
+    """The way back's thread reports its acquire while the trainer's thread is inside ``pre_train_step``,
+    whose acquire joins that very thread: the report must not wait for the dispatcher (it did, and a real
+    run on an H200 hung there); it reaches the observers when the hook call returns, with its own time."""
+    from timeslice_verl.events import HandoffEvent
+
+    seen: list[tuple[str, float]] = []
+
+    class Observer:
+        @hookimpl
+        def handoff(self, event):
+            seen.append((event.point, event.time))
+
+    class JoinsABackgroundReport:
+        @hookimpl
+        def pre_train_step(self, event):
+            t = threading.Thread(target=lambda: lc.notify("handoff", lc.event(HandoffEvent, action="acquire", point="prepare")))
+            t.start()
+            t.join(60)
+            assert not t.is_alive(), "the background report waited for this hook call"
+            assert seen == [], "delivered only once the call that holds the dispatcher returns"
+
+    lc = build(Observer(), JoinsABackgroundReport())
+    before = lc.event(TrainStepEvent).time
+    lc.call("pre_train_step", lc.event(TrainStepEvent))
+    assert [p for p, _ in seen] == ["prepare"] and seen[0][1] >= before
+    lc.notify("handoff", lc.event(HandoffEvent, action="release", point="weight_sync_end"))
+    assert [p for p, _ in seen] == ["prepare", "weight_sync_end"], "no call under way: delivered at once"

@@ -74,6 +74,11 @@ class Lifecycle:
         """(queued, required): samples ready for the trainer's next step and samples it needs, read off verl
         (fully-async's message queue, v1's replay buffer); None where the adapter has no such signal."""
         self._lock = threading.RLock()
+        self._pending: list[tuple[str, Event]] = []
+        """Notifications from a thread that found another inside a hook call (see :meth:`notify`)."""
+        self._pending_lock = threading.Lock()
+        self._closed = False
+        """timeslice_stop has returned: nothing reaches the plugins any more."""
         self._started = False
         self._start_error: BaseException | None = None
         self._stopped = False
@@ -106,20 +111,44 @@ class Lifecycle:
         return _off_the_loop(self._call_here, hook, event)
 
     def _call_here(self, hook: str, event: Event) -> list[Any]:
-        with self._lock:
-            if hook != "timeslice_start":
-                self._ensure_started()
-            return self._call(hook, {"trainer": self.trainer, "event": event})
+        try:
+            with self._lock:
+                if hook != "timeslice_start":
+                    self._ensure_started()
+                return self._call(hook, {"trainer": self.trainer, "event": event})
+        finally:
+            self._deliver()  # what other threads notified while this call held the lock
 
     async def fire(self, hook: str, event: Event) -> list[Any]:
         """:meth:`call` in a worker thread: the event loop keeps running while plugins block."""
         return await asyncio.to_thread(self.call, hook, event)
 
     def notify(self, hook: str, event: Event) -> None:
-        """For plugins that report events of their own (``handoff``): observing, never raises."""
+        """For plugins that report events of their own (``handoff``): observing, never raises, never waits for
+        another thread's hook call. A background thread (the way back) may report while the trainer's thread is
+        inside a hook that waits for that very thread (its acquire joins the way back): then the event is left
+        for the trainer's thread, which delivers it when its call returns (the event keeps its own time)."""
         if hook in GATING_HOOKS:
             raise ValueError(f"notify() is for observing hooks; {hook!r} is gating")
-        self.call(hook, event)
+        with self._pending_lock:
+            self._pending.append((hook, event))
+        _off_the_loop(self._deliver)
+
+    def _deliver(self) -> None:
+        while True:
+            with self._pending_lock:
+                if not self._pending:
+                    return
+            if not self._lock.acquire(blocking=False):
+                return  # the thread inside a hook call delivers them when it returns
+            try:
+                with self._pending_lock:
+                    batch, self._pending = self._pending, []
+                for hook, event in batch:
+                    if self._started and not self._closed:  # the final release comes during timeslice_stop
+                        self._call(hook, {"trainer": self.trainer, "event": event})
+            finally:
+                self._lock.release()
 
     # ------------------------------------------------------------------ start / stop / errors
 
@@ -148,12 +177,16 @@ class Lifecycle:
         _off_the_loop(self._stop_here, reason)
 
     def _stop_here(self, reason: str) -> None:
+        self._deliver()
         with self._lock:
             if self._stopped or not self._started:
                 self._stopped = True
                 return
             self._stopped = True
-            self._call("timeslice_stop", {"trainer": self.trainer, "event": self.event(RunEvent, adapter=self.adapter, reason=reason)})
+            try:
+                self._call("timeslice_stop", {"trainer": self.trainer, "event": self.event(RunEvent, adapter=self.adapter, reason=reason)})
+            finally:
+                self._closed = True
 
     async def astop(self, reason: str = "finished") -> None:
         await asyncio.to_thread(self.stop, reason)

@@ -77,7 +77,8 @@ class DemoRollout:
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
-        self._thread.join(5)
+        if self._thread.ident is not None:  # stopped before it started: nothing to wait for
+            self._thread.join(5)
 
 
 class DemoRanks:

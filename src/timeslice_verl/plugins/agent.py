@@ -52,9 +52,9 @@ class AgentPlugin:
         return self.handoff.client if self.handoff is not None else None
 
     @property
-    def planner(self) -> ValleyForecast:
-        assert self.handoff is not None
-        return self.handoff.planner
+    def planner(self) -> ValleyForecast | None:
+        # never raises: pluggy reads every attribute of a plugin when it registers it
+        return self.handoff.planner if self.handoff is not None else None
 
     # ------------------------------------------------------------------ set-up
 
@@ -124,7 +124,8 @@ class AgentPlugin:
 
     @hookimpl
     def post_rollout(self, event: RolloutEvent) -> None:
-        self.planner.observe_wait(event.queue_wait_s)
+        if self.handoff is not None:
+            self.handoff.planner.observe_wait(event.queue_wait_s)
 
     @hookimpl
     def pre_train_step(self) -> None:
