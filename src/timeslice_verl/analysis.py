@@ -36,7 +36,8 @@ def load(path: str | Path) -> list[dict[str, Any]]:
             raise ValueError(f"{path}:{n}: not a JSON line ({exc})") from None
     if not records:
         raise ValueError(f"{path}: no records")
-    return records
+    # in time order: a background thread's report (the way back) can reach the file after later records
+    return sorted(records, key=lambda r: float(r.get("time", r.get("end", 0.0))))  # a transition: when it ended
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
@@ -73,6 +74,21 @@ def holding_intervals(records: list[dict[str, Any]]) -> list[tuple[float, float]
             start = None
     if start is not None:
         out.append((start, max(r["time"] for r in records)))
+    return out
+
+
+def park_intervals(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """When the trainer's ranks moved their tensors (park after a release began, unpark before an acquire
+    returned): part of the handoff — swapping, not idle time with no owner."""
+    out = []
+    for r in records:
+        if r.get("hook") != "handoff" or not r.get("parked_bytes") or not r.get("park_s"):
+            continue
+        if r.get("action") == "release":
+            begin = r["time"] - r.get("waited_s", 0.0)
+            out.append((begin, begin + r["park_s"]))
+        elif r.get("action") == "acquire":
+            out.append((r["time"] - r["park_s"], r["time"]))
     return out
 
 
@@ -114,7 +130,7 @@ def ownership(records: list[dict[str, Any]]) -> list[Segment]:
     t0 = min(r["time"] for r in records if "time" in r)
     t1 = max(r["time"] for r in records if "time" in r)
     trans = transitions(records)
-    swapping = _union([(t["start"], t["end"]) for t in trans])
+    swapping = _union([(t["start"], t["end"]) for t in trans] + park_intervals(records))
     trainer = _union(holding_intervals(records))
     vllm = _union(vllm_intervals(trans, t0, t1))
     cuts = sorted({t0, t1, *[x for iv in swapping + trainer + vllm for x in iv if t0 <= x <= t1]})
@@ -206,20 +222,25 @@ def forecast(records: list[dict[str, Any]]) -> dict[str, Any]:
 def valleys(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Each lent valley (a release to the next acquire) against what its round trip cost: the release, the
     agent's moves reported with the acquire (freeze, the tenant's wake and yield, thaw) and the unpark.
-    ``below_break_even``: valleys that were shorter than their own round trip (lending them could not pay)."""
+    ``below_break_even``: valleys that were shorter than their own round trip (lending them could not pay).
+    A valley the end of the run cut short (the final acquire that brings parked ranks back) is no forecast's
+    doing: ``cut_by_end`` counts it apart."""
     handoffs = [r for r in records if r.get("hook") == "handoff" and r.get("ok", True)]
     out: list[tuple[float, float]] = []
     release = None
+    cut = 0
     for r in handoffs:
         if r.get("action") == "release" and r.get("point") != "timeslice_stop":
             release = r
+        elif r.get("action") == "acquire" and release is not None and r.get("point") == "timeslice_stop":
+            cut, release = cut + 1, None
         elif r.get("action") == "acquire" and release is not None and r.get("point") != STARTUP_POINT:
             moves = sum(float(t["end"]) - float(t["start"]) for t in r.get("transitions", [])
                         if t.get("action") in ("freeze", "thaw", "tenant_yield", "tenant_reclaim"))
             valley = float(r["time"]) - float(r.get("waited_s", 0.0)) - float(release["time"])
             out.append((valley, float(release.get("waited_s", 0.0)) + moves + float(r.get("park_s", 0.0))))
             release = None
-    return {"lent": len(out), "below_break_even": sum(1 for v, trip in out if v < trip),
+    return {"lent": len(out), "below_break_even": sum(1 for v, trip in out if v < trip), "cut_by_end": cut,
             "valley_s_p50": round(percentile([v for v, _ in out], 50), 3) if out else None,
             "round_trip_s_p50": round(percentile([t for _, t in out], 50), 3) if out else None}
 
@@ -244,7 +265,8 @@ def render_summary(s: dict[str, Any]) -> str:
         *([f"  way back: {f['prepared']} prepared · early ms p50 {fmt(f['early_ms']['p50'])} max {fmt(f['early_ms']['max'])}"
            f" · late ms p50 {fmt(f['late_ms']['p50'])} max {fmt(f['late_ms']['max'])}"] if (f := s.get("forecast")) else []),
         *([f"  valleys lent {v['lent']} (median {fmt(v['valley_s_p50'])} s; round trip {fmt(v['round_trip_s_p50'])} s)"
-           f" · shorter than their round trip: {v['below_break_even']}"] if (v := s.get("valleys")) else []),
+           f" · shorter than their round trip: {v['below_break_even']}"
+           + (f" · cut short by the run's end: {v['cut_by_end']}" if v.get("cut_by_end") else "")] if (v := s.get("valleys")) else []),
     ])
 
 
