@@ -145,8 +145,24 @@ def ladder_h200() -> str:
             f"{keep[0]['requests_failed']} failed.")
 
 
+def valleys_h200() -> str:
+    """benchmarks/valleys.py on one H200 (2026-12-01): the demo's fully-async schedule solo and time-sliced,
+    the interleave side recomputed from its timeline, the step times from each step's record."""
+    import valleys
+
+    from timeslice_verl import analysis
+
+    folder = RESULTS / "2026-12-01-h200-valleys"
+    data = json.loads((folder / "valleys.json").read_text())
+    shared = analysis.summary(analysis.load(folder / "interleave" / "run.jsonl"))
+    for run in ("solo", "interleave"):
+        data[run]["step_s_median"] = statistics.median(s["step_s"] for s in data[run]["steps_detail"])
+    shared |= {k: data["interleave"][k] for k in ("step_s_median", "batch", "worker_data_intact")}
+    return valleys.table(valleys.row(data["solo"], shared))
+
+
 TABLES: dict[str, Callable[[], str]] = {
-    "ladder-cpu": ladder_cpu, "ladder-h200": ladder_h200,
+    "valleys-h200": valleys_h200, "ladder-cpu": ladder_cpu, "ladder-h200": ladder_h200,
     "verl-run": verl_run, "cuda-cycles": cuda_cycles, "swap-one-gpu": swap_one_gpu,
     "swap-two-gpus": swap_two_gpus, "side-by-side": side_by_side,
 }

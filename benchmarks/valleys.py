@@ -63,16 +63,21 @@ COLUMNS = [("steps", "steps"), ("step_s_solo", "step s solo"), ("step_s_interlea
            ("intact", "data intact")]
 
 
+PERCENT = ("vllm_of_idle", "no_owner_idle")
+
+
 def table(r: dict[str, Any]) -> str:
-    def cell(v: Any) -> str:
+    def cell(key: str, v: Any) -> str:
         if v is None:
             return "–"
-        if isinstance(v, float) and 0 < abs(v) < 1 and v != round(v, 2):
-            return f"{v:.3f}"
-        return str(v)
+        if key in PERCENT:
+            return f"{v * 100:.1f} %"
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}"
+        return "yes" if v is True else "NO" if v is False else str(v)
 
     return "\n".join(["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS),
-                      "| " + " | ".join(cell(r.get(k)) for k, _ in COLUMNS) + " |"])
+                      "| " + " | ".join(cell(k, r.get(k)) for k, _ in COLUMNS) + " |"])
 
 
 def main() -> int:
