@@ -261,3 +261,30 @@ def test_analysis_rejects_empty_files(tmp_path):
     empty.write_text("")
     with pytest.raises(ValueError, match="no records"):
         analysis.load(empty)
+
+
+def test_a_terminated_demo_leaves_no_process_behind(tmp_path):
+    """SIGTERM (a timeout, a CI job stopped) unwinds the demo like Ctrl-C: its agent, worker and tenant go too."""
+    import signal
+    from pathlib import Path
+
+    from agent_support import eventually
+
+    out = tmp_path / "demo"
+    proc = subprocess.Popen([*CLI, "demo", "--out", str(out), "--steps", "50", "--device", "cpu"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def mine() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and str(out) in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
+
+    eventually(lambda: (out / "worker.log").exists() and len(mine()) >= 1, what="the demo's agent and worker run")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(120) != 0
+    eventually(lambda: mine() == [], what="no process of the demo left")

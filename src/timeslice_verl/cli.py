@@ -223,6 +223,12 @@ def demo_cmd(out: str, steps: int, rollout_s: float, train_s: float, device: str
     opts = DemoOptions(out=Path(out), steps=steps, rollout_s=rollout_s, train_s=train_s, device=device, gib=gib,
                        vllm_url=vllm_url, vllm_model=vllm_model, clients=clients, burst_every=burst_every, solo=solo,
                        overrides=overrides)
+    import signal
+
+    def stop(signum: int, frame: object) -> None:  # SIGTERM unwinds like Ctrl-C: the agent, worker, tenant go too
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         summary = run_demo(opts)
     except ConfigError as exc:  # a --set the schema refuses: the overrides' own message, no traceback
