@@ -361,7 +361,7 @@ class Handoff:
             log.warning("[timeslice] job=%s PREPARE failed: %s", self.job, exc)
             return None
         out.seconds = out.agent_s = time.perf_counter() - t0
-        log.info("[timeslice] job=%s PREPARE at=%s (restore started early) lead=%.0fms", self.job, point,
+        log.info("[timeslice] job=%s PREPARE at=%s (thaw started early) lead=%.0fms", self.job, point,
                  (self.planner.lead() or 0) * 1e3)
         self.report(out)
         return out
