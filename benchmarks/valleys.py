@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from timeslice_verl.demo.run import DemoOptions, start_vllm, run_demo
+from timeslice_verl.demo.run import DemoOptions, end_process, start_vllm, run_demo
 
 KEEP = ("wall_s", "steps", "step_s_median", "harvest_of_idle", "harvested_fraction", "idle_fraction", "handoffs",
         "forecast", "valleys", "trainer_wait_ms", "failed_transitions", "batch", "worker_data_intact", "mode",
@@ -109,8 +109,7 @@ def main() -> int:
         shared = run_demo(replace(base, out=args.out / "interleave"))
     finally:
         if vllm is not None:
-            vllm.terminate()
-            vllm.wait(60)
+            end_process(vllm, 60)
     r = row(solo, shared)
     result = {"options": vars(args) | {"out": str(args.out)}, "row": r, "label": shared["mode"]["label"],
               "solo": {k: solo.get(k) for k in KEEP}, "interleave": {k: shared.get(k) for k in KEEP}}

@@ -175,6 +175,17 @@ class Worker:
         self.stderr.close()
 
 
+def end_process(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM, wait up to ``timeout_s`` for a clean exit, then SIGKILL: a process the demo started."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def start_vllm(model: str, out: Path) -> tuple[subprocess.Popen, str]:
     port = 8000 + random.randint(100, 900)
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", TIMESLICE_TENANT="1")  # started here: the ladder may stop it
@@ -324,12 +335,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
             lc.stop("error")
         if clients is not None:
             batch = clients.finish(timeout=10)
-        if agent is not None and agent.poll() is None:
-            agent.terminate()
-            try:
-                agent.wait(120)
-            except subprocess.TimeoutExpired:
-                agent.kill()
+        if agent is not None:
+            end_process(agent, 120)  # SIGTERM: the agent thaws what it froze and wakes its tenant
         if agent_log is not None:
             agent_log.close()
         if worker is not None:
@@ -337,7 +344,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         if fake is not None:
             fake.stop()
         if vllm_proc is not None:
-            vllm_proc.terminate()
+            end_process(vllm_proc, 60)  # its GPU memory is free when the demo returns
 
     records = analysis.load(timeline)
     summary = analysis.summary(records)
