@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from agent_support import AgentProc, FakeVllmProc, eventually, proc_state, spawn_worker
-from timeslice_verl.agent.ladder import budgets, tenant_processes
+from timeslice_verl.agent import tenant_proc
+from timeslice_verl.agent.ladder import budgets
 
 DEADLINE = "timeslice.tenant.reclaim_deadline_s=2"
 HUNG_FOR_MINUTES = 60.0
@@ -108,7 +109,7 @@ def test_an_untagged_tenant_is_never_killed(tmp_path, procs):
     the tenant is reported dead, and the trainer still gets its GPU."""
     vllm, agent = _setup(tmp_path, procs, "--hang", "pause", tagged=False)
     reply, yields, status = _acquire(agent)
-    assert "nothing stopped" in yields[-1]["detail"] and "not tagged TIMESLICE_TENANT" in yields[-1]["detail"], yields
+    assert "nothing stopped" in yields[-1]["detail"] and "is not tagged TIMESLICE_TENANT" in yields[-1]["detail"], yields
     assert status["owner"] == "job:job-a" and status["tenant"]["state"] == "dead"
     assert vllm.alive()
 
@@ -117,16 +118,19 @@ def test_the_kill_takes_what_the_tagged_server_started(tmp_path, procs):
     """vLLM's engine core (the process that holds the GPU memory) is the server's child: it goes too."""
     vllm, agent = _setup(tmp_path, procs, "--hang", "pause", "--engine-child")
     child = vllm.stats()["child_pid"]
-    assert tenant_processes(vllm.url)[0] == [vllm.proc.pid, child]
+    found, _ = tenant_proc.find(vllm.url)
+    assert tenant_proc.stoppable(found)[0] == [vllm.proc.pid, child]
     reply, yields, status = _acquire(agent)
     assert "SIGKILL to 2 process(es)" in yields[-1]["detail"], yields
     eventually(lambda: proc_state(child) in ("gone", "Z"), what="the engine child stopped")
 
 
-def test_tenant_processes_names_the_listener_only_when_tagged(procs):
+def test_the_kill_may_stop_the_listener_only_when_tagged(procs):
     tagged, untagged = FakeVllmProc(tagged=True), FakeVllmProc()
     procs.extend([tagged, untagged])
-    assert tenant_processes(tagged.url) == ([tagged.proc.pid], "")
-    pids, why = tenant_processes(untagged.url)
-    assert pids == [] and f"{untagged.proc.pid} (not tagged TIMESLICE_TENANT)" in why
-    assert tenant_processes("http://127.0.0.1:1")[0] == []
+    found, why = tenant_proc.find(tagged.url)
+    assert found is not None and found.pid == tagged.proc.pid and found.tagged, why
+    assert tenant_proc.stoppable(found) == ([tagged.proc.pid], "")
+    pids, why = tenant_proc.stoppable(tenant_proc.find(untagged.url)[0])
+    assert pids == [] and f"pid {untagged.proc.pid} is not tagged TIMESLICE_TENANT" in why
+    assert tenant_proc.find("http://127.0.0.1:1")[0] is None

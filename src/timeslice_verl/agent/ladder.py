@@ -1,40 +1,45 @@
 """The reclaim ladder: how the agent gets the GPU back from a tenant within a deadline, whatever it does.
 
-A yield climbs down at most three steps, each bounded so the whole stays within
-``tenant.reclaim_deadline_s`` (:func:`budgets`):
+A yield climbs down at most three steps, each with its share of ``tenant.reclaim_deadline_s``
+(:func:`budgets`). A step that fails is tried again (with a short backoff) until its share is spent: one
+HTTP 500 or a garbled answer is no reason to abort a tenant's requests, let alone kill it.
 
 1. **polite** — ``/pause`` (``keep`` or ``wait``) then ``/sleep``: no request is lost;
 2. **abort** — ``/pause?mode=abort`` then ``/sleep``: the in-flight requests fail, queued ones are kept;
-3. **kill** — SIGKILL to the tenant's processes: the server listening on the tenant's port, when it is
-   tagged ``TIMESLICE_TENANT`` in its environment, and every process it started (vLLM's engine core holds
-   the GPU memory), each owned by the agent's user (any user's when the agent runs as root). An untagged
-   server is never touched: without the tag the ladder ends at step 2 and the tenant is reported dead
-   (the trainer gets the GPU all the same).
+3. **kill** — SIGKILL to the process registered as the tenant (:mod:`~timeslice_verl.agent.tenant_proc`:
+   found by its listening socket at registration, recorded by pid and start time, tagged ``TIMESLICE_TENANT``,
+   the agent's user's) and what it started. Without such a process nothing is stopped and the tenant is
+   reported dead: the trainer gets the GPU all the same.
 
-A behaving tenant never leaves step 1. Whoever started vLLM (a supervisor, a Kubernetes Deployment)
-restarts a killed one; the agent's watchdog registers it again when it answers.
+A tenant that the agent's probe found *wedged* (it stopped answering while it had the GPU) is asked once more,
+briefly; if it still says nothing the ladder goes straight to the kill: the trainer does not wait out the polite
+step's budget for a server that cannot answer. A tenant group climbs the ladder server by server, side by side:
+a wedged server is killed, its peers yield politely.
+
+A behaving tenant never leaves step 1. Whoever started vLLM (``timeslice-verl tenant run``, a Kubernetes
+controller) restarts a killed one; the agent registers it again when it answers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from timeslice_verl.agent.tenant import TenantDead, TenantError
+from timeslice_verl.agent.tenant_proc import TENANT_TAG_ENV  # noqa: F401 (re-exported)
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent")
 
-TENANT_TAG_ENV = "TIMESLICE_TENANT"
-"""Set (to any non-empty value) in the environment of a vLLM server the agent may kill at step 3."""
-
 STEPS = ("polite", "abort", "kill")
 SHORT_DEADLINE_S = 5.0
 """Below it the polite step (60 %) may not cover a behaving vLLM's first sleep: the agent warns at start."""
+RETRY_S = 0.25
+"""The first pause between two tries of a step (doubling, within the step's budget)."""
+CONFIRM_S = 0.5
+"""How long a tenant taken for wedged gets to answer once more before the kill."""
 
 
 @dataclass(frozen=True)
@@ -61,134 +66,98 @@ class Climb:
     """What one yield took: the step it ended on and each step's seconds."""
 
     step: str = "polite"
-    phases: dict[str, float] | None = None
+    phases: dict[str, float] = field(default_factory=dict)
     detail: str = ""
 
 
-async def _step(climb: Climb, name: str, move: Awaitable[Any], budget: float | None) -> str:
-    """One step of the ladder within ``budget``: '' when it worked, else why not (a dead server raises).
-    Without a budget (no deadline) a failure is raised as it is."""
+async def _step(climb: Climb, name: str, move: Callable[[], Awaitable[Any]], budget: float | None) -> str:
+    """One step of the ladder, tried until it works or ``budget`` is spent: '' when it worked, else why not (a
+    dead server raises). Without a budget (no deadline) the first failure is raised as it is."""
     t0 = time.monotonic()
+    why, pause = "", RETRY_S
     try:
-        await asyncio.wait_for(move, budget)
-        return ""
-    except TenantDead:
-        raise
-    except (asyncio.TimeoutError, TenantError) as exc:
-        if budget is None:
-            raise
-        return f"no answer within {budget:.1f} s" if isinstance(exc, asyncio.TimeoutError) else str(exc)
+        while True:
+            left = None if budget is None else budget - (time.monotonic() - t0)
+            if left is not None and left <= 0:
+                return why or f"no answer within {budget:.1f} s"
+            try:
+                await asyncio.wait_for(move(), left)
+                return ""
+            except TenantDead:
+                raise
+            except asyncio.TimeoutError:
+                if budget is None:
+                    raise
+                return f"no answer within {budget:.1f} s"
+            except TenantError as exc:
+                if budget is None:
+                    raise
+                why = str(exc)
+                log.warning("%s step: %s (trying again within its %.1f s)", name, why, budget)
+            left = budget - (time.monotonic() - t0)
+            await asyncio.sleep(max(0.0, min(pause, left)))
+            pause *= 2
     finally:
-        climb.phases[name] = time.monotonic() - t0  # type: ignore[index]
+        climb.phases[name] = time.monotonic() - t0
 
 
-async def yield_within(
-    tenant: Any, deadline_s: float, *, kill: Callable[[str, float], Awaitable[str]] | None = None
-) -> Climb:
-    """Yield ``tenant`` within ``deadline_s``. Raises :class:`TenantDead` (a dead server, or one the ladder
-    had to kill) or :class:`TenantError` (without a deadline, as the polite step failed)."""
+async def yield_member(tenant: Any, deadline_s: float, *, wedged: bool = False,
+                       kill: Callable[[Any, float], Awaitable[str]] | None = None) -> Climb:
+    """Yield one server within ``deadline_s``. Raises :class:`TenantDead` (a dead server, or one the ladder had
+    to kill) or :class:`TenantError` (without a deadline, as the polite step failed)."""
     b = budgets(deadline_s)
-    climb = Climb(phases={})
-    why = await _step(climb, "polite", tenant.yield_gpu(), b.polite_s)
+    climb = Climb()
+    if wedged and deadline_s > 0:
+        climb.step = "kill"
+        t0 = time.monotonic()
+        answers = await tenant.alive(timeout=CONFIRM_S)
+        climb.phases["confirm"] = time.monotonic() - t0
+        if not answers:
+            log.error("tenant %s: wedged (no answer to the agent's probe, nor within %.1f s now): stopping it",
+                      tenant.url, CONFIRM_S)
+            outcome = await _kill(climb, tenant, b.kill_s, kill)
+            raise TenantKilled(f"ladder: kill of a wedged tenant (it stopped answering while it had the GPU): {outcome}")
+        climb.step = "polite"
+    why = await _step(climb, "polite", tenant.yield_gpu, b.polite_s)
     if not why:
         return climb
     climb.step = "abort"
     log.warning("tenant %s: polite yield failed (%s): aborting its in-flight requests", tenant.url, why)
-    why2 = await _step(climb, "abort", tenant.abort_and_sleep(), b.abort_s)
+    why2 = await _step(climb, "abort", tenant.abort_and_sleep, b.abort_s)
     if not why2:
         climb.detail = f"ladder: abort (polite: {why})"
         return climb
     climb.step = "kill"
     log.error("tenant %s: abort failed too (%s): stopping its processes", tenant.url, why2)
-    t2 = time.monotonic()
-    outcome = await (kill or kill_tenant)(tenant.url, b.kill_s)
-    climb.phases["kill"] = time.monotonic() - t2  # type: ignore[index]
+    outcome = await _kill(climb, tenant, b.kill_s, kill)
     raise TenantKilled(f"ladder: kill after polite ({why}) and abort ({why2}): {outcome}")
 
 
-# ---------------------------------------------------------------------------------- step 3
-
-
-def _port(url: str) -> int | None:
+async def _kill(climb: Climb, tenant: Any, budget: float, kill: Callable[[Any, float], Awaitable[str]] | None) -> str:
+    t0 = time.monotonic()
     try:
-        parts = urllib.parse.urlsplit(url)
-        return parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    except ValueError:
-        return None
+        return await (kill or kill_tenant)(tenant, budget)
+    finally:
+        climb.phases["kill"] = time.monotonic() - t0
 
 
-def tenant_processes(url: str) -> tuple[list[int], str]:
-    """The pids the kill step may stop for ``url`` (listener first), and why none when empty."""
-    import psutil
+async def kill_tenant(tenant: Any, timeout_s: float) -> str:
+    """SIGKILL the process registered as ``tenant`` (and what it started); what happened."""
+    from timeslice_verl.agent import tenant_proc
 
-    port = _port(url.split(",")[0])
-    if port is None:
-        return [], f"no port in {url!r}"
-    try:
-        listeners = {c.pid for c in psutil.net_connections("tcp")
-                     if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
-    except (psutil.Error, OSError) as exc:
-        return [], f"cannot list the listening sockets ({exc})"
-    if not listeners:
-        return [], f"no process of this user listens on port {port}"
-    me = os.geteuid()
-    pids: list[int] = []
-    refused: list[str] = []
-    for pid in sorted(listeners):
-        try:
-            proc = psutil.Process(pid)
-            if me != 0 and proc.uids().real != me:
-                refused.append(f"{pid} (another user's)")
-                continue
-            if not proc.environ().get(TENANT_TAG_ENV):
-                refused.append(f"{pid} (not tagged {TENANT_TAG_ENV})")
-                continue
-            children = proc.children(recursive=True)
-        except psutil.Error as exc:
-            refused.append(f"{pid} ({type(exc).__name__})")
-            continue
-        pids.append(pid)
-        # what a tagged server started is part of it (vLLM's engine core holds the GPU memory), as long as it
-        # is this user's
-        for child in children:
-            try:
-                if me == 0 or child.uids().real == me:
-                    pids.append(child.pid)
-                else:
-                    refused.append(f"{child.pid} (another user's)")
-            except psutil.Error as exc:
-                refused.append(f"{child.pid} ({type(exc).__name__})")
-    if not pids:
-        return [], f"the process(es) on port {port} may not be stopped: {', '.join(refused) or 'gone'}"
-    return pids, f"left alone: {', '.join(refused)}" if refused else ""
+    return await asyncio.to_thread(tenant_proc.kill, tenant.process, timeout_s, tenant.process_note)
 
 
-async def kill_tenant(url: str, timeout_s: float) -> str:
-    """SIGKILL the tenant's tagged processes and wait (up to ``timeout_s``) until they are gone; what happened."""
-    return await asyncio.to_thread(_kill, url, timeout_s)
+async def yield_within(tenant: Any, deadline_s: float, *, wedged: set[str] | None = None,
+                       kill: Callable[[Any, float], Awaitable[str]] | None = None) -> Climb:
+    """Yield ``tenant`` (one server, or a group server by server) within ``deadline_s``; ``wedged``: the URLs the
+    agent's probe found not answering."""
+    members = getattr(tenant, "live_members", None)
+    if members is None:
+        return await yield_member(tenant, deadline_s, wedged=bool(wedged and tenant.url in wedged), kill=kill)
+    return await tenant.each_climb(lambda m: yield_member(m, deadline_s, wedged=bool(wedged and m.url in wedged),
+                                                          kill=kill))
 
 
-def _kill(url: str, timeout_s: float) -> str:
-    import psutil
-
-    pids, why = tenant_processes(url)
-    if why and pids:
-        log.warning("tenant %s: %s", url, why)
-    if not pids:
-        log.error("tenant %s: nothing stopped: %s", url, why)
-        return f"nothing stopped ({why})"
-    procs = []
-    for pid in pids:
-        try:
-            p = psutil.Process(pid)
-            p.kill()
-            procs.append(p)
-        except psutil.Error:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=max(0.1, timeout_s))
-    log.error("tenant %s: SIGKILL sent to %s%s", url, pids, f"; still alive: {[p.pid for p in alive]}" if alive else "")
-    return f"SIGKILL to {len(procs)} process(es) {pids}" + (f", {len(alive)} still alive" if alive else "")
-
-
-__all__ = ["SHORT_DEADLINE_S", "Budgets", "Climb", "STEPS", "TENANT_TAG_ENV", "TenantKilled", "budgets", "kill_tenant", "tenant_processes",
-           "yield_within"]
+__all__ = ["SHORT_DEADLINE_S", "Budgets", "Climb", "STEPS", "TENANT_TAG_ENV", "TenantKilled", "budgets", "kill_tenant",
+           "yield_member", "yield_within"]

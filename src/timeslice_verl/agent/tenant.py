@@ -26,6 +26,8 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 
+from timeslice_verl.agent import tenant_proc
+from timeslice_verl.agent.tenant_proc import TenantProcess
 from timeslice_verl.log import get_logger
 from timeslice_verl.names import split_urls
 
@@ -74,6 +76,10 @@ class VllmTenant:
         self.request_timeout_s = request_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self.state = AWAKE
+        self.process: TenantProcess | None = None
+        """The process serving the URL, found at registration: the only one the ladder's kill may stop."""
+        self.process_note = "not registered yet"
+        """Why :attr:`process` is None."""
         self._client = httpx.AsyncClient(base_url=self.info.url, timeout=request_timeout_s)
 
     @property
@@ -146,18 +152,35 @@ class VllmTenant:
         self.info.pause = "wait" if paused_supported and (version >= (0, 17) or self.info.version == "?") else "drain"
         # paused but awake (an agent killed between /pause and /sleep): not serving, so reclaim it
         self.state = ASLEEP if (sleeping or paused) else AWAKE
+        self.process, self.process_note = await asyncio.to_thread(tenant_proc.find, self.url)
         log.info(
             "tenant vLLM %s at %s: %s, holds requests by %s, sleep level %d",
             self.info.version, self.url, self.state, self.info.pause, self.info.sleep_level,
         )
         return self.info
 
-    async def alive(self) -> bool:
+    async def alive(self, timeout: float | None = None) -> bool:
+        """Whether ``/health`` answers 2xx within ``timeout`` (default: 5 s or the request timeout)."""
         try:
-            await self._request("GET", "/health", timeout=min(5.0, self.request_timeout_s))
+            await self._request("GET", "/health", timeout=timeout or min(5.0, self.request_timeout_s))
             return True
         except TenantError:
             return False
+
+    async def observe(self, timeout: float) -> str | None:
+        """The state the server says it is in (``awake``, or ``asleep`` when sleeping or paused), or None when it
+        does not answer within ``timeout``. A server that refuses the connection raises :class:`TenantDead`."""
+        try:
+            return await asyncio.wait_for(self._observe(), timeout)
+        except asyncio.TimeoutError:
+            return None
+
+    async def _observe(self) -> str:
+        if await self._get_flag("/is_sleeping"):
+            return ASLEEP
+        if self.info.pause == "wait" and await self._get_flag("/is_paused"):
+            return ASLEEP
+        return AWAKE
 
     # ------------------------------------------------------------------ yield / reclaim
 
@@ -297,8 +320,51 @@ class TenantGroup:
         self.state = ASLEEP if any(m.state == ASLEEP for m in live) else AWAKE
         return self.info
 
-    async def alive(self) -> bool:
-        return any(await asyncio.gather(*(m.alive() for m in self.members)))
+    async def alive(self, timeout: float | None = None) -> bool:
+        return any(await asyncio.gather(*(m.alive(timeout) for m in self.members)))
+
+    @property
+    def live_members(self) -> list[VllmTenant]:
+        """The servers that answered the last move (the ones a yield asks)."""
+        return [m for m in self.members if m.url not in self.dead]
+
+    async def each_climb(self, climb: Callable[[VllmTenant], Awaitable[Any]]) -> Any:
+        """A yield down the reclaim ladder, every answering server on its own ladder, side by side: a server the
+        ladder had to kill is left out (as a dead one), the others still sleep. One :class:`Climb` for the group:
+        the furthest step any server reached, each phase's longest, every server's detail."""
+        from timeslice_verl.agent.ladder import STEPS, Climb, TenantKilled
+
+        live = self.live_members or self.members
+        results = await asyncio.gather(*(climb(m) for m in live), return_exceptions=True)
+        killed = [(m, r) for m, r in zip(live, results) if isinstance(r, TenantKilled)]
+        await self._each_outcome("yield", live, results)  # raises when none is left, or one answered wrongly
+        self.state = ASLEEP
+        climbs = [r for r in results if isinstance(r, Climb)]
+        out = Climb(step=max((c.step for c in climbs), key=STEPS.index, default="polite"))
+        for c in climbs:
+            for phase, seconds in c.phases.items():
+                out.phases[phase] = max(seconds, out.phases.get(phase, 0.0))
+        details = [f"{m.url}: {c.detail}" for m, c in zip(live, results) if isinstance(c, Climb) and c.detail]
+        details += [f"{m.url}: {exc}" for m, exc in killed]
+        if killed:
+            out.step = "kill"
+        out.detail = "; ".join(details)
+        return out
+
+    async def _each_outcome(self, move: str, members: list[VllmTenant], results: list[Any]) -> None:
+        """What :meth:`_each` makes of the results of a move on ``members``."""
+        dead = {m.url for m, r in zip(members, results) if isinstance(r, TenantDead)}
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if all(isinstance(r, TenantDead) for r in results):
+            self.dead |= dead
+            raise type(errors[0])("; ".join(str(e) for e in errors)) if errors else TenantDead("no server")
+        others = [e for e in errors if not isinstance(e, TenantDead)]
+        self.dead |= dead
+        if others:
+            raise TenantError("; ".join(str(e) for e in others))
+        if dead:
+            log.warning("%s: vLLM at %s left out of the group (not answering, or stopped by the ladder)", move,
+                        ", ".join(sorted(dead)))
 
     async def yield_gpu(self) -> float:
         t0 = time.perf_counter()

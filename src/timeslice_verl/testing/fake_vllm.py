@@ -10,14 +10,18 @@ It follows the contract the agent relies on (docs/architecture.md §5) including
   (``--sleep-in-flight crash``, vllm#28714) or aborts them (``abort``) — the bug the agent must
   never trigger;
 * requests that arrive while paused or asleep wait and are served after ``/wake_up`` + ``/resume``;
-* faults on demand: ``--hang`` (an endpoint never answers), ``--slow-s`` (control calls answer late),
-  ``--die-on`` (the server exits when an endpoint is called);
-* ``--no-dev-mode`` answers 404 on the dev endpoints; ``--version`` < 0.17 has no ``/pause``
-  (the agent then drains through ``/metrics``).
+* ``/v1/completions`` and ``/v1/chat/completions`` answer in OpenAI's shapes for the served ``--model``
+  (another model is a 404, as vLLM answers it); the text starts with ``echo:`` and the prompt, so a client
+  can tell which request an answer belongs to;
+* faults on demand (:class:`Faults`, at start or at run time through ``POST /_fake/fault``): ``hang`` (an
+  endpoint never answers), ``slow_s`` (control calls, or those ``slow_on`` names, take effect and answer late),
+  ``fail`` (the first N calls of an endpoint answer HTTP 500 or a garbled body), ``die_on`` (the server exits
+  when an endpoint is called); ``POST /_fake/stop_listening`` closes the listening socket, the process lives on;
+* ``--no-dev-mode`` answers 404 on the dev endpoints; ``--version`` < 0.17 has no ``/pause``.
 
-Generation is simulated: ``max_tokens`` steps of ``--token-s`` seconds. ``GET /_fake/stats``
-reports completed/aborted counts. Run: ``python -m timeslice_verl.testing.fake_vllm --port 0``;
-it prints ``listening on http://127.0.0.1:<port>`` once ready.
+Generation is simulated: ``max_tokens`` steps of ``--token-s`` seconds. ``GET /_fake/stats`` reports
+completed/aborted counts. Run: ``python -m timeslice_verl.testing.fake_vllm --port 0``; it prints
+``listening on http://127.0.0.1:<port>`` once ready.
 """
 
 from __future__ import annotations
@@ -29,47 +33,62 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-
 CONTROL = ("pause", "resume", "sleep", "wake_up", "is_sleeping", "is_paused", "health")
 
 
+@dataclass
+class Faults:
+    """What the stand-in does wrong, by endpoint name (``pause``, or ``pause:keep`` for one mode)."""
+
+    hang: str = ""
+    """An endpoint that never answers: a broken engine."""
+    slow_s: float = 0.0
+    """Control calls take effect and answer this late: an overloaded server."""
+    slow_on: list[str] = field(default_factory=list)
+    """Only these endpoints are slow (empty: every control call)."""
+    fail: dict[str, list] = field(default_factory=dict)
+    """endpoint → [count, kind]: its next ``count`` calls answer HTTP 500 (``kind`` ``500``) or 200 with a body that
+    is not JSON (``garbage``)."""
+    die_on: str = ""
+    """An endpoint whose call makes the server exit at once: a crash mid-yield."""
+
+    @staticmethod
+    def names(path: str, query: dict[str, list[str]]) -> tuple[str, str]:
+        name = path.lstrip("/")
+        return name, f"{name}:{query.get('mode', [''])[0]}"
+
+    def update(self, data: dict[str, Any]) -> None:
+        for key, value in data.items():
+            if key == "fail":
+                value = {k: list(v) for k, v in value.items()}
+            setattr(self, key, value)
+
+
 class FakeVllm:
-    def __init__(
-        self, *, version: str = "0.24.0", dev_mode: bool = True, sleep_in_flight: str = "crash", token_s: float = 0.01,
-        fail_wake_up: bool = False,
-        hang: str = "",
-        slow_s: float = 0.0,
-        die_on: str = "",
-    ) -> None:
+    def __init__(self, *, version: str = "0.24.0", dev_mode: bool = True, sleep_in_flight: str = "crash",
+                 token_s: float = 0.01, fail_wake_up: bool = False, model: str = "m", faults: Faults | None = None,
+                 **fault_kwargs: Any) -> None:
         self.version = version
-        self.hang = hang
-        """An endpoint (``pause``, ``health``…, or ``pause:keep`` for one mode) that never answers: a broken engine."""
-        self.slow_s = slow_s
-        """Every control call (pause, sleep, wake_up, resume, is_*) answers this late: an overloaded server."""
-        self.die_on = die_on
-        """An endpoint whose call makes the server exit at once: a crash mid-yield."""
+        self.faults = faults or Faults(**fault_kwargs)
         self.fail_wake_up = fail_wake_up
+        self.model = model
         self.wake_up_calls = 0
         self.dev_mode = dev_mode
         self.sleep_in_flight = sleep_in_flight
         self.token_s = token_s
-        nums = tuple(int(x) for x in version.split(".")[:2])
-        self.has_pause = nums >= (0, 17)
+        self.has_pause = tuple(int(x) for x in version.split(".")[:2]) >= (0, 17)
         self.cond = threading.Condition()
-        self.sleeping = False
-        self.paused = False
+        self.sleeping = self.paused = False
         self.running: set[int] = set()
         self.aborting: set[int] = set()
         self.frozen = False  # pause mode=keep or asleep: running requests make no progress
         self.abort_epoch = 0  # bumped by an aborting sleep: fails the requests queued before it
-        self.waiting = 0
-        self.completed = 0
-        self.aborted = 0
-        self.sleeps = 0
+        self.waiting = self.completed = self.aborted = self.sleeps = 0
         self.pauses: dict[str, int] = {}
         self.child_pid = 0
         self._ids = 0
@@ -80,6 +99,7 @@ class FakeVllm:
                 "sleeping": self.sleeping, "paused": self.paused, "running": len(self.running), "waiting": self.waiting,
                 "completed": self.completed, "aborted": self.aborted, "sleeps": self.sleeps, "version": self.version,
                 "wake_up_calls": self.wake_up_calls, "pauses": dict(self.pauses), "child_pid": self.child_pid,
+                "pid": os.getpid(),
             }
 
     def generate(self, max_tokens: int) -> tuple[int, str]:
@@ -165,118 +185,167 @@ class FakeVllm:
             self.frozen = self.sleeping
             self.cond.notify_all()
 
+    def answer(self, url_path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """A completion in OpenAI's shape (or vLLM's 404 for a model it does not serve)."""
+        model = body.get("model", self.model)
+        if model != self.model:
+            return 404, {"object": "error", "message": f"The model `{model}` does not exist.", "type": "NotFoundError",
+                         "param": None, "code": 404}
+        chat = url_path.endswith("/chat/completions")
+        prompt = (body.get("messages") or [{}])[-1].get("content", "") if chat else body.get("prompt", "")
+        tokens, reason = self.generate(int(body.get("max_tokens", 16)))
+        text = f"echo:{str(prompt)[:64]}|" + "x" * tokens
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
+        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        with self.cond:
+            self._ids += 1
+            rid = self._ids
+        return 200, {"id": f"cmpl-{rid}", "object": "chat.completion" if chat else "text_completion",
+                     "created": int(time.time()), "model": model, "choices": [choice],
+                     "usage": {"prompt_tokens": len(str(prompt).split()), "completion_tokens": tokens,
+                               "total_tokens": len(str(prompt).split()) + tokens}}
 
-def make_handler(engine: FakeVllm) -> type[BaseHTTPRequestHandler]:
+
+def _get_routes(engine: FakeVllm) -> dict[str, Any]:
+    """GET path → (status, body[, content type]) makers."""
+    def metrics() -> tuple[int, str, str]:
+        s = engine.stats()
+        return 200, (f'vllm:num_requests_running{{model_name="{engine.model}"}} {float(s["running"])}\n'
+                     f'vllm:num_requests_waiting{{model_name="{engine.model}"}} {float(s["waiting"])}\n'), "text/plain"
+
+    return {
+        "/health": lambda: (200, {}),
+        "/v1/models": lambda: (200, {"object": "list", "data": [{"id": engine.model, "object": "model"}]}),
+        "/version": lambda: (200, {"version": engine.version}),
+        "/metrics": metrics,
+        "/is_sleeping": lambda: (200, {"is_sleeping": engine.stats()["sleeping"]}),
+        "/is_paused": lambda: (200, {"is_paused": engine.stats()["paused"]}) if engine.has_pause else (404, {"detail": "Not Found"}),
+        "/_fake/stats": lambda: (200, engine.stats()),
+    }
+
+
+def _post_control(engine: FakeVllm, path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
+    mode = query.get("mode", [None])[0]
+    if path == "/pause" and engine.has_pause:
+        engine.pause(mode or "abort")
+    elif path == "/resume" and engine.has_pause:
+        engine.resume()
+    elif path == "/sleep":
+        engine.sleep((mode or "abort") if engine.has_pause else None)
+    elif path == "/wake_up":
+        with engine.cond:
+            engine.wake_up_calls += 1
+        if engine.fail_wake_up:  # a broken engine: every wake-up fails
+            return 500, {"detail": "CUDA error: out of memory"}
+        engine.wake()
+    else:
+        return 404, {"detail": "Not Found"}
+    return 200, {}
+
+
+DEV_PATHS = ("/is_sleeping", "/is_paused", "/pause", "/resume", "/sleep", "/wake_up")
+
+
+def make_handler(engine: FakeVllm, server: FakeVllmServer | None = None) -> type[BaseHTTPRequestHandler]:
+    gets = _get_routes(engine)
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def setup(self) -> None:
             super().setup()
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms Nagle stalls
+            if server is not None:
+                server.connections.add(self.connection)
+
+        def finish(self) -> None:
+            super().finish()
+            if server is not None:
+                server.connections.discard(self.connection)
 
         def log_message(self, fmt: str, *args: Any) -> None:  # quiet
             pass
 
         def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
-            data = (json.dumps(body) if content_type == "application/json" else str(body)).encode()
+            data = body if isinstance(body, bytes) else (
+                json.dumps(body) if content_type == "application/json" else str(body)).encode()
             self.send_response(code)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
-        def _dev(self) -> bool:
-            if not engine.dev_mode:
+        def _fault(self, path: str, query: dict[str, list[str]]) -> bool:
+            """The injected faults; True when the call is answered (or never) by the fault itself."""
+            f = engine.faults
+            name, moded = Faults.names(path, query)
+            if f.die_on and f.die_on in (name, moded):
+                os._exit(3)
+            if f.slow_s and (name in f.slow_on or moded in f.slow_on or (not f.slow_on and name in CONTROL)):
+                time.sleep(f.slow_s)
+            if f.hang and f.hang in (name, moded):
+                time.sleep(3600)  # never answers
+                return True
+            for key in (moded, name):
+                count, kind = f.fail.get(key, (0, ""))
+                if count > 0:
+                    f.fail[key] = [count - 1, kind]
+                    if kind == "garbage":
+                        self._send(200, b"<html>oops", "text/html")
+                    else:
+                        self._send(500, {"detail": "injected"})
+                    return True
+            return False
+
+        def _route(self, path: str, query: dict[str, list[str]], post: bool) -> None:
+            if self._fault(path, query):
+                return
+            if path in DEV_PATHS and not engine.dev_mode:
                 self._send(404, {"detail": "Not Found"})
-            return engine.dev_mode
+            elif not post and path in gets:
+                self._send(*gets[path]())
+            elif post and path in ("/v1/completions", "/v1/chat/completions"):
+                self._complete(path)
+            elif post and path == "/_fake/fault":
+                engine.faults.update(self._json())
+                self._send(200, {})
+            elif post and path == "/_fake/stop_listening" and server is not None:
+                self._send(200, {})
+                threading.Thread(target=server.stop_listening, daemon=True).start()
+            elif post:
+                self._send(*_post_control(engine, path, query))
+            else:
+                self._send(404, {"detail": "Not Found"})
+
+        def _json(self) -> dict[str, Any]:
+            length = int(self.headers.get("Content-Length") or 0)
+            data = json.loads(self.rfile.read(length) or b"{}") if length else {}
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            return data
+
+        def _complete(self, path: str) -> None:
+            try:
+                body = self._json()
+                int(body.get("max_tokens", 16))
+            except (ValueError, TypeError):
+                self._send(400, {"object": "error", "message": "bad request", "type": "BadRequestError", "code": 400})
+                return
+            self._send(*engine.answer(path, body))
 
         def do_GET(self) -> None:
             url = urlparse(self.path)
-            if self._fault(url, parse_qs(url.query)):
-                return
-            if url.path == "/health":
-                self._send(200, {})
-            elif url.path == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": "m", "object": "model"}]})
-            elif url.path == "/version":
-                self._send(200, {"version": engine.version})
-            elif url.path == "/metrics":
-                s = engine.stats()
-                text = (
-                    f'vllm:num_requests_running{{model_name="m"}} {float(s["running"])}\n'
-                    f'vllm:num_requests_waiting{{model_name="m"}} {float(s["waiting"])}\n'
-                )
-                self._send(200, text, "text/plain")
-            elif url.path == "/is_sleeping":
-                if self._dev():
-                    self._send(200, {"is_sleeping": engine.stats()["sleeping"]})
-            elif url.path == "/is_paused":
-                if self._dev():
-                    if engine.has_pause:
-                        self._send(200, {"is_paused": engine.stats()["paused"]})
-                    else:
-                        self._send(404, {"detail": "Not Found"})
-            elif url.path == "/_fake/stats":
-                self._send(200, engine.stats())
-            else:
-                self._send(404, {"detail": "Not Found"})
-
-        def _fault(self, url: Any, query: dict[str, list[str]]) -> bool:
-            """The injected faults; True when the call is never answered."""
-            name = url.path.lstrip("/")
-            if engine.die_on and name == engine.die_on:
-                os._exit(3)
-            if engine.slow_s and name in CONTROL:
-                time.sleep(engine.slow_s)
-            if engine.hang and engine.hang in (name, f"{name}:{query.get('mode', [''])[0]}"):
-                time.sleep(3600)  # never answers
-                return True
-            return False
+            self._route(url.path, parse_qs(url.query), post=False)
 
         def do_POST(self) -> None:
             url = urlparse(self.path)
-            query = parse_qs(url.query)
-            if self._fault(url, query):
-                return
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            if url.path in ("/v1/completions", "/v1/chat/completions"):
-                try:
-                    body = json.loads(raw or b"{}")
-                    max_tokens = int(body.get("max_tokens", 16))
-                except (ValueError, TypeError):
-                    self._send(400, {"detail": "bad request"})
-                    return
-                tokens, reason = engine.generate(max_tokens)
-                self._send(200, {
-                    "object": "text_completion",
-                    "choices": [{"index": 0, "text": "x" * tokens, "finish_reason": reason}],
-                    "usage": {"completion_tokens": tokens},
-                })
-                return
-            if not self._dev():
-                return
-            if url.path == "/pause" and engine.has_pause:
-                engine.pause(query.get("mode", ["abort"])[0])
-                self._send(200, {})
-            elif url.path == "/resume" and engine.has_pause:
-                engine.resume()
-                self._send(200, {})
-            elif url.path == "/sleep":
-                engine.sleep(query.get("mode", ["abort"])[0] if engine.has_pause else None)
-                self._send(200, {})
-            elif url.path == "/wake_up":
-                with engine.cond:
-                    engine.wake_up_calls += 1
-                if engine.fail_wake_up:  # a broken engine: every wake-up fails
-                    self._send(500, {"detail": "CUDA error: out of memory"})
-                    return
-                engine.wake()
-                self._send(200, {})
-            else:
-                self._send(404, {"detail": "Not Found"})
+            self._route(url.path, parse_qs(url.query), post=True)
 
     return Handler
+
+
+class _V6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
 
 
 class FakeVllmServer:
@@ -284,44 +353,75 @@ class FakeVllmServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, **engine_kwargs: Any) -> None:
         self.engine = FakeVllm(**engine_kwargs)
-        self.httpd = ThreadingHTTPServer((host, port), make_handler(self.engine))
+        server_cls = _V6Server if ":" in host else ThreadingHTTPServer
+        self.httpd = server_cls((host, port), make_handler(self.engine, self))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="fake-vllm", daemon=True)
+        self.listening = True
+        self.connections: set[socket.socket] = set()
 
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def start(self) -> FakeVllmServer:
         self.thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop_listening(self) -> None:
+        """Close the listening socket (the API server is gone; the process and its "GPU memory" live on)."""
+        self.listening = False
         self.httpd.shutdown()
         self.httpd.server_close()
+        for conn in list(self.connections):  # kept-alive connections end too: clients meet whoever listens now
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        if self.listening:
+            self.stop_listening()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--version", default="0.24.0", dest="vllm_version")
+    ap.add_argument("--model", default="m", help="the served model's name")
     ap.add_argument("--no-dev-mode", action="store_true")
     ap.add_argument("--sleep-in-flight", choices=("crash", "abort"), default="crash")
     ap.add_argument("--token-s", type=float, default=0.01)
     ap.add_argument("--fail-wake-up", action="store_true", help="answer every /wake_up with 500 (a broken engine)")
     ap.add_argument("--hang", default="", help="an endpoint that never answers, e.g. wake_up, health, pause or pause:keep")
-    ap.add_argument("--slow-s", type=float, default=0.0, help="answer every control call this many seconds late")
+    ap.add_argument("--slow-s", type=float, default=0.0, help="answer control calls this many seconds late")
+    ap.add_argument("--slow-on", action="append", default=[], help="only this endpoint is slow (repeatable)")
+    ap.add_argument("--fail", action="append", default=[], metavar="ENDPOINT:COUNT[:500|garbage]",
+                    help="the next COUNT calls of ENDPOINT answer HTTP 500, or a body that is not JSON (repeatable)")
     ap.add_argument("--die-on", default="", help="exit at once when this endpoint is called, e.g. pause")
     ap.add_argument("--engine-child", action="store_true",
                     help="start a child process without the TIMESLICE_TENANT tag, as vLLM starts its engine core")
     ap.add_argument("--asleep", action="store_true", help="start paused and asleep (as an agent left it)")
-    a = ap.parse_args(argv)
-    server = FakeVllmServer(
-        a.host, a.port, version=a.vllm_version, dev_mode=not a.no_dev_mode, sleep_in_flight=a.sleep_in_flight, token_s=a.token_s,
-        fail_wake_up=a.fail_wake_up, hang=a.hang, slow_s=a.slow_s, die_on=a.die_on,
-    )
+    return ap.parse_args(argv)
+
+
+def _fail_spec(items: list[str]) -> dict[str, list]:
+    out = {}
+    for item in items:
+        parts = item.split(":")
+        kind = parts.pop() if parts[-1] in ("500", "garbage") else "500"
+        count = int(parts.pop())
+        out[":".join(parts)] = [count, kind]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _args(argv)
+    faults = Faults(hang=a.hang, slow_s=a.slow_s, slow_on=a.slow_on, fail=_fail_spec(a.fail), die_on=a.die_on)
+    server = FakeVllmServer(a.host, a.port, version=a.vllm_version, dev_mode=not a.no_dev_mode, model=a.model,
+                            sleep_in_flight=a.sleep_in_flight, token_s=a.token_s, fail_wake_up=a.fail_wake_up, faults=faults)
     if a.asleep:
         server.engine.sleeping = server.engine.paused = server.engine.frozen = True
     if a.engine_child:
@@ -333,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"listening on {server.url}", flush=True)
     try:
         server.httpd.serve_forever()
+        while not server.listening:  # the listener was closed on purpose: the process lives on
+            time.sleep(3600)
     except KeyboardInterrupt:
         pass
     return 0
