@@ -154,6 +154,12 @@ class FakeVllmProc:
         with urllib.request.urlopen(self.url + path, timeout=10) as resp:
             return json.loads(resp.read())
 
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        req = urllib.request.Request(self.url + path, data=json.dumps(body or {}).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read() or b"{}")
+
     def stats(self) -> dict[str, Any]:
         return self.get("/_fake/stats")
 

@@ -207,7 +207,8 @@ def test_a_holder_that_does_not_come_back_after_a_restart_is_released(tmp_path):
     try:
         client_a = agent.client()
         client_a.acquire("job-a")
-        agent.kill()  # the agent dies while job-a holds the GPU; job-a's client never reconnects
+        agent.kill()  # the agent dies while job-a holds the GPU; job-a's client never reconnects (it is gone too)
+        client_a.close()
         agent = AgentProc(tmp_path, tenant_url=vllm.url, extra=extra).start()
         with agent.client() as client_b:
             client_b.acquire("job-b", timeout_s=120)  # granted once job-a's grace (1 s) is over

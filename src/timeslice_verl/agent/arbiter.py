@@ -153,13 +153,7 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin, Snap
         t0 = time.monotonic()
         seq0 = self.seq
         if not job.holding:
-            fut = self.waiters.get(name)
-            if fut is None:
-                fut = asyncio.get_running_loop().create_future()
-                self.waiters[name] = fut
-                self.queue.append(name)
-                log.info("acquire: job %s queued (position %d)", name, len(self.queue))
-                self.wake()
+            fut = self._enqueue(name)
             self._waiting[name] = self._waiting.get(name, 0) + 1  # acquires of this job waiting on fut
             try:
                 await asyncio.wait_for(asyncio.shield(fut), timeout=timeout_s or None)
@@ -184,6 +178,35 @@ class Arbiter(RecoveryMixin, TenancyMixin, TransitionsMixin, WatchdogMixin, Snap
             # the names of 0.1, for clients of that version (one release): "restored" meant thawed
             "restored": bool(thaws), "bytes": job.frozen_bytes,
         }
+
+    def _enqueue(self, name: str) -> asyncio.Future:
+        """The job's place in the FIFO queue (a new one at the end): its future is done when it is granted."""
+        fut = self.waiters.get(name)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # an attach awaits nothing
+            self.waiters[name] = fut
+            self.queue.append(name)
+            log.info("acquire: job %s queued (position %d)", name, len(self.queue))
+            self.wake()
+        return fut
+
+    def attach(self, name: str, conn: int | None, *, holding: bool = False, peer_uid: int | None = None) -> dict[str, Any]:
+        """A client (back after this agent restarted) says the job is its own, and whether it holds the GPU. A
+        holder keeps the GPU however long its step lasts; one this agent no longer counts as holding (its record
+        was lost, or the grace ran out) gets the GPU back at once, as if it had asked."""
+        job = self.jobs.get(name)
+        if job is None and not holding:
+            return {"job": name, "attached": False, "holding": False}
+        job = self._job(name, conn, peer_uid)
+        if holding and not job.holding:
+            log.warning("job %s: its client holds the GPU by its own account, this agent did not count it: "
+                        "giving the GPU back to it", name)
+            self._enqueue(name)
+        elif holding:
+            log.info("job %s: its client came back and holds the GPU", name)
+        self._persist()
+        return {"job": name, "attached": True, "holding": job.holding, "queued": name in self.queue}
 
     def _stop_waiting(self, name: str) -> None:
         """One acquire gave up: the queue entry goes only when no other acquire of the job still waits."""

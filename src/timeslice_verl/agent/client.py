@@ -1,9 +1,13 @@
-"""The agent client: what the bundled agent plugin, the CLI and the demo use to talk to the agent.
+"""The agent client: what the bundled agent plugin, the CLI, the batch service and the demo use to talk to the agent.
 
-Synchronous and thread-safe (one request at a time per client). It keeps one connection open for
-the job's lifetime — the agent releases whatever a connection holds when it closes, which is how a
-crashed trainer gives the GPU back — and reconnects (for up to ``connect_timeout_s``) when the
-agent restarts, re-sending the request; every operation is idempotent on the agent side.
+Synchronous and thread-safe, with several requests in flight on one connection (replies carry the request's
+``id``): the trainer's thread may release while the way back's acquire still waits. The connection is kept for
+the job's lifetime — the agent releases whatever a connection holds when it closes, which is how a crashed
+trainer gives the GPU back. A reader thread sees the agent go away at once; it reconnects (for as long as
+the client has jobs, however long the agent's restart takes) and first tells the new agent which jobs are
+this client's and whether it holds the GPU (``attach``), so a trainer in the middle of a step is never taken
+for gone. Requests still waiting for a reply are sent again on the new connection (every operation is
+idempotent on the agent side); one that finds no agent within ``connect_timeout_s`` fails ``unreachable``.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +26,9 @@ from timeslice_verl.agent.protocol import MAX_REQUEST_BYTES, PROTOCOL_VERSION, p
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent.client")
+
+RECONNECT_MAX_S = 1.0
+"""The longest pause between two tries to reach an agent that went away."""
 
 
 class AgentError(RuntimeError):
@@ -32,44 +40,109 @@ class AgentError(RuntimeError):
         super().__init__(f"{message} [{code}]")
 
 
+@dataclass
+class _Request:
+    op: str
+    payload: bytes
+    done: threading.Event = field(default_factory=threading.Event)
+    reply: dict[str, Any] | None = None
+    error: AgentError | None = None
+    lost_at: float | None = None
+    """When the connection it was sent on went away (it is sent again on the next one)."""
+
+    def finish(self, reply: dict[str, Any] | None = None, error: AgentError | None = None) -> None:
+        self.reply, self.error = reply, error
+        self.done.set()
+
+
 class AgentClient:
     def __init__(self, path: str | Path, *, connect_timeout_s: float = 30.0, client: str = "timeslice-verl") -> None:
         self.path = str(path)
         self.connect_timeout_s = connect_timeout_s
         self.client = client
-        self._sock: socket.socket | None = None
-        self._buf = b""
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        """Guards the connection, the requests in flight and the jobs; never held while blocking on the socket."""
+        self._send_lock = threading.Lock()
+        self._connect_lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._pending: dict[int, _Request] = {}
+        self._jobs: dict[str, bool] = {}
+        """The jobs this client acted for, and whether it holds the GPU for each (what ``attach`` tells)."""
+        self._closed = False
+        self._reconnecting = False
 
     # ------------------------------------------------------------------ connection
 
-    def _connect(self) -> None:
-        deadline = time.monotonic() + self.connect_timeout_s
-        delay = 0.05
-        last: Exception | None = None
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(self.path)
-            except OSError as exc:
-                sock.close()
-                last = exc
-            else:
+    def _open(self) -> socket.socket:
+        """A connection checked to be served by our user (or root); raises OSError or AgentError."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.path)
+            self._check_server(sock)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _connect(self, deadline: float | None) -> bool:
+        """Connect, one thread at a time; True once connected. ``deadline``: raise ``unreachable`` past it; None:
+        keep trying for as long as the client has jobs or requests (the reconnect after the agent went away)."""
+        with self._connect_lock:
+            delay, last = 0.05, None
+            while True:
+                with self._lock:
+                    if self._sock is not None:
+                        return True
+                    if self._closed or (deadline is None and not (self._jobs or self._pending)):
+                        return False
+                self._expire()
                 try:
-                    self._check_server(sock)
-                except AgentError:
-                    sock.close()
-                    raise
-                self._sock, self._buf = sock, b""
-                return
-            if time.monotonic() >= deadline:
-                raise AgentError(
-                    "unreachable",
-                    f"no timeslice agent answers on {self.path} ({last}); start one with `timeslice-verl agent`",
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+                    sock = self._open()
+                except OSError as exc:
+                    last = exc
+                else:
+                    self._adopt(sock)
+                    return True
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise AgentError("unreachable", f"no timeslice agent answers on {self.path} ({last}); start one "
+                                     "with `timeslice-verl agent`")
+                time.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+
+    def _adopt(self, sock: socket.socket) -> None:
+        """Make ``sock`` the connection: tell the agent our jobs first, then send what waits for a reply again."""
+        with self._lock:
+            self._sock = sock
+            attach = [(next(self._ids), job, holding) for job, holding in self._jobs.items()]
+            resend = [r.payload for _, r in sorted(self._pending.items())]
+            for r in self._pending.values():
+                r.lost_at = None
+        threading.Thread(target=self._read, args=(sock,), daemon=True, name="timeslice-agent-reader").start()
+        for req_id, job, holding in attach:  # the new agent learns at once that these jobs are ours
+            msg = {"v": PROTOCOL_VERSION, "id": req_id, "op": "attach", "job": job, "holding": holding}
+            self._send(sock, json.dumps(msg).encode() + b"\n")
+        if attach:
+            log.warning("reattached job(s) %s to the agent on %s", ", ".join(j for _, j, _ in attach), self.path)
+        for payload in resend:
+            self._send(sock, payload)
+
+    def _send(self, sock: socket.socket, payload: bytes) -> None:
+        try:
+            with self._send_lock:
+                sock.sendall(payload)
+        except OSError:
+            self._lost(sock)  # the request is sent again once reconnected
+
+    def _expire(self) -> None:
+        """Fail the requests that have waited ``connect_timeout_s`` for a lost agent to come back."""
+        now = time.monotonic()
+        with self._lock:
+            expired = [i for i, r in self._pending.items() if r.lost_at is not None and now - r.lost_at >= self.connect_timeout_s]
+            requests = [self._pending.pop(i) for i in expired]
+        for r in requests:
+            r.finish(error=AgentError("unreachable", f"lost the agent on {self.path} during {r.op!r}; it did not come "
+                                      f"back within {self.connect_timeout_s:g} s"))
 
     def _check_server(self, sock: socket.socket) -> None:
         """Talk only to an agent of our own user (or root): a socket planted by someone else is refused."""
@@ -86,13 +159,87 @@ class AgentClient:
         if uid not in trusted:
             raise AgentError("untrusted", f"{self.path} is served by uid {uid}, not by you or root: refusing to use it")
 
+    def _read(self, sock: socket.socket) -> None:
+        """The reader of one connection: hands each reply to its request; at the end, reconnects."""
+        buf = b""
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+                if len(buf) > 64 * MAX_REQUEST_BYTES and b"\n" not in buf:
+                    break  # an oversized reply: this is no agent we can talk to
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    self._deliver(line)
+        except (OSError, ValueError):
+            pass
+        self._lost(sock)
+
+    def _deliver(self, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(msg, dict):
+            return
+        with self._lock:
+            if msg.get("id") is None:  # about the connection (refused, busy, too large): every request learns it
+                waiting, self._pending = list(self._pending.values()), {}
+            else:
+                request = self._pending.pop(msg.get("id"), None)  # type: ignore[arg-type]
+                waiting = [request] if request is not None else []
+        for request in waiting:
+            request.finish(reply=msg)
+
+    def _lost(self, sock: socket.socket) -> None:
+        with self._lock:
+            if self._sock is not sock:
+                return
+            self._sock = None
+            try:
+                sock.close()
+            except OSError:
+                pass
+            now = time.monotonic()
+            for r in self._pending.values():
+                r.lost_at = r.lost_at or now
+            if self._closed or self._reconnecting or not (self._jobs or self._pending):
+                return
+            self._reconnecting = True
+        log.warning("lost the agent on %s: reconnecting", self.path)
+        threading.Thread(target=self._reconnect, daemon=True, name="timeslice-agent-reconnect").start()
+
+    def _reconnect(self) -> None:
+        """The reader's reconnect: until connected again, or until the client has nothing left to wait for."""
+        while True:
+            try:
+                self._connect(None)
+            except AgentError as exc:  # a socket now served by someone else: nothing more to send there
+                log.error("could not reattach to the agent on %s: %s", self.path, exc)
+                with self._lock:
+                    failed, self._pending = list(self._pending.values()), {}
+                for r in failed:
+                    r.finish(error=exc)
+            with self._lock:
+                if self._sock is not None or self._closed or not (self._jobs or self._pending):
+                    self._reconnecting = False
+                    return
+
     def close(self) -> None:
         with self._lock:
-            if self._sock is not None:
-                try:
-                    self._sock.close()
-                finally:
-                    self._sock = None
+            self._closed = True
+            sock, self._sock = self._sock, None
+            pending, self._pending = list(self._pending.values()), {}
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        for r in pending:
+            r.finish(error=AgentError("closed", f"the client was closed during {r.op!r}"))
 
     def __enter__(self) -> AgentClient:
         return self
@@ -100,53 +247,48 @@ class AgentClient:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _roundtrip(self, payload: bytes, req_id: int, timeout_s: float | None) -> dict[str, Any]:
-        assert self._sock is not None
-        self._sock.settimeout(timeout_s)
-        self._sock.sendall(payload)
-        while True:
-            while b"\n" not in self._buf:
-                chunk = self._sock.recv(65536)
-                if not chunk:
-                    raise ConnectionResetError("agent closed the connection")
-                self._buf += chunk
-                if len(self._buf) > 64 * MAX_REQUEST_BYTES:
-                    raise ConnectionResetError("oversized response")
-            line, self._buf = self._buf.split(b"\n", 1)
-            msg = json.loads(line)
-            if msg.get("id") in (req_id, None):
-                return msg
+    # ------------------------------------------------------------------ requests
 
     def call(self, op: str, *, reply_timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
         """Send one request; return its ``result`` or raise :class:`AgentError`."""
+        req_id = next(self._ids)
+        request = _Request(op, json.dumps({"v": PROTOCOL_VERSION, "id": req_id, "op": op, **args}).encode() + b"\n")
         with self._lock:
-            req_id = next(self._ids)
-            payload = json.dumps({"v": PROTOCOL_VERSION, "id": req_id, "op": op, **args}).encode() + b"\n"
-            for attempt in (1, 2):
-                if self._sock is None:
-                    self._connect()
-                try:
-                    msg = self._roundtrip(payload, req_id, reply_timeout_s)
-                    break
-                except socket.timeout:
-                    self._drop()
-                    raise AgentError("timeout", f"the agent did not answer {op!r} within {reply_timeout_s:g} s") from None
-                except (ConnectionError, OSError, json.JSONDecodeError) as exc:
-                    self._drop()
-                    if attempt == 2:
-                        raise AgentError("unreachable", f"lost the agent on {self.path} during {op!r}: {exc}") from None
-                    log.warning("lost the agent during %s (%s): reconnecting", op, exc)
+            if self._closed:
+                self._closed = False  # a closed client may be used again: it reconnects (tools do)
+            self._pending[req_id] = request
+            sock = self._sock
+        try:
+            if sock is None:
+                self._connect(time.monotonic() + self.connect_timeout_s)  # sends what is pending, this one too
+            else:
+                self._send(sock, request.payload)
+            if not request.done.wait(reply_timeout_s):
+                raise AgentError("timeout", f"the agent did not answer {op!r} within {reply_timeout_s:g} s")
+        finally:
+            with self._lock:
+                self._pending.pop(req_id, None)
+        if request.error is not None:
+            raise request.error
+        msg = request.reply or {}
         if not msg.get("ok"):
             err = msg.get("error") or {}
             raise AgentError(str(err.get("code", "error")), str(err.get("message", msg)))
         return msg.get("result") or {}
 
-    def _drop(self) -> None:
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            finally:
-                self._sock = None
+    def _job_call(self, op: str, job: str, holding: bool | None, **kwargs: Any) -> dict[str, Any]:
+        """A request that acts for ``job``: the client keeps the job to reattach it (and whether it holds)."""
+        with self._lock:
+            self._jobs.setdefault(job, False)
+        result = self.call(op, job=job, **kwargs)
+        with self._lock:
+            if holding is None:
+                pass
+            elif op == "release" and kwargs.get("done"):
+                self._jobs.pop(job, None)
+            else:
+                self._jobs[job] = holding
+        return result
 
     # ------------------------------------------------------------------ operations
 
@@ -158,39 +300,39 @@ class AgentClient:
 
     def acquire(self, job: str, *, timeout_s: float | None = None, pids: list[int] | None = None) -> dict[str, Any]:
         """Block until ``job``'s processes own the GPU."""
-        args: dict[str, Any] = {"job": job}
+        args: dict[str, Any] = {}
         if timeout_s:
             args["timeout_s"] = timeout_s
         if pids:
             args["pids"] = list(pids)
-        return self.call("acquire", reply_timeout_s=(timeout_s + 30) if timeout_s else None, **args)
+        return self._job_call("acquire", job, True, reply_timeout_s=(timeout_s + 30) if timeout_s else None, **args)
 
     def release(
         self, job: str, *, wait: bool = False, done: bool = False, swap: str = "checkpoint",
         parked: list[dict[str, int]] | None = None,
     ) -> dict[str, Any]:
         """Give the GPU back; ``done``: the job has ended, so forget it instead of freezing its exiting processes.
-        ``swap`` ``park``/``park+checkpoint``: the workers parked their tensors (``parked``: one
+        ``swap`` other than ``checkpoint``: the workers parked their tensors or keep them (``parked``: one
         ``{"pid", "parked", "kept"}`` per worker), so the agent locks (and checkpoints) only what is left."""
-        args: dict[str, Any] = {"job": job, "wait": wait}
+        args: dict[str, Any] = {"wait": wait}
         if done:
             args["done"] = True
         if swap != "checkpoint":
             args["swap"] = swap
             args["parked"] = [{"pid": int(r["pid"]), "parked": int(r["parked"]), "kept": int(r["kept"])} for r in parked or []]
-        return self.call("release", reply_timeout_s=None if wait else 30, **args)
+        return self._job_call("release", job, False, reply_timeout_s=None if wait else 30, **args)
 
     def prepare(self, job: str, *, ttl_s: float | None = None) -> dict[str, Any]:
-        args: dict[str, Any] = {"job": job}
+        args: dict[str, Any] = {}
         if ttl_s:
             args["ttl_s"] = ttl_s
-        return self.call("prepare", reply_timeout_s=30, **args)
+        return self._job_call("prepare", job, None, reply_timeout_s=30, **args)
 
     def register_pids(self, job: str, pids: list[int]) -> dict[str, Any]:
-        return self.call("register_pids", job=job, pids=list(pids), reply_timeout_s=30)
+        return self._job_call("register_pids", job, None, pids=list(pids), reply_timeout_s=30)
 
-    def register_tenant(self, url: str, *, sleep_level: int = 1) -> dict[str, Any]:
-        return self.call("register_tenant", url=url, sleep_level=sleep_level, reply_timeout_s=120)
+    def register_tenant(self, url: str, *, sleep_level: int = 1, **supervisor: Any) -> dict[str, Any]:
+        return self.call("register_tenant", url=url, sleep_level=sleep_level, reply_timeout_s=120, **supervisor)
 
     def unregister_tenant(self) -> dict[str, Any]:
         return self.call("unregister_tenant", reply_timeout_s=120)

@@ -78,6 +78,7 @@ OPS: dict[str, dict[str, Field]] = {
                 "parked": Field("parked")},
     "prepare": {"job": Field("job", True), "ttl_s": Field("number")},
     "register_pids": {"job": Field("job", True), "pids": Field("pids", True)},
+    "attach": {"job": Field("job", True), "holding": Field("bool")},
     "status": {},
     "register_tenant": {"url": Field("url", True), "sleep_level": Field("level")},
     "unregister_tenant": {},

@@ -283,6 +283,8 @@ class AgentServer:
             return a.prepare(args["job"], conn, args.get("ttl_s"))
         if op == "register_pids":
             return a.register_pids(args["job"], args["pids"], conn, peer_uid)
+        if op == "attach":
+            return a.attach(args["job"], conn, holding=args.get("holding", False), peer_uid=peer_uid)
         if op == "register_tenant":
             return await a.register_tenant(args["url"], args.get("sleep_level", 1))
         if op == "unregister_tenant":
