@@ -71,6 +71,7 @@ class AgentClient:
         """The jobs this client acted for, and whether it holds the GPU for each (what ``attach`` tells)."""
         self._closed = False
         self._reconnecting = False
+        self._was_connected = False
 
     # ------------------------------------------------------------------ connection
 
@@ -86,17 +87,21 @@ class AgentClient:
         return sock
 
     def _connect(self, deadline: float | None) -> bool:
-        """Connect, one thread at a time; True once connected. ``deadline``: raise ``unreachable`` past it; None:
-        keep trying for as long as the client has jobs or requests (the reconnect after the agent went away)."""
-        with self._connect_lock:
-            delay, last = 0.05, None
-            while True:
+        """Connect; True once connected. ``deadline``: raise ``unreachable`` past it; None: keep trying for as long
+        as the client has jobs or requests (the reconnect after the agent went away). One attempt at a time, and
+        no lock held between attempts: a caller with a deadline of its own is never kept waiting behind it."""
+        delay, last = 0.05, None
+        while True:
+            with self._lock:
+                if self._sock is not None:
+                    return True
+                if self._closed or (deadline is None and not (self._jobs or self._pending)):
+                    return False
+            self._expire()
+            with self._connect_lock:
                 with self._lock:
                     if self._sock is not None:
                         return True
-                    if self._closed or (deadline is None and not (self._jobs or self._pending)):
-                        return False
-                self._expire()
                 try:
                     sock = self._open()
                 except OSError as exc:
@@ -104,17 +109,18 @@ class AgentClient:
                 else:
                     self._adopt(sock)
                     return True
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise AgentError("unreachable", f"no timeslice agent answers on {self.path} ({last}); start one "
-                                     "with `timeslice-verl agent`")
-                time.sleep(delay)
-                delay = min(delay * 2, RECONNECT_MAX_S)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise AgentError("unreachable", f"no timeslice agent answers on {self.path} ({last}); start one "
+                                 "with `timeslice-verl agent`")
+            time.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX_S)
 
     def _adopt(self, sock: socket.socket) -> None:
         """Make ``sock`` the connection: tell the agent our jobs first, then send what waits for a reply again."""
         with self._lock:
             self._sock = sock
-            attach = [(next(self._ids), job, holding) for job, holding in self._jobs.items()]
+            again, self._was_connected = self._was_connected, True  # the first connection has nothing to reattach
+            attach = [(next(self._ids), job, holding) for job, holding in self._jobs.items()] if again else []
             resend = [r.payload for _, r in sorted(self._pending.items())]
             for r in self._pending.values():
                 r.lost_at = None
@@ -336,6 +342,10 @@ class AgentClient:
 
     def unregister_tenant(self) -> dict[str, Any]:
         return self.call("unregister_tenant", reply_timeout_s=120)
+
+    def watch_owner(self, seen: str, timeout_s: float = 10.0) -> dict[str, Any]:
+        """Block until the GPU's owner is no longer ``seen`` (or ``timeout_s``); ``{"owner", "tenant"}``."""
+        return self.call("watch_owner", seen=seen, timeout_s=timeout_s, reply_timeout_s=timeout_s + 30)
 
 
 def wait_for_agent(path: str | Path, timeout_s: float = 30.0) -> dict[str, Any]:

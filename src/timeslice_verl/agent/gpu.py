@@ -35,6 +35,7 @@ class NvmlProbe:
         bad = [i for i in indices if i >= count]
         if bad:
             raise ValueError(f"timeslice.agent.gpus: GPU index {bad[0]} does not exist (NVML sees {count} GPU(s))")
+        self.indices = list(indices)
         self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
         driver = pynvml.nvmlSystemGetDriverVersion()
         self.driver_version = driver.decode() if isinstance(driver, bytes) else str(driver)
@@ -65,6 +66,15 @@ class NvmlProbe:
                 for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
                     used = proc.usedGpuMemory if isinstance(proc.usedGpuMemory, int) else 0
                     out[int(proc.pid)] = out.get(int(proc.pid), 0) + int(used or 0)
+        return out
+
+    def gpus_of(self, pids: list[int]) -> list[int]:
+        """The agent's GPU indices on which any of ``pids`` runs a compute context."""
+        wanted, out = set(pids), []
+        with self._lock:
+            for index, handle in zip(self.indices, self._handles):
+                if any(int(p.pid) in wanted for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)):
+                    out.append(index)
         return out
 
     def used_by(self, pids: list[int]) -> int:

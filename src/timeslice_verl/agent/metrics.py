@@ -31,9 +31,11 @@ class AgentMetrics:
         self.ladder = Counter("timeslice_tenant_ladder", "Tenant yields that went past the polite step, by the step "
                               "they ended on (abort, kill)", ["step"], registry=r)
         self.owner = Gauge("timeslice_gpu_owner", "1 for the current owner of the GPU", ["owner"], registry=r)
+        self.wedged = Counter("timeslice_tenant_wedged", "Times a tenant server stopped answering the agent's probe while "
+                              "it had the GPU", registry=r)
         self._arbiter = arbiter
         self._owners: set[str] = set()
-        arbiter.listeners.append(self.observe)
+        arbiter.journal.listeners.append(self.observe)
         self._update_owner()
 
     def observe(self, kind: str, data: dict[str, Any]) -> None:
@@ -47,6 +49,8 @@ class AgentMetrics:
                 self.transition_bytes.labels(action=action).inc(data["bytes"])
         elif kind == "ladder":
             self.ladder.labels(step=data["step"]).inc()
+        elif kind == "wedged":
+            self.wedged.inc()
         elif kind == "acquire":
             self.acquire_wait.labels(job=data["job"]).observe(data["waited_s"])
         self._update_owner()

@@ -67,7 +67,7 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True)
 class Field:
-    kind: str  # job | number | bool | pids | url | level | str | swap | parked
+    kind: str  # job | number | bool | pids | url | level | str | swap | parked | supervisor
     required: bool = False
 
 
@@ -80,8 +80,9 @@ OPS: dict[str, dict[str, Field]] = {
     "register_pids": {"job": Field("job", True), "pids": Field("pids", True)},
     "attach": {"job": Field("job", True), "holding": Field("bool")},
     "status": {},
-    "register_tenant": {"url": Field("url", True), "sleep_level": Field("level")},
+    "register_tenant": {"url": Field("url", True), "sleep_level": Field("level"), "supervisor": Field("supervisor")},
     "unregister_tenant": {},
+    "watch_owner": {"seen": Field("str"), "timeout_s": Field("number")},
 }
 
 
@@ -124,6 +125,8 @@ def _check(name: str, field: Field, value: Any) -> Any:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: {value!r:.60} is not one of {', '.join(SWAP_MODES)}")
     elif kind == "parked":
         value = _parked(name, value)
+    elif kind == "supervisor":
+        value = _supervisor(name, value)
     elif kind == "str":
         if not isinstance(value, str) or len(value) > 200:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected a short string")
@@ -148,6 +151,28 @@ def _parked(name: str, value: Any) -> list[dict[str, int]]:
                                 f"\"kept\": bytes}}, got {item!r:.200}")
         out.append({"pid": item["pid"], "parked": item["parked"], "kept": item["kept"]})
     return out
+
+
+SUPERVISOR_FIELDS = {"pid": "count", "restarts": "count", "last_exit": "str", "started": "number", "start_s": "number",
+                     "restart_s": "number"}
+
+
+def _supervisor(name: str, value: Any) -> dict[str, Any]:
+    """What a tenant supervisor says of the server it (re)started: its pid, restarts, last exit, when it registered
+    it, how long it took to answer (``start_s``) and the last restart (``restart_s``: from its exit to its return)."""
+    if not isinstance(value, dict) or not set(value) <= set(SUPERVISOR_FIELDS):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected an object with some of "
+                            f"{', '.join(SUPERVISOR_FIELDS)}, got {value!r:.200}")
+    for key, kind in SUPERVISOR_FIELDS.items():
+        item = value.get(key)
+        if item is None:
+            continue
+        ok = (_count(item) and item < 2**31 if kind == "count" else
+              isinstance(item, str) and len(item) <= 300 and item.isprintable() if kind == "str" else
+              isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item))
+        if not ok:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: {key} is not a valid {kind}: {item!r:.100}")
+    return dict(value)
 
 
 def url_parts_ok(url: str) -> bool:

@@ -1,110 +1,99 @@
-"""Restart recovery: what the persisted state says, checked against what the driver reports now.
-"""
+"""Start and shutdown: what the persisted state says, checked against what the driver reports now; and on the way
+out, every frozen job thawed and the tenant woken, so nothing is left frozen or asleep."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import time
+from typing import Any
 
 from timeslice_verl.agent import procfs
+from timeslice_verl.agent.freeze.base import ProcState, ThawError
+from timeslice_verl.agent.executor import identities
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import FAULTED, FROZEN, RUNNING, TRANSITIONING, Job, TenantRecord
-from timeslice_verl.agent.tenant import ASLEEP, DEAD, TenantError
-from timeslice_verl.agent.freeze.base import ProcState, ThawError
+from timeslice_verl.agent.tenant import ASLEEP, TenantError
 from timeslice_verl.log import get_logger
 from timeslice_verl.names import split_urls
 
 log = get_logger("agent")
 
-SHUTDOWN_STEP_S = 10.0
-"""How long shutdown waits for each step (a transition to stop, the tenant to wake) before going on."""
-
-
 START_REGISTER_S = 5.0
 """How long the agent's start waits for the configured tenant to answer its registration."""
 
 
-class RecoveryMixin:
-    """Start: bring recorded jobs back to a consistent state, wake a tenant left asleep, start the loops.
-    Shutdown: thaw every frozen job and wake the tenant, so nothing is left frozen."""
+class Recovery:
+    """The arbiter's start and shutdown (it owns no state: it brings the other parts' to a consistent one)."""
+
+    def __init__(self, arbiter: Any, shutdown_timeout_s: float = 10.0) -> None:
+        self.a = arbiter
+        self.shutdown_timeout_s = shutdown_timeout_s
 
     async def start(self, tenant_url: str = "", sleep_level: int = 1) -> None:
         """Reconcile the persisted state with reality, then start the reconciler and the watchdog."""
-        self.configured_tenant_url = ",".join(split_urls(tenant_url)) if tenant_url else ""
-        jobs, tenant_rec, extra = self.store.load()
+        a, t = self.a, self.a.tenancy
+        t.configured_url = ",".join(split_urls(tenant_url)) if tenant_url else ""
+        jobs, record, extra = a.store.load()
         for name in extra.get("salvaged_jobs", []):  # the record is lost: thaw what this agent may have frozen
             await self._thaw_tagged(name)
         await self._thaw_salvaged(extra.get("salvaged_procs", []))
         for job in jobs.values():
             await self._reconcile_job(job)
-        self.jobs = {name: job for name, job in jobs.items() if job.procs or job.registered or job.holding}
-        for job in self.jobs.values():  # its client must come back to keep the GPU, or to keep it frozen (watchdog)
+        a.book.jobs = {name: job for name, job in jobs.items() if job.procs or job.registered or job.holding}
+        for job in a.book.jobs.values():  # its client must come back to keep the GPU, or to keep it frozen (watchdog)
             job.orphaned_at = time.monotonic()
+            job.cursor = a.journal.seq
         url, level = tenant_url, sleep_level
-        if tenant_rec and tenant_rec.url.rstrip("/") != self.configured_tenant_url:
+        if record and record.url.rstrip("/") != t.configured_url:
             if tenant_url:  # the configured tenant replaces the recorded one: never leave that one asleep
-                await self._wake_forgotten(tenant_rec)
+                await self._wake_forgotten(record)
             else:
-                url, level = tenant_rec.url, tenant_rec.sleep_level
+                url, level = record.url, record.sleep_level
         if url:
             try:  # a tenant that hangs never holds up the agent's start: it is retried like a dead one
-                await asyncio.wait_for(self.register_tenant(url, level, persist=False), START_REGISTER_S)
+                await asyncio.wait_for(t.register(url, level, persist=False), START_REGISTER_S)
             except (TenantError, ProtocolError, asyncio.TimeoutError) as exc:
-                if isinstance(exc, asyncio.TimeoutError):
-                    exc = TenantError(f"no answer within {START_REGISTER_S:g} s")
-                log.error("tenant %s: %s (will retry)", url, exc)
-                self.tenant = self._make_tenant(url, level)
-                self.tenant_rec = TenantRecord(url=url, state=DEAD, sleep_level=level, error=str(exc))
-        self._persist()
-        self.store.start_writer()  # from now on the state file is written off the event loop
-        self._tasks = [asyncio.create_task(self._reconciler(), name="reconciler"), asyncio.create_task(self._watchdog(), name="watchdog")]
-        self.wake()
+                why = f"no answer within {START_REGISTER_S:g} s" if isinstance(exc, asyncio.TimeoutError) else str(exc)
+                log.error("tenant %s: %s (will retry)", url, why)
+                t.adopt_dead(url, level, why)
+        a.persist()
+        a.store.start_writer()  # from now on the state file is written off the event loop
 
     async def shutdown(self) -> None:
         """Stop serving; thaw every frozen job and wake the tenant, so nothing is left frozen. Once."""
-        if self.shutting_down:
-            return
-        self.shutting_down = True
-        for _name, fut in list(self.waiters.items()):
-            if not fut.done():
-                fut.set_exception(ProtocolError(ErrorCode.SHUTTING_DOWN, "the agent is shutting down"))
-        self.queue.clear()
-        self.waiters.clear()
-        if self.current.startswith("tenant"):  # an HTTP call to the tenant (maybe hanging): safe to cancel
-            for task in self._tasks:
-                task.cancel()
-        # A freeze or thaw in progress finishes first (its driver calls have timeouts): cancelling the
-        # coroutine would not stop the driver thread, and thawing beside it could race it.
-        await self._step_lock.acquire()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await asyncio.wait_for(task, SHUTDOWN_STEP_S)
-            except (asyncio.CancelledError, asyncio.TimeoutError, Exception):
-                pass
-        for job in list(self.jobs.values()):
-            if job.state in (FROZEN, FAULTED, TRANSITIONING) and job.pids():
+        a = self.a
+        a.book.closed = True
+        a.book.fail_all(ProtocolError(ErrorCode.SHUTTING_DOWN, "the agent is shutting down"))
+        if a.executor.current.startswith("tenant") or a.current.startswith("tenant"):
+            a.cancel_tasks()  # an HTTP call to the tenant (maybe hanging): safe to cancel
+        # A freeze or thaw in progress finishes first (its driver calls have timeouts): cancelling the coroutine
+        # would not stop the driver thread, and thawing beside it could race it.
+        await a.step_lock.acquire()
+        try:
+            await a.stop_tasks(self.shutdown_timeout_s)
+            for job in list(a.book.jobs.values()):
+                if job.state in (FROZEN, FAULTED, TRANSITIONING) and job.pids():
+                    try:
+                        await a.executor.thaw(job, reason="agent shutdown")
+                    except Exception as exc:
+                        log.error("shutdown: job %s could not be thawed: %s", job.name, exc)
+            t = a.tenancy
+            if t.tenant is not None and t.record and t.record.state in (ASLEEP, TENANT_FAULTED):
                 try:
-                    await self._thaw(job, reason="agent shutdown")
-                except Exception as exc:
-                    log.error("shutdown: job %s could not be thawed: %s", job.name, exc)
-        if self.tenant is not None and self.tenant_rec and self.tenant_rec.state in (ASLEEP, TENANT_FAULTED):
-            try:
-                await asyncio.wait_for(self._tenant_reclaim(check_memory=True), SHUTDOWN_STEP_S)
-            except (Exception, asyncio.TimeoutError) as exc:
-                log.error("shutdown: tenant could not be woken: %r", exc)
-        self._persist()
-        await asyncio.to_thread(self.store.close)  # the last state is on disk before the agent exits
-        if self.tenant is not None:
-            await self.tenant.close()
-        self.backend.close()
-        self._step_lock.release()
+                    await asyncio.wait_for(t.reclaim(check_memory=True), self.shutdown_timeout_s)
+                except (Exception, asyncio.TimeoutError) as exc:
+                    log.error("shutdown: tenant could not be woken: %r", exc)
+            a.persist()
+            await asyncio.to_thread(a.store.close)  # the last state is on disk before the agent exits
+            await t.close()
+            a.executor.backend.close()
+        finally:
+            a.step_lock.release()
 
     async def _wake_forgotten(self, record: TenantRecord) -> None:
-        old = self._make_tenant(record.url, record.sleep_level)
+        old = self.a.tenancy.make(record.url, record.sleep_level)
         try:
             await old.register()
             if old.state == ASLEEP:
@@ -116,25 +105,26 @@ class RecoveryMixin:
             await old.close()
 
     async def _thaw_salvaged(self, procs: list[procfs.ProcId]) -> None:
-        """Thaw the processes a broken state file still names (a registered worker carries no tag), each only
-        if it is still the very process recorded (same start time) and the driver reports it frozen."""
+        """Thaw the processes a broken state file still names (a registered worker carries no tag), each only if it
+        is still the very process recorded (same start time) and the driver reports it frozen."""
         await self._thaw_frozen([p.pid for p in procs if procfs.identify(p.pid) == p], "the processes it still named")
 
     async def _thaw_tagged(self, name: str) -> None:
         """Thaw the processes tagged for job ``name`` that the driver does not report as running."""
-        pids = await asyncio.to_thread(self.backend.discover, name, [], {os.getpid()})
+        pids = await asyncio.to_thread(self.a.executor.backend.discover, name, [], {os.getpid()})
         await self._thaw_frozen(pids, f"job {name}'s processes")
 
     async def _thaw_frozen(self, pids: list[int], what: str) -> None:
         """After a broken state file: thaw those of ``pids`` the driver reports locked or checkpointed."""
         if not pids:
             return
-        states = await asyncio.to_thread(self.backend.states, pids)
+        backend = self.a.executor.backend
+        states = await asyncio.to_thread(backend.states, pids)
         frozen = [pid for pid, state in states.items() if state in (ProcState.CHECKPOINTED, ProcState.LOCKED)]
         if not frozen:
             return
         try:
-            await asyncio.to_thread(self.backend.thaw, frozen)
+            await asyncio.to_thread(backend.thaw, frozen)
             log.warning("restart: the state file was invalid; thawed %s: %s", what, frozen)
         except ThawError as exc:
             log.error("restart: could not thaw %s %s: %s", what, frozen, exc)
@@ -149,7 +139,8 @@ class RecoveryMixin:
             job.state, job.frozen_bytes = RUNNING, 0
             log.info("restart: job %s has no live process any more (was %s %s)", job.name, *before)
             return
-        states = await asyncio.to_thread(self.backend.states, pids)
+        backend = self.a.executor.backend
+        states = await asyncio.to_thread(backend.states, pids)
         values = set(states.values()) - {ProcState.GONE}
         if values == {ProcState.CHECKPOINTED}:
             job.state = FROZEN
@@ -159,7 +150,7 @@ class RecoveryMixin:
             job.state, job.fault = FAULTED, f"driver reports FAILED for pid(s) {[p for p, s in states.items() if s == ProcState.FAILED]}"
         else:  # interrupted mid-transition: bring the job back to running, consistently
             try:
-                await asyncio.to_thread(self.backend.thaw, pids, self._identities(job))
+                await asyncio.to_thread(backend.thaw, pids, identities(job))
                 job.state = RUNNING
             except ThawError as exc:
                 job.state = FROZEN if exc.still_frozen else FAULTED
@@ -167,3 +158,5 @@ class RecoveryMixin:
         log.info("restart: job %s was %s, processes %s are %s -> %s", job.name, before[0], pids,
                  sorted({s.value for s in states.values()}), job.state)
 
+
+__all__ = ["Recovery", "START_REGISTER_S"]

@@ -1,21 +1,45 @@
-"""The tenant's registration: which vLLM the agent lends the GPU to, and the rule for who may change it."""
+"""The agent's tenant: which vLLM it lends the GPU to, its moves (yield down the reclaim ladder, reclaim), and what
+the agent sees of it between moves.
+
+* **Registration** — a loopback URL, or the one the agent was started with; one at a time (an ``ok`` means it);
+  a supervisor (``timeslice-verl tenant run``) registers each server it (re)starts and says how often and why.
+* **Moves** — a yield within ``tenant.reclaim_deadline_s`` (:mod:`~timeslice_verl.agent.ladder`), a reclaim that
+  gives way to a trainer that asks. A move that fails marks the tenant dead or faulted, with a backoff before the
+  next try; a tenant the ladder could not stop is tried again only after a long one.
+* **The probe** — while the tenant has the GPU, every ``tenant.probe_interval_s`` the agent asks each server the
+  state it is in: one that does not answer twice in a row is *wedged* (status, metrics, log; reclaiming it goes
+  straight to the kill), one that says it is asleep or paused while recorded awake (a request given up on that
+  landed late) is recorded asleep, so the reconciler wakes it: the state the agent reports is the tenant's.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import time
 import urllib.parse
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import httpx
 
+from timeslice_verl.agent import tenant_proc
+from timeslice_verl.agent.journal import Journal
+from timeslice_verl.agent.ladder import TenantKilled, yield_within
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import TenantRecord
-from timeslice_verl.agent.tenant import ASLEEP, TenantError, TenantGroup, VllmTenant, make_tenant
-from timeslice_verl.names import split_urls
+from timeslice_verl.agent.tenant import ASLEEP, AWAKE, DEAD, TenantDead, TenantError, VllmTenant, make_tenant
+from timeslice_verl.agent.tenant_group import TenantGroup
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import split_urls
 
 log = get_logger("agent")
+
+WEDGED_AFTER = 2
+"""Probes in a row without an answer before a tenant is taken for wedged."""
+STOPPED_BACKOFF_S = 30.0
+"""After a ladder that found nothing it could stop, the first wait before the tenant is registered again (doubling)."""
+BACKOFF_MAX_S = 300.0
 
 
 def _loopback(url: str) -> bool:
@@ -28,24 +52,68 @@ def _loopback(url: str) -> bool:
         return False
 
 
-class TenancyMixin:
-    """Register, replace and forget the tenant (a tenant is never left asleep when it is forgotten)."""
+class ReclaimAbandoned(Exception):
+    """A tenant reclaim gave way to a trainer that asked for the GPU."""
 
-    async def register_tenant(self, url: str, sleep_level: int = 1, *, persist: bool = True) -> dict[str, Any]:
-        """Register (or re-check) the tenant. Registrations and unregistrations run one at a time, so
-        an answer ``ok`` always means the tenant is registered when it is sent."""
-        async with self._tenancy_lock:
-            return await self._register_tenant(url, sleep_level, persist)
 
-    async def _register_tenant(self, url: str, sleep_level: int, persist: bool) -> dict[str, Any]:
+class Tenancy:
+    def __init__(self, journal: Journal, *, step_lock: asyncio.Lock, persist: Callable[[], None],
+                 wake: Callable[[], None], trainer_waiting: Callable[[], str | None], room: Callable[[int], bool],
+                 request_timeout_s: float = 30.0, drain_timeout_s: float = 600.0, pause_mode: str = "keep",
+                 reclaim_deadline_s: float = 10.0, probe_timeout_s: float = 2.0) -> None:
+        self.journal, self.step_lock, self.persist, self.wake = journal, step_lock, persist, wake
+        self.trainer_waiting, self.room = trainer_waiting, room
+        self.request_timeout_s, self.drain_timeout_s, self.pause_mode = request_timeout_s, drain_timeout_s, pause_mode
+        self.reclaim_deadline_s, self.probe_timeout_s = reclaim_deadline_s, probe_timeout_s
+        self.configured_url = ""
+        """The tenant URL of the agent's own config: the one URL a client may not choose freely."""
+        self.tenant: VllmTenant | TenantGroup | None = None
+        self.record: TenantRecord | None = None
+        self.footprint = 0
+        """What the tenant takes on the GPU awake (NVML: what its sleep freed)."""
+        self.ladder_counts: dict[str, int] = {}
+        self.ladder_last = ""
+        self.wedged: set[str] = set()
+        self._misses: dict[str, int] = {}
+        self.supervisor: dict[str, Any] = {}
+        self.backoff_s = 0.0
+        self.retry_at = 0.0
+        """After a failed move: not before this (``time.monotonic``)."""
+        self.next_probe = 0.0
+        """When a dead or faulted tenant is asked again whether it answers."""
+        self.lock = asyncio.Lock()
+        """Held by a registration or unregistration (one at a time; taken before the step lock)."""
+
+    @property
+    def state(self) -> str:
+        return self.record.state if (self.tenant is not None and self.record) else ""
+
+    def make(self, url: str, sleep_level: int) -> VllmTenant | TenantGroup:
+        return make_tenant(url, sleep_level=sleep_level, request_timeout_s=self.request_timeout_s,
+                           drain_timeout_s=self.drain_timeout_s, pause_mode=self.pause_mode)
+
+    # ------------------------------------------------------------------ registration
+
+    async def register(self, url: str, sleep_level: int = 1, *, persist: bool = True,
+                       supervisor: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Register (or re-check) the tenant: an answer ``ok`` means it is registered when it is sent."""
+        async with self.lock:
+            out = await self._register(url, sleep_level, persist)
+        if supervisor:
+            self.supervisor = {**supervisor, "at": time.time()}
+            log.info("tenant %s: registered by its supervisor (pid %s, %s restart(s)%s)", url, supervisor.get("pid"),
+                     supervisor.get("restarts", 0), f"; last: {supervisor['last_exit']}" if supervisor.get("last_exit") else "")
+        return out
+
+    async def _register(self, url: str, sleep_level: int, persist: bool) -> dict[str, Any]:
         url = ",".join(split_urls(url))
-        if not all(_loopback(u) for u in split_urls(url)) and url != self.configured_tenant_url:
+        if not all(_loopback(u) for u in split_urls(url)) and url != self.configured_url:
             raise ProtocolError(ErrorCode.PERMISSION, f"tenant {url!r} is not on this node (loopback): only the URL the agent "
                                 "was started with (timeslice.tenant.url) may point elsewhere")
         if self.tenant is not None and self.tenant.url != url:
             raise ProtocolError(ErrorCode.BUSY, f"a tenant is already registered ({self.tenant.url}); unregister it first")
         try:
-            tenant = self.tenant or self._make_tenant(url, sleep_level)
+            tenant = self.tenant or self.make(url, sleep_level)
         except (httpx.InvalidURL, ValueError) as exc:  # what the HTTP client refuses is the request's fault
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field 'url': {url!r:.200} is not a URL an HTTP client takes: {exc}") from None
         try:
@@ -54,34 +122,239 @@ class TenancyMixin:
             if self.tenant is None:
                 await tenant.close()
             raise ProtocolError(ErrorCode.TENANT, str(exc)) from None
-        async with self._step_lock:  # never swapped under a transition that uses it
+        async with self.step_lock:  # never swapped under a move that uses it
             self.tenant = tenant
-        self.tenant_rec = TenantRecord(url=tenant.url, state=tenant.state, version=info.version, sleep_level=sleep_level,
-                                       error=tenant.note)
+            self.wedged.clear()
+            self._misses.clear()
+        self.record = TenantRecord(url=tenant.url, state=tenant.state, version=info.version, sleep_level=sleep_level,
+                                   error=tenant.note)
         if persist:
-            self._persist()
+            self.persist()
         self.wake()
-        return self.tenant_rec.to_dict()
+        return self.record.to_dict()
 
-    def _make_tenant(self, url: str, sleep_level: int) -> VllmTenant | TenantGroup:
-        return make_tenant(
-            url, sleep_level=sleep_level, request_timeout_s=self.tenant_request_timeout_s,
-            drain_timeout_s=self.tenant_drain_timeout_s, pause_mode=self.tenant_pause_mode,
-        )
+    def adopt_dead(self, url: str, sleep_level: int, why: str) -> None:
+        """A configured tenant that did not answer at the agent's start: recorded dead, tried again later."""
+        self.tenant = self.make(url, sleep_level)
+        self.record = TenantRecord(url=url, state=DEAD, sleep_level=sleep_level, error=why)
 
-    async def unregister_tenant(self) -> dict[str, Any]:
+    async def unregister(self) -> dict[str, Any]:
         """Forget the tenant, waking it first (it is never left asleep)."""
-        async with self._tenancy_lock, self._step_lock:  # no registration, no transition meanwhile
+        async with self.lock, self.step_lock:  # no registration, no move meanwhile
             if self.tenant is None:
                 return {"unregistered": False}
-            if self.tenant_rec and self.tenant_rec.state in (ASLEEP, TENANT_FAULTED):
+            if self.record and self.record.state in (ASLEEP, TENANT_FAULTED):
                 try:
-                    await self._tenant_reclaim(check_memory=False)
+                    await self.reclaim(check_memory=False)
                 except Exception as exc:
                     log.error("unregister: tenant could not be woken: %s", exc)
             url = self.tenant.url
             await self.tenant.close()
-            self.tenant, self.tenant_rec = None, None
-            self._persist()
+            self.tenant, self.record = None, None
+            self.persist()
         return {"unregistered": True, "url": url}
 
+    async def close(self) -> None:
+        if self.tenant is not None:
+            await self.tenant.close()
+
+    # ------------------------------------------------------------------ moves
+
+    async def yield_gpu(self, probe_free: Callable[[], int] | None = None) -> None:
+        """Yield the tenant within ``reclaim_deadline_s``, down the ladder if it must."""
+        assert self.tenant is not None and self.record is not None
+        start = time.time()
+        free_before = probe_free() if probe_free else 0
+        wedged = set(self.wedged)
+        climb = await self._move("tenant_yield", lambda: yield_within(self.tenant, self.reclaim_deadline_s, wedged=wedged))
+        if climb is None:
+            return
+        if probe_free is not None:
+            self.footprint = max(0, probe_free() - free_before)
+        self.record.state, self.record.error = ASLEEP, self.tenant.note
+        self.wedged -= wedged
+        seconds = sum(climb.phases.values())
+        detail = climb.detail or f"pause+sleep in {seconds:.3f} s"
+        self.journal.record("tenant_yield", self.tenant.url, start, True, self.footprint, detail, climb.phases)
+        if climb.step != "polite":
+            self.ladder(climb.step, detail)
+        else:
+            self.backoff_s = 0.0
+        log.info("tenant yield: vLLM paused and asleep in %.3f s%s", seconds, f" ({detail})" if climb.detail else "")
+        self.persist()
+
+    async def reclaim(self, *, check_memory: bool) -> None:
+        assert self.tenant is not None and self.record is not None
+        if check_memory and not self.room(self.footprint):
+            log.warning("not waking vLLM: it needs %.2f GiB and the GPU has less free", self.footprint / 2**30)
+            return
+        start = time.time()
+        seconds = await self._move("tenant_reclaim", self.tenant.reclaim)
+        if seconds is None:
+            return
+        self.record.state, self.record.error = AWAKE, self.tenant.note
+        self.backoff_s = 0.0
+        self._misses.clear()
+        self.journal.record("tenant_reclaim", self.tenant.url, start, True, self.footprint, f"wake+resume in {seconds:.3f} s")
+        log.info("tenant reclaim: vLLM awake and serving in %.3f s", seconds)
+        self.persist()
+
+    def ladder(self, step: str, detail: str) -> None:
+        """A yield went past the polite step: counted, shown by ``status``, sent to the metrics."""
+        self.ladder_counts[step] = self.ladder_counts.get(step, 0) + 1
+        self.ladder_last = f"{time.strftime('%H:%M:%S')} {step}: {detail}"
+        self.journal.notify("ladder", {"step": step, "detail": detail})
+
+    async def unless_a_trainer_asks(self, move: Awaitable[Any]) -> Any:
+        """Run a tenant reclaim (or re-registration), abandoning it the moment a trainer queues."""
+        task = asyncio.ensure_future(move)
+
+        async def trainer_queued() -> None:
+            while not self.trainer_waiting():
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.ensure_future(trainer_queued())
+        try:
+            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        raise ReclaimAbandoned(f"tenant reclaim abandoned: job {self.trainer_waiting()!r} asked for the GPU")
+
+    async def _move(self, action: str, move: Callable[[], Any]) -> Any:
+        """Run a tenant yield/reclaim; on failure journal it, mark the tenant dead or faulted, return None."""
+        assert self.tenant is not None and self.record is not None
+        start = time.time()
+        try:
+            if action == "tenant_reclaim":
+                return await self.unless_a_trainer_asks(move())
+            return await move()
+        except ReclaimAbandoned as exc:  # the tenant may be half awake: the next step yields it again
+            self.record.state, self.record.error = AWAKE, str(exc)
+            self.journal.record(action, self.tenant.url, start, False, detail=str(exc))
+            log.info("%s (the valley ended before the tenant was awake)", exc)  # by design: the trainer comes first
+            self.persist()
+            return None
+        except TenantError as exc:
+            self._failed(action, start, exc)
+            return None
+
+    def _failed(self, action: str, start: float, exc: TenantError) -> None:
+        assert self.tenant is not None and self.record is not None
+        killed = isinstance(exc, TenantKilled)
+        if killed:
+            self.ladder("kill", str(exc))
+            self.wedged.clear()
+        dead = isinstance(exc, TenantDead)
+        self.record.state, self.record.error = (DEAD if dead else TENANT_FAULTED), str(exc)
+        self.journal.record(action, self.tenant.url, start, False, detail=str(exc))
+        floor = STOPPED_BACKOFF_S if killed and "nothing stopped" in str(exc) else 0.5
+        self.backoff_s = min(BACKOFF_MAX_S if floor > 1 else 30.0, max(floor, self.backoff_s * 2))
+        self.retry_at = time.monotonic() + self.backoff_s  # no hot loop on a failing tenant
+        self.next_probe = max(time.monotonic() + 5.0, self.retry_at)
+        log.error("%s failed: %s%s; next try in %.1f s", action, exc, " (the trainer is unaffected)" if dead else "",
+                  self.backoff_s)
+        self.persist()
+
+    # ------------------------------------------------------------------ between moves (the watchdog asks)
+
+    async def probe(self) -> bool:
+        """Ask each server of an awake tenant the state it is in; True when what the agent records changed."""
+        if self.tenant is None or self.record is None or self.record.state != AWAKE:
+            self._misses.clear()
+            return False
+        members = getattr(self.tenant, "live_members", None) or [self.tenant]
+        seq, tenant = self.journal.seq, self.tenant
+        answers = await asyncio.gather(*(m.observe(self.probe_timeout_s) for m in members), return_exceptions=True)
+        if self.journal.seq != seq or self.tenant is not tenant or self.state != AWAKE or self.step_lock.locked():
+            return False  # a move ran meanwhile: what the probe saw may be the move's doing
+        changed = False
+        for member, answer in zip(members, answers):
+            changed |= self._probed(member, answer)
+        return changed
+
+    def _probed(self, member: VllmTenant, answer: Any) -> bool:
+        url = member.url
+        if isinstance(answer, TenantDead) and tenant_proc.still_running(member.process):
+            answer = None  # its listener is gone but the process (and its GPU memory) is not: a miss, not a death
+        if isinstance(answer, TenantDead):
+            log.warning("tenant %s does not answer (connection refused or closed) while it had the GPU", url)
+            if isinstance(self.tenant, TenantGroup):
+                self.tenant.dead.add(url)
+                return True
+            self.record.state, self.record.error = DEAD, str(answer)  # type: ignore[union-attr]
+            return True
+        if answer is None or isinstance(answer, BaseException):
+            self._misses[url] = self._misses.get(url, 0) + 1
+            if self._misses[url] >= WEDGED_AFTER and url not in self.wedged:
+                self.wedged.add(url)
+                log.error("tenant %s is wedged: no answer to %d probes in a row (%.1f s each) while it has the GPU; "
+                          "reclaiming it goes straight to the kill", url, self._misses[url], self.probe_timeout_s)
+                self.journal.notify("wedged", {"url": url})
+                return True
+            return False
+        self._misses[url] = 0
+        if url in self.wedged:
+            self.wedged.discard(url)
+            log.info("tenant %s answers again: no longer taken for wedged", url)
+        if answer == ASLEEP:  # a pause or sleep given up on by the ladder took effect late
+            log.warning("tenant %s is asleep or paused while the agent counted it awake: recorded asleep (to be woken)", url)
+            self.record.state = ASLEEP  # type: ignore[union-attr]
+            return True
+        return False
+
+    async def reregister(self) -> bool:
+        """A dead or faulted tenant that answers again is registered again, under the step lock like any move."""
+        tenant = self.tenant
+        if tenant is None or not await tenant.alive():
+            return False
+        async with self.lock, self.step_lock:
+            if self.tenant is not tenant or self.record is None:
+                return False
+            try:  # a trainer that asks meanwhile never waits on a tenant that answers slowly
+                info = await self.unless_a_trainer_asks(tenant.register())
+            except ReclaimAbandoned:
+                return False
+            except TenantError as exc:
+                self.record.error = str(exc)
+                return False
+            self.record.state, self.record.version, self.record.error = tenant.state, info.version, tenant.note
+        log.info("tenant %s answers again (%s)", tenant.url, tenant.state)
+        return True
+
+    async def revive_members(self, current: Callable[[str], None]) -> bool:
+        """A tenant group with servers left out: bring back those that answer again (never mid-move)."""
+        group = self.tenant
+        if not isinstance(group, TenantGroup) or not group.dead or self.record is None or self.record.state in (DEAD, TENANT_FAULTED):
+            return False
+        async with self.step_lock:
+            current("tenant revive")
+            revive = group.revive()
+            try:
+                if group.state == AWAKE:  # waking a server back never delays a trainer that asks meanwhile
+                    back = await self.unless_a_trainer_asks(revive)
+                else:  # the trainer holds the GPUs: putting a restarted server to sleep protects it
+                    back = await asyncio.wait_for(revive, self.reclaim_deadline_s or None)
+            except (ReclaimAbandoned, asyncio.TimeoutError):  # a half-woken server answers the next yield
+                back = []
+            finally:
+                current("")
+        self.record.error = group.note
+        return bool(back)
+
+    def describe(self) -> dict[str, Any] | None:
+        if self.record is None:
+            return None
+        last_yield, last_wake = self.journal.last("tenant_yield"), self.journal.last("tenant_reclaim")
+        latest = self.journal.last("tenant_yield", ok=None)  # a ladder's kill ends a yield that failed
+        return {**self.record.to_dict(), "footprint": self.footprint, "wedged": sorted(self.wedged),
+                "yield_s": round(last_yield.seconds, 3) if last_yield else None,
+                "yield_at": round(latest.start, 3) if latest else None,
+                "yield_detail": latest.detail if latest else "",
+                "reclaim_s": round(last_wake.seconds, 3) if last_wake else None,
+                "supervisor": dict(self.supervisor) if self.supervisor else None}
+
+
+__all__ = ["ReclaimAbandoned", "Tenancy"]

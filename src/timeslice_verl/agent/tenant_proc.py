@@ -112,13 +112,31 @@ def find(url: str) -> tuple[TenantProcess | None, str]:
     return TenantProcess(pid=pid, start=ident.start, uid=procfs.uid_of(pid), tagged=bool(env.get(TENANT_TAG_ENV))), ""
 
 
+def still_running(proc: TenantProcess | None) -> bool:
+    """Whether ``proc`` is still the very process recorded (same pid, same start time)."""
+    return proc is not None and procfs.identify(proc.pid) == procfs.ProcId(proc.pid, proc.start)
+
+
+def rediscover(old: TenantProcess | None, url: str) -> tuple[TenantProcess | None, str]:
+    """The tenant's process at a new registration: a restarted server is found anew, but while the process
+    registered before still runs, whatever listens on its port now is not taken for it (a decoy that took the
+    port over must never become what the kill stops in place of the tenant)."""
+    found, note = find(url)
+    if old is None or not still_running(old) or found == old:
+        return found, note
+    other = f"pid {found.pid}" if found else "no process"
+    log.warning("tenant %s: %s listens there now, but pid %d registered as the tenant still runs: it stays the tenant",
+                url, other, old.pid)
+    return old, ""
+
+
 def stoppable(proc: TenantProcess | None, why_unknown: str = "") -> tuple[list[int], str]:
     """The pids the kill may stop for ``proc`` (the server first, then what it started), and why none when empty."""
     import psutil
 
     if proc is None:
         return [], f"the tenant's process was not identified at registration ({why_unknown or 'unknown'})"
-    if procfs.identify(proc.pid) != procfs.ProcId(proc.pid, proc.start):
+    if not still_running(proc):
         return [], f"pid {proc.pid} is no longer the process registered as the tenant (it exited)"
     env = procfs.environ(proc.pid) or {}
     if not env.get(TENANT_TAG_ENV):
