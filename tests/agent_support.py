@@ -94,7 +94,7 @@ class AgentProc:
 
     def start(self, timeout: float = 30.0) -> AgentProc:
         args = [
-            PY, "-m", "timeslice_verl.cli", "--log-level", "DEBUG", "agent",
+            PY, "-m", "timeslice_verl", "--log-level", "DEBUG", "agent",
             f"timeslice.agent.socket={self.socket}",
             "timeslice.agent.backend=sigstop",
             f"timeslice.tenant.url={self.tenant_url}",

@@ -15,14 +15,16 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from timeslice_verl.adapters.spmd import RankHandoff, RankLost
+from timeslice_verl.handoff.options import HandoffOptions
+from timeslice_verl.handoff.spmd import RankHandoff, RankLost
 
 
 def main() -> int:
     rank, world, port, node, job, sock, out, cycles, valley = sys.argv[1:10]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=int(rank), world_size=int(world), timeout=timedelta(seconds=60))
-    h = RankHandoff(job, sock, swap="checkpoint", group=dist.group.WORLD, node=node)
+    # every acquire asks the agents itself (no way back), so each one shows the agreement the tests look for
+    h = RankHandoff(job, sock, group=dist.group.WORLD, node=node, options=HandoffOptions(swap="checkpoint", prepare=False))
     with open(out, "a") as log:
         def note(**fields) -> None:
             log.write(json.dumps({"rank": int(rank), "node": node, "t": time.time(), **fields}) + "\n")

@@ -19,7 +19,7 @@ from verl.experimental.fully_async_policy import fully_async_trainer as verl_tra
 
 from timeslice_verl.adapters import hooked, stock  # noqa: E402
 from timeslice_verl.adapters.common import choose_adapter  # noqa: E402
-from timeslice_verl.config import ConfigError  # noqa: E402
+from timeslice_verl.config.schema import ConfigError  # noqa: E402
 from timeslice_verl.testing import fake_event_sequence  # noqa: E402
 
 FIELDS = ("hook", "step", "param_version", "initial", "synced", "samples", "required_samples", "local_step",

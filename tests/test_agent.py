@@ -248,7 +248,7 @@ def test_socket_and_directory_are_private(agent):
 
 def test_a_second_agent_on_the_same_socket_refuses_to_start(tmp_path, agent):
     second = subprocess.run(
-        [sys.executable, "-m", "timeslice_verl.cli", "agent", f"timeslice.agent.socket={agent.socket}",
+        [sys.executable, "-m", "timeslice_verl", "agent", f"timeslice.agent.socket={agent.socket}",
          "timeslice.agent.backend=sigstop"],
         capture_output=True, text=True, timeout=60,
     )
@@ -354,7 +354,7 @@ def test_status_cli_renders_the_state(agent, procs):
     with agent.client() as c:
         c.acquire("job-a")
         out = subprocess.run(
-            [sys.executable, "-m", "timeslice_verl.cli", "status", f"timeslice.agent.socket={agent.socket}"],
+            [sys.executable, "-m", "timeslice_verl", "status", f"timeslice.agent.socket={agent.socket}"],
             capture_output=True, text=True, timeout=60, check=True,
         ).stdout
     assert "GPU owner: job:job-a" in out and "CPU TEST BACKEND" in out and "job-a" in out and "asleep" in out

@@ -1,4 +1,4 @@
-"""The bundled agent plugin against a real agent process (CPU test backend), and its prepare rule."""
+"""The bundled agent plugin against a real agent process (CPU test backend), and its way back ahead of need."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import pytest
 
 from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker, stopped
 from timeslice_verl import hookimpl
-from timeslice_verl.overrides import compose
-from timeslice_verl.valley import PreparePlanner
+from timeslice_verl.config.overrides import compose
 from timeslice_verl.testing import RecordingPlugin, fake_event_sequence, make_lifecycle, play
 
 BUNDLED = ("agent", "timeline", "metrics")
@@ -55,6 +54,7 @@ def lifecycle_for(tmp_path, agent, *plugins, prepare: bool = False):
     settings = compose("interleave", [
         "timeslice.job=plugin-job", f"timeslice.agent.socket={agent.socket}", "timeslice.tenant.url=",
         f"timeslice.timeline.path={tmp_path / 'run.jsonl'}", f"timeslice.handoff.prepare={str(prepare).lower()}",
+        "timeslice.handoff.break_even_margin=0",  # a scripted sequence's valleys last no time: lend every one
     ])
     return make_lifecycle(*plugins, settings=settings, load_installed=True, bundled=BUNDLED)
 
@@ -109,50 +109,28 @@ def test_acquire_failure_stops_the_trainer(tmp_path):
         lc.start()
 
 
-def test_prepare_is_sent_so_the_restore_overlaps_the_wait(setup):
+def test_the_way_back_thaws_the_trainer_before_it_asks_and_the_trainer_reports_it(setup):
+    """The backlog says the batch is complete while the trainer's GPU is lent: the way back acquires it in the
+    background (the agent thaws the worker and puts the tenant to sleep), so the trainer's acquire waits for nothing.
+    The background acquire is reported by the trainer's own thread, with the time it happened."""
     tmp_path, agent, vllm, worker = setup
     recorder = RecordingPlugin()
     lc = lifecycle_for(tmp_path, agent, recorder, prepare=True)
-    plugin = lc.manager.get("agent")
+    backlog = [0, 8]  # (queued, required), as the adapters read verl's queue
+    lc.backlog = lambda: tuple(backlog)
     lc.start()
-    from timeslice_verl.events import RolloutEvent, TrainStepEvent, WeightSyncEvent
+    from timeslice_verl.hooks.events import TrainStepEvent, WeightSyncEvent
 
-    for step in range(1, 4):
-        lc.trainer.global_steps = step
-        lc.call("post_rollout", lc.event(RolloutEvent, samples=8, queue_wait_s=1.0))
-        lc.call("pre_train_step", lc.event(TrainStepEvent))
-        lc.call("weight_sync_end", lc.event(WeightSyncEvent, synced=True))
-        if step == 1:  # the first freeze is done before the next acquire, so that acquire measures a thaw
-            eventually(lambda: agent.job("plugin-job")["state"] == "FROZEN", what="the first freeze")
-    # now the planner knows: waits of 1.0 s and the way back -> prepare a little less than 1 s after the release
-    delay = plugin.planner.delay()
-    assert delay is not None and delay < 1.0
-    eventually(lambda: any(e.action == "prepare" for e in recorder.events("handoff")), what="prepare sent")
-    release = [e for e in recorder.events("handoff") if e.action == "release"][-1]
-    prepare = [e for e in recorder.events("handoff") if e.action == "prepare"][-1]
-    assert prepare.time - prepare.waited_s - release.time >= delay - 0.05, "the timer waited for the planned delay"
-    eventually(lambda: not stopped(worker.pid) and vllm.sleeping(), what="restored before the acquire")
-    lc.call("pre_train_step", lc.event(TrainStepEvent))
-    last = [e for e in recorder.events("handoff") if e.action == "acquire"][-1]
-    asked = last.time - last.waited_s
-    assert not any(t.action == "thaw" and t.start >= asked for t in last.transitions), "the prepare had thawed it"
+    lc.pre_train_step(lc.event(TrainStepEvent))
+    lc.weight_sync_end(lc.event(WeightSyncEvent, synced=True))  # released: the valley begins
+    eventually(lambda: stopped(worker.pid) and not vllm.sleeping(), what="the worker frozen, the tenant serving")
+    backlog[0] = 8  # the batch is complete
+    eventually(lambda: not stopped(worker.pid) and vllm.sleeping(), what="the way back thawed it before the trainer asked")
+    assert not [e for e in recorder.events("handoff") if e.point == "prepare"], "reported by the trainer's thread only"
+    asked = lc.event(TrainStepEvent).time
+    lc.pre_train_step(lc.event(TrainStepEvent))
+    background, prepared = [e for e in recorder.events("handoff") if e.action == "acquire"][-2:]
+    assert background.point == "prepare" and background.time < asked, "the background acquire keeps its own time"
+    assert prepared.detail == "prepared ahead of need" and prepared.early_s > 0
+    assert not any(t.action == "thaw" for t in prepared.transitions), "the trainer's acquire thawed nothing"
     lc.stop()
-
-
-def test_prepare_planner_rule():
-    p = PreparePlanner()
-    assert p.delay() is None, "no history: no prepare"
-    p.observe_wait(2.0)
-    assert p.delay() is None, "no restore measured yet"
-    p.observe_thaw(0.5)
-    assert p.delay() == pytest.approx(2.0 - 0.6)  # lead = restore + 20 %
-    p.observe_wait(1.0)
-    assert p.delay() == pytest.approx(1.0 - 0.6), "conservative: the shortest recent wait"
-    p.observe_thaw(5.0)
-    assert p.delay() == 0.0, "restore longer than the wait: prepare right at release"
-    fixed = PreparePlanner(lead_s=0.25)
-    fixed.observe_wait(1.0)
-    assert fixed.delay() == pytest.approx(0.75), "a configured lead needs no measured restore"
-    for w in (9, 9, 9, 9, 9):
-        p.observe_wait(w)
-    assert min(p.waits) == 9, "only recent waits count"

@@ -16,7 +16,7 @@ def test_a_start_that_fails_late_leaves_no_socket_and_no_lock(tmp_path):
     try:
         agent = AgentProc(tmp_path)
         done = subprocess.run(
-            [PY, "-m", "timeslice_verl.cli", "agent", f"timeslice.agent.socket={agent.socket}",
+            [PY, "-m", "timeslice_verl", "agent", f"timeslice.agent.socket={agent.socket}",
              "timeslice.agent.backend=sigstop", "timeslice.tenant.url=", f"timeslice.agent.metrics_port={port}",
              f"timeslice.agent.lock_dir={agent.socket.parent}"],
             capture_output=True, text=True, timeout=120,

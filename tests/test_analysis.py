@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from timeslice_verl.analysis import forecast, valleys
+from timeslice_verl.tools.analysis import forecast, valleys
 
 
 def handoff(action: str, point: str, t: float, waited: float = 0.0, moves: float = 0.0, **extra) -> dict:
@@ -46,13 +46,13 @@ def test_forecast_reports_the_way_backs_early_and_late():
     ]
     f = forecast(records)
     assert f["prepared"] == 1
-    assert f["early_ms"] == {"p50": 1000.0, "max": 1000.0, "total": 1000.0}
-    assert f["late_ms"] == {"p50": 300.0, "max": 300.0, "total": 300.0}
+    assert f["early_ms"] == {"n": 1, "p50": 1000.0, "p90": 1000.0, "max": 1000.0, "total": 1000.0}
+    assert f["late_ms"] == {"n": 1, "p50": 300.0, "p90": 300.0, "max": 300.0, "total": 300.0}
 
 
 def test_park_and_unpark_are_swapping_not_idle_time_with_no_owner():
     """A release that parked for 0.4 s and an acquire that unparked for 0.4 s: both moves are the handoff's."""
-    from timeslice_verl.analysis import summary
+    from timeslice_verl.tools.analysis import summary
 
     records = [
         {"hook": "timeslice_start", "time": 0.0, "job": "j"},

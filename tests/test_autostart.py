@@ -10,8 +10,8 @@ import socket
 
 import pytest
 
-from timeslice_verl.config import AgentSettings, TenantSettings, load_settings
-from timeslice_verl.overrides import compose, to_overrides
+from timeslice_verl.config.schema import AgentSettings, TenantSettings, load_settings
+from timeslice_verl.config.overrides import compose, to_overrides
 from agent_support import eventually
 
 
@@ -52,7 +52,7 @@ def test_every_agent_and_tenant_key_survives_the_autostart_command(tmp_path):
 
 
 def test_an_autostarted_agent_runs_with_every_key_the_trainer_set(tmp_path):
-    from timeslice_verl.autostart import connect
+    from timeslice_verl.handoff.connect import connect
 
     agent = _not_default(AgentSettings, tmp_path)
     agent["connect_timeout_s"] = 60.0
@@ -71,7 +71,7 @@ def test_an_autostarted_agent_runs_with_every_key_the_trainer_set(tmp_path):
 
 def test_without_autostart_the_error_says_how_to_turn_it_on(tmp_path):
     from timeslice_verl.agent.client import AgentError
-    from timeslice_verl.autostart import connect
+    from timeslice_verl.handoff.connect import connect
 
     settings = load_settings({"agent": {"socket": str(tmp_path / "none.sock"), "connect_timeout_s": 0.2}})
     with pytest.raises(AgentError, match="timeslice.agent.autostart=true"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from timeslice_verl.config import ConfigError, enabled_settings, load_settings
-from timeslice_verl.overrides import compose, options
+from timeslice_verl.config.schema import ConfigError, enabled_settings, load_settings
+from timeslice_verl.config.overrides import compose, options
 
 
 def compose_verl(overrides: list[str]):
@@ -102,7 +102,7 @@ def test_options_ship_with_the_package():
 
 
 def test_one_tenant_per_gpu_replaces_the_options_single_url():
-    from timeslice_verl.overrides import compose
+    from timeslice_verl.config.overrides import compose
 
     urls = '["http://127.0.0.1:8001","http://127.0.0.1:8002/"]'
     settings = compose("interleave", [f"timeslice.tenant.urls={urls}"])  # interleave sets tenant.url too
@@ -139,7 +139,7 @@ def _message(exc: BaseException) -> str:
 def test_the_config_command_refuses_what_verl_refuses_with_the_same_message(overrides):
     from click.testing import CliRunner
 
-    from timeslice_verl.cli import main
+    from timeslice_verl.tools.cli import main
 
     with pytest.raises(Exception) as verl_refused:
         compose_verl(overrides)
@@ -155,7 +155,7 @@ def test_no_refused_config_prints_a_traceback(overrides):
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "timeslice_verl.cli", "config", *overrides], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "timeslice_verl", "config", *overrides], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and done.stderr.splitlines()[-1].startswith("Error: ")
@@ -164,7 +164,7 @@ def test_no_refused_config_prints_a_traceback(overrides):
 def test_the_config_command_prints_every_key_in_the_trainers_syntax_and_reads_it_back():
     from click.testing import CliRunner
 
-    from timeslice_verl.cli import main
+    from timeslice_verl.tools.cli import main
 
     result = CliRunner().invoke(main, ["config", "+timeslice=observe", "timeslice.agent.gpus=[1,2]", "timeslice.job=x"])
     assert result.exit_code == 0, result.output

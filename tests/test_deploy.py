@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from timeslice_verl.container import check_host_pid, container_checks
-from timeslice_verl.overrides import compose
+from timeslice_verl.tools.container import check_host_pid, container_checks
+from timeslice_verl.config.overrides import compose
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
@@ -142,7 +142,7 @@ def test_host_pid_is_recognised_and_its_absence_said_in_plain_words(tmp_path):
 def test_the_agent_refuses_to_start_saying_what_its_pod_lacks(tmp_path):
     from click.testing import CliRunner
 
-    from timeslice_verl.cli import main
+    from timeslice_verl.tools.cli import main
 
     socket = tmp_path / "not-mounted" / "agent.sock"
     result = CliRunner().invoke(main, ["agent", "--doctor-first", f"timeslice.agent.socket={socket}",
@@ -155,7 +155,7 @@ def test_the_agent_refuses_to_start_saying_what_its_pod_lacks(tmp_path):
 
 
 def test_the_container_doctor_names_nvml_and_the_runtime_when_the_gpu_is_not_visible(tmp_path, monkeypatch):
-    import timeslice_verl.doctor as doctor
+    import timeslice_verl.tools.doctor as doctor
 
     monkeypatch.setattr(doctor, "_nvml", lambda: (None, "NVMLError_LibraryNotFound: NVML Shared Library Not Found"))
     run = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""Every measured table in README.md, the guides and docs/architecture.md is what its raw data gives."""
+"""Every measured table in docs/measured.md, the guides and docs/architecture.md is what its raw data gives."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_a_changed_figure_is_caught(tmp_path):
     for doc, text in figures.documents().items():
         (tmp_path / doc).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / doc).write_text(text.replace("| 8 | 0.13 / 1.38 |", "| 8 | 0.12 / 1.38 |"))
-    assert figures.stale(tmp_path) == ["README.md: verl-run", "guides/rl-batch-interleaving/README.md: verl-run"]
+    assert figures.stale(tmp_path) == ["docs/measured.md: verl-run", "guides/rl-batch-interleaving/README.md: verl-run"]
 
 
 def test_the_validated_run_row_is_recomputed_from_the_timeline_itself():

@@ -104,7 +104,7 @@ def test_twenty_parks_on_the_gpu_are_bit_identical_and_free_the_tensors():
     torch = pytest.importorskip("torch")
     import standin
 
-    from timeslice_verl.park import Parker
+    from timeslice_verl.ranks.park import Parker
 
     model = standin.StandIn(width=2048, depth=8, batch=512, micro=2, device="cuda")
     parker = Parker()

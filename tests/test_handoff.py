@@ -1,11 +1,14 @@
-"""The trainer-side handoff sequence (timeslice_verl.handoff.Handoff) against recorded ranks and agent."""
+"""The trainer-side handoff sequence (timeslice_verl.handoff.sequence.Handoff) against recorded ranks and agent."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
 from timeslice_verl.agent.client import AgentError
-from timeslice_verl.handoff import Handoff
+from timeslice_verl.handoff.options import HandoffOptions
+from timeslice_verl.handoff.sequence import Handoff
 
 
 class Calls(list):
@@ -73,9 +76,10 @@ class Agent:
         self.calls("agent.close")
 
 
-def handoff(swap: str, fail: str = "", refuse: str = "") -> tuple[Handoff, Calls]:
+def handoff(swap: str, fail: str = "", refuse: str = "", **options) -> tuple[Handoff, Calls]:
     calls = Calls()
-    h = Handoff("j", client=Agent(calls, refuse), ranks=Ranks(calls, fail), swap=swap, prepare=False)
+    h = Handoff("j", client=Agent(calls, refuse), ranks=Ranks(calls, fail),
+                options=HandoffOptions(swap=swap, prepare=False, **options))
     return h, calls
 
 
@@ -128,14 +132,23 @@ def test_a_refused_acquire_raises_and_the_ranks_agree_on_it():
     assert h.parked, "no rank unparks without the GPU"
 
 
-def test_begin_pins_once_and_registers_the_ranks():
+def test_begin_reads_the_ranks_memory_pins_once_and_registers_the_ranks():
     h, calls = handoff("park")
     h.begin()
-    assert calls == ["park_reserve", "agent.register_pids"]
+    assert calls == ["release_caches", "park_reserve", "agent.register_pids"]
+    assert h.forecast.round_trip_estimate is not None, "the first valleys are judged by an estimate of the round trip"
 
 
-def test_a_swap_mode_that_needs_ranks_is_refused_without_them():
-    with pytest.raises(ValueError, match="needs trainer ranks that can park"):
-        Handoff("j", client=None, ranks=None, swap="park")
-    with pytest.raises(ValueError, match="is not one of"):
-        Handoff("j", client=None, ranks=None, swap="fast")
+@pytest.mark.parametrize("swap", ["park", "park+checkpoint", "resident"])
+def test_a_swap_mode_that_needs_ranks_is_refused_without_them(swap):
+    with pytest.raises(ValueError, match=re.escape(f"swap={swap} needs trainer ranks that move their own tensors")):
+        Handoff("j", client=None, ranks=None, options=HandoffOptions(swap=swap))
+
+
+def test_a_swap_mode_that_does_not_exist_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match="timeslice.handoff.swap: 'fast' is not one of"):
+        Handoff("j", client=None, ranks=None, options=HandoffOptions(swap="fast"))
+
+
+def test_auto_without_ranks_is_checkpoint():
+    assert Handoff("j", client=None, ranks=None).swap == "checkpoint"

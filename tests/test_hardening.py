@@ -20,14 +20,14 @@ from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker
 from timeslice_verl import hookimpl
 from timeslice_verl.agent.client import AgentClient, AgentError
 from timeslice_verl.agent.freeze.base import FreezeError, FreezeBackend
-from timeslice_verl.config import ConfigError, PluginSettings, TimesliceSettings
-from timeslice_verl.overrides import compose
-from timeslice_verl.events import InitWorkersEvent, RolloutEvent
-from timeslice_verl.manager import PluginLoadError, TimesliceManager
+from timeslice_verl.config.schema import ConfigError, PluginSettings, TimesliceSettings
+from timeslice_verl.config.overrides import compose
+from timeslice_verl.hooks.events import InitWorkersEvent, RolloutEvent
+from timeslice_verl.hooks.manager import PluginLoadError, TimesliceManager
 from timeslice_verl.testing import RecordingPlugin, make_lifecycle
 
 REPO = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "timeslice_verl.cli"]
+CLI = [sys.executable, "-m", "timeslice_verl"]
 HAS_VERL = importlib.util.find_spec("verl") is not None
 needs_verl = pytest.mark.skipif(not HAS_VERL, reason="needs verl installed (pip install '.[verl]')")
 
@@ -225,9 +225,9 @@ def test_a_lifecycle_that_failed_to_start_delivers_no_further_events():
     started = _Started()
     lc = make_lifecycle(started, _FailsToStart())
     with pytest.raises(RuntimeError, match="no agent"):
-        lc.call("init_workers_begin", lc.event(InitWorkersEvent))
+        lc.init_workers_begin(lc.event(InitWorkersEvent))
     with pytest.raises(RuntimeError, match="did not start"):
-        lc.call("post_rollout", lc.event(RolloutEvent))
+        lc.post_rollout(lc.event(RolloutEvent))
     assert "post_rollout" not in started.seen
 
 
@@ -248,7 +248,7 @@ def test_hooks_from_synchronous_seams_run_off_the_event_loop():
     lc = make_lifecycle(plugin)
 
     async def trainer_actor() -> int:  # a sync verl method called from the actor's loop
-        lc.call("post_rollout", lc.event(RolloutEvent))
+        lc.post_rollout(lc.event(RolloutEvent))
         return threading.get_ident()
 
     loop_thread = asyncio.run(trainer_actor())
@@ -270,11 +270,15 @@ def test_the_agent_never_deletes_a_non_socket_at_its_path(tmp_path):
 def test_peer_credentials_fail_closed(tmp_path, monkeypatch):
     from timeslice_verl.agent import server
 
-    assert server.peer_credentials(None) == (None, None)
+    from timeslice_verl.agent.protocol import peer_credentials
+
+    assert peer_credentials(None) == (None, None)
     settings = compose("interleave", [f"timeslice.agent.socket={tmp_path / 'run' / 'a.sock'}",
                                       "timeslice.agent.backend=sigstop", "timeslice.tenant.url="])
     (tmp_path / "run").mkdir(mode=0o700)
-    monkeypatch.setattr(server, "peer_credentials", lambda sock: (None, None))
+    from timeslice_verl.agent import connections
+
+    monkeypatch.setattr(connections, "peer_credentials", lambda sock: (None, None))
 
     async def scenario() -> bytes:
         ready = asyncio.Event()
@@ -335,7 +339,7 @@ def test_the_client_refuses_a_socket_in_someone_elses_directory(tmp_path):
 
 
 def test_autostart_never_writes_its_log_through_a_link(tmp_path):
-    from timeslice_verl.autostart import start_agent
+    from timeslice_verl.handoff.connect import start_agent
 
     run = tmp_path / "run"
     run.mkdir(mode=0o700)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from timeslice_verl import hookspecs
-from timeslice_verl.reference import hook_reference_markdown
+from timeslice_verl.hooks import spec as hookspecs
+from timeslice_verl.hooks.reference import hook_reference_markdown
 
 REFERENCE = Path(__file__).resolve().parents[1] / "guides" / "hook-reference.md"
 DESIGN_EVENTS = {

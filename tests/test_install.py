@@ -18,9 +18,9 @@ def test_core_installs_and_imports_without_verl_or_torch(tmp_path):
     py = env_dir / "bin" / "python"
     subprocess.run([py, "-m", "pip", "install", "-q", str(ROOT)], check=True, timeout=900)
     probe = (
-        "import importlib.util as u, sys, timeslice_verl, timeslice_verl.overrides as c;"
+        "import importlib.util as u, sys, timeslice_verl, timeslice_verl.config.overrides as c;"
         "assert u.find_spec('verl') is None and u.find_spec('torch') is None, 'heavy deps leaked into the core';"
-        "import timeslice_verl.manager, timeslice_verl.lifecycle, timeslice_verl.hookspecs;"
+        "import timeslice_verl.hooks.manager, timeslice_verl.hooks.lifecycle, timeslice_verl.hooks.spec;"
         "assert 'site-packages' in str(c.conf_dir()), c.conf_dir();"
         "print(timeslice_verl.__version__, c.options())"
     )

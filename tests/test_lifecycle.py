@@ -9,10 +9,10 @@ import logging
 import pytest
 
 from timeslice_verl import hookimpl
-from timeslice_verl.config import TimesliceSettings
-from timeslice_verl.events import RolloutEvent, TrainStepEvent, WeightSyncEvent
-from timeslice_verl.lifecycle import Lifecycle
-from timeslice_verl.manager import TimesliceManager
+from timeslice_verl.config.schema import TimesliceSettings
+from timeslice_verl.hooks.events import RolloutEvent, TrainStepEvent, WeightSyncEvent
+from timeslice_verl.hooks.lifecycle import Lifecycle
+from timeslice_verl.hooks.manager import TimesliceManager
 
 
 class Recorder:
@@ -57,8 +57,8 @@ def build(*plugins, **settings_kw) -> Lifecycle:
 def test_start_fires_once_before_the_first_event_and_events_carry_progress():
     rec = Recorder()
     lc = build(rec)
-    lc.call("post_rollout", lc.event(RolloutEvent, samples=8))
-    lc.call("pre_train_step", lc.event(TrainStepEvent))
+    lc.post_rollout(lc.event(RolloutEvent, samples=8))
+    lc.pre_train_step(lc.event(TrainStepEvent))
     lc.stop()
     lc.stop()
     assert rec.calls == [("start", "stock"), ("post_rollout", 8), ("pre_train_step", 3), ("stop", "finished")]
@@ -76,7 +76,7 @@ def test_observing_hook_error_is_reported_and_others_still_run(caplog):
     rec = Recorder()
     lc = build(rec, Broken())  # Broken registered last: called first
     with caplog.at_level(logging.ERROR, logger="timeslice"):
-        lc.call("post_rollout", lc.event(RolloutEvent, samples=1))
+        lc.post_rollout(lc.event(RolloutEvent, samples=1))
     assert ("post_rollout", 1) in rec.calls
     assert "plugin p1 raised in post_rollout" in caplog.text
 
@@ -90,7 +90,7 @@ def test_gating_hook_error_propagates_and_stops_the_chain():
     rec = Recorder()
     lc = build(rec, Denied())
     with pytest.raises(TimeoutError, match="no GPU"):
-        lc.call("pre_train_step", lc.event(TrainStepEvent))
+        lc.pre_train_step(lc.event(TrainStepEvent))
     assert not [c for c in rec.calls if c[0] == "pre_train_step"]
 
 
@@ -112,7 +112,7 @@ def test_a_blocking_hook_does_not_stall_the_event_loop():
             loop_ran.set()
 
         task = asyncio.create_task(ticker())
-        await lc.fire("pre_train_step", lc.event(TrainStepEvent))
+        await lc.fire(lc.pre_train_step, lc.event(TrainStepEvent))
         await task
 
     asyncio.run(scenario())
@@ -137,42 +137,35 @@ def test_trace_logs_every_call(caplog):
     lc = build(rec)
     lc.settings.plugins.trace = True
     with caplog.at_level(logging.INFO, logger="timeslice.trace"):
-        lc.call("weight_sync_begin", lc.event(WeightSyncEvent))
-        lc.call("post_rollout", lc.event(RolloutEvent, samples=2))
+        lc.weight_sync_begin(lc.event(WeightSyncEvent))
+        lc.post_rollout(lc.event(RolloutEvent, samples=2))
     assert "post_rollout [p0] -> []" in caplog.text and "timeslice_start [p0]" in caplog.text
 
 
-def test_notify_refuses_gating_hooks():
-    lc = build(Recorder())
-    with pytest.raises(ValueError, match="gating"):
-        lc.notify("pre_train_step", lc.event(TrainStepEvent))
+def test_the_facade_fires_every_hook_by_a_method_of_its_name_with_the_event_type_it_takes():
+    """tox 4's manager does the same: ``lifecycle.post_rollout(event)`` is checked when the module loads and by a type
+    checker, where ``call("post_rolout", …)`` failed at run time; start, stop and exceptions have their own calls."""
+    import typing
+
+    from timeslice_verl.hooks import events
+    from timeslice_verl.hooks.spec import hook_names
+
+    by_own_call = {"timeslice_start": Lifecycle.start, "timeslice_stop": Lifecycle.stop,
+                   "trainer_exception": Lifecycle.report_exception}
+    for name in hook_names():
+        method = by_own_call.get(name) or getattr(Lifecycle, name)
+        if name in by_own_call:
+            continue
+        hints = typing.get_type_hints(method, vars(events))
+        assert issubclass(hints["event"], events.Event), name
 
 
-def test_a_background_report_never_waits_for_the_hook_call_that_waits_for_it():
-    """The way back's thread reports its acquire while the trainer's thread is inside ``pre_train_step``,
-    whose acquire joins that very thread: the report must not wait for the dispatcher (it did, and a real
-    run on an H200 hung there); it reaches the observers when the hook call returns, with its own time."""
-    from timeslice_verl.events import HandoffEvent
+def test_a_hook_fired_after_the_stop_reaches_no_plugin():
+    from timeslice_verl.hooks.events import HandoffEvent
 
-    seen: list[tuple[str, float]] = []
-
-    class Observer:
-        @hookimpl
-        def handoff(self, event):
-            seen.append((event.point, event.time))
-
-    class JoinsABackgroundReport:
-        @hookimpl
-        def pre_train_step(self, event):
-            t = threading.Thread(target=lambda: lc.notify("handoff", lc.event(HandoffEvent, action="acquire", point="prepare")))
-            t.start()
-            t.join(60)
-            assert not t.is_alive(), "the background report waited for this hook call"
-            assert seen == [], "delivered only once the call that holds the dispatcher returns"
-
-    lc = build(Observer(), JoinsABackgroundReport())
-    before = lc.event(TrainStepEvent).time
-    lc.call("pre_train_step", lc.event(TrainStepEvent))
-    assert [p for p, _ in seen] == ["prepare"] and seen[0][1] >= before
-    lc.notify("handoff", lc.event(HandoffEvent, action="release", point="weight_sync_end"))
-    assert [p for p, _ in seen] == ["prepare", "weight_sync_end"], "no call under way: delivered at once"
+    rec = Recorder()
+    lc = build(rec)
+    lc.post_rollout(lc.event(RolloutEvent, samples=1))
+    lc.stop()
+    lc.handoff(lc.event(HandoffEvent, action="release"))
+    assert rec.calls[-1][0] == "stop"

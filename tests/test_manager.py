@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from timeslice_verl import hookimpl
-from timeslice_verl.config import PluginSettings
-from timeslice_verl.manager import PluginLoadError, TimesliceManager
+from timeslice_verl.config.schema import PluginSettings
+from timeslice_verl.hooks.manager import PluginLoadError, TimesliceManager
 
 
 def make_distribution(root: Path, dist: str, module: str, source: str, entry: str) -> None:
@@ -47,7 +47,7 @@ def test_entry_point_plugin_is_discovered_and_called(site):
     assert info["counter"].source.startswith("entry point tsplug-counter ")
     assert info["counter"].hooks == ("post_rollout",)
 
-    from timeslice_verl.events import RolloutEvent
+    from timeslice_verl.hooks.events import RolloutEvent
 
     manager.hook.post_rollout(trainer=None, event=RolloutEvent(job="j", samples=7))
     import tsplug_counter

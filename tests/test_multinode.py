@@ -1,6 +1,6 @@
 """Multi-node SPMD time-slicing on one machine: two agents stand for two nodes (CPU test backend), one
 rank per "node", each the client of its own node's agent, agreeing over gloo
-(:class:`timeslice_verl.adapters.spmd.RankHandoff`).
+(:class:`timeslice_verl.handoff.spmd.RankHandoff`).
 
 Each node has a tagged stand-in GPU process (stopped by its agent's freeze, continued by its thaw)
 and a stand-in vLLM tenant.
@@ -126,12 +126,32 @@ def test_a_rank_lost_on_one_node_gives_the_other_nodes_gpus_back(tmp_path, procs
     eventually(lambda: not a["vllm"].sleeping(), timeout=15, what="node a's tenant serves")
 
 
+def test_a_rank_handoff_built_from_settings_honours_every_handoff_setting():
+    """SPMD trainers get the handoff section as verl's do: break-even, the way back and its lead (they dropped
+    ``break_even_margin`` and forced ``prepare`` off before)."""
+    from timeslice_verl.config.overrides import compose
+    from timeslice_verl.handoff.spmd import RankHandoff
+
+    settings = compose("interleave", ["timeslice.handoff.break_even_margin=3", "timeslice.handoff.prepare=true",
+                                      "timeslice.handoff.prepare_lead_s=0.4", "timeslice.handoff.swap=park",
+                                      "timeslice.handoff.late_cost=2", "timeslice.tenant.url="])
+    rh = RankHandoff.from_settings(settings)
+    o = rh.handoff.options
+    assert (o.break_even_margin, o.prepare, o.prepare_lead_s, o.late_cost, o.swap) == (3.0, True, 0.4, 2.0, "park")
+    f = rh.handoff.forecast
+    assert (f.margin, f.lead_s, f.late_cost) == (3.0, 0.4, 2.0)
+    f.observe_round_trip(1.0)
+    f.observe_valley(2.0)  # SPMD without a backlog: valleys of 2 s against 3 round trips of 1 s
+    assert not f.decide(None).release
+    rh.lifecycle.stop()
+
+
 def test_rank_handoff_names_bad_arguments_and_finds_the_agents_default_socket(tmp_path, monkeypatch):
-    from timeslice_verl.adapters.spmd import RankHandoff
+    from timeslice_verl.handoff.spmd import RankHandoff
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     assert RankHandoff("j").socket_path == str(tmp_path / "timeslice-verl" / "agent.sock")
-    with pytest.raises(ValueError, match="swap 'fast' is not one of checkpoint, park"):
+    with pytest.raises(ValueError, match="timeslice.handoff.swap: 'fast' is not one of checkpoint, park"):
         RankHandoff("j", swap="fast")
     with pytest.raises(ValueError, match="job 'my run' is not a job name"):
         RankHandoff("my run")

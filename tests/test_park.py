@@ -1,4 +1,4 @@
-"""Park/unpark of a process's tensors (``timeslice_verl.park``) on CPU tensors: the same code path a GPU
+"""Park/unpark of a process's tensors (``timeslice_verl.ranks.park``) on CPU tensors: the same code path a GPU
 worker runs, minus the side stream and pinning. The GPU versions are in ``test_gpu.py``."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from timeslice_verl.park import Parker  # noqa: E402
+from timeslice_verl.ranks.park import Parker  # noqa: E402
 
 
 def _trainer(seed: int = 0):

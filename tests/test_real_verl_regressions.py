@@ -138,7 +138,7 @@ needs_verl = pytest.mark.skipif(importlib.util.find_spec("verl") is None, reason
 
 
 class FakeWorkers:
-    """``lifecycle.workers`` as the verl adapter provides it; checks it is asked while the job still runs."""
+    """``lifecycle.ranks`` as the verl adapter provides it; checks it is asked while the job still runs."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -158,12 +158,12 @@ def test_the_plugin_has_workers_free_their_caches_before_each_release(setup):
     tmp_path, agent, vllm, worker = setup
     recorder = RecordingPlugin()
     lc = lifecycle_for(tmp_path, agent, recorder)
-    lc.workers = FakeWorkers(worker.pid)
+    lc.ranks = FakeWorkers(worker.pid)
     play(lc, fake_event_sequence(2))
     releases = [e for e in recorder.events("handoff") if e.action == "release"]
     freeing = [e for e in releases if e.point != "timeslice_stop"]
-    assert lc.workers.calls and not any(lc.workers.calls), "caches are freed before the freeze, never after"
-    assert len(lc.workers.calls) == len(freeing)
+    assert lc.ranks.calls and not any(lc.ranks.calls), "caches are freed before the freeze, never after"
+    assert len(lc.ranks.calls) == len(freeing) + 1, "and once when the model is loaded (what the round trip will cost)"
     assert all(e.live_bytes == 4 << 30 and e.reserved_before == 7 << 30 and e.reserved_after == 5 << 30 for e in freeing)
 
 
@@ -188,7 +188,7 @@ def test_gpu_use_while_released_fails_before_launch():
     from omegaconf import OmegaConf
 
     from timeslice_verl.adapters.preflight import preflight
-    from timeslice_verl.config import ConfigError
+    from timeslice_verl.config.schema import ConfigError
 
     for key in ("use_trainer_do_validate", "use_dynamic_resource_scheduling"):
         cfg = OmegaConf.create({"timeslice": {"enabled": True}, "async_training": {key: True}})
@@ -220,7 +220,7 @@ def test_verl_workers_get_the_release_caches_and_park_methods_on_every_rank():
     from verl.single_controller.base.worker import Worker
     from verl.single_controller.ray.base import _bind_workers_method_to_parent
 
-    from timeslice_verl.adapters.workers import PARK, PARK_RESERVE, RELEASE_CACHES, UNPARK, release_caches_here
+    from timeslice_verl.ranks.worker import PARK, PARK_RESERVE, RELEASE_CACHES, UNPARK, release_caches_here
 
     for name in (RELEASE_CACHES, PARK_RESERVE, PARK, UNPARK):
         assert getattr(getattr(Worker, name), MAGIC_ATTR)["dispatch_mode"] == Dispatch.ONE_TO_ALL, name

@@ -15,8 +15,8 @@ import pytest
 from agent_support import AgentProc, FakeVllmProc, agent_with_a_tenant_per_gpu, eventually, spawn_worker, stopped
 from timeslice_verl import hookimpl
 from timeslice_verl.agent.client import AgentError
-from timeslice_verl.config import ConfigError
-from timeslice_verl.overrides import compose
+from timeslice_verl.config.schema import ConfigError
+from timeslice_verl.config.overrides import compose
 from timeslice_verl.testing import RecordingPlugin, fake_event_sequence, make_lifecycle, play
 
 BUNDLED = ("agent", "timeline", "metrics")
@@ -99,10 +99,10 @@ def lifecycle(tmp_path, agent, workers, swap: str, *plugins):
     settings = compose("interleave", [
         "timeslice.job=swap-job", f"timeslice.agent.socket={agent.socket}", "timeslice.tenant.url=",
         f"timeslice.timeline.path={tmp_path / 'run.jsonl'}", "timeslice.handoff.prepare=false",
-        f"timeslice.handoff.swap={swap}",
+        f"timeslice.handoff.swap={swap}", "timeslice.handoff.break_even_margin=0",  # scripted valleys: lend them all
     ])
     lc = make_lifecycle(*plugins, settings=settings, load_installed=True, bundled=BUNDLED)
-    lc.workers = workers
+    lc.ranks = workers
     return lc
 
 
@@ -118,9 +118,10 @@ def test_workers_park_before_the_agent_freezes_and_unpark_after_it_thaws(node, s
     play(lifecycle(tmp_path, agent, workers, swap, recorder, probe), fake_event_sequence(3))
 
     names = [c[0] for c in workers.calls]
-    assert names[0] == "park_reserve", "the host buffer is pinned once, at init_workers_end, before any park"
-    assert names.count("park_reserve") == 1 and "release_caches" not in names
-    assert names[1:] == ["park", "unpark"] * (names.count("park")), names
+    assert names[:2] == ["release_caches", "park_reserve"], \
+        "at init_workers_end the ranks say what they hold (the round trip's estimate), then pin once, before any park"
+    assert names.count("park_reserve") == 1 and names.count("release_caches") == 1, "no cache release in a park swap"
+    assert names[2:] == ["park", "unpark"] * (names.count("park")), names
     # every valley: the job frozen; the worker stopped only when its remainder was checkpointed
     assert probe.seen and all(state == "FROZEN" and frozen == checkpointed for state, frozen in probe.seen)
     freezes = _freezes(recorder)
@@ -168,7 +169,7 @@ def test_the_swap_setting_is_checked_and_needs_workers_that_park(tmp_path):
     assert str(compose("interleave", ["timeslice.handoff.swap=park+checkpoint"]).handoff.swap) == "park+checkpoint"
     settings = compose("interleave", ["timeslice.handoff.swap=park", f"timeslice.agent.socket={tmp_path / 'none.sock'}"])
     lc = make_lifecycle(settings=settings, load_installed=True, bundled=BUNDLED)  # no workers: a trainer without verl's groups
-    with pytest.raises(ValueError, match="swap=park needs trainer workers"):
+    with pytest.raises(ValueError, match="swap=park needs trainer ranks"):
         lc.start()
 
 

@@ -1,42 +1,68 @@
-"""``timeslice.handoff.swap=auto``: park where every host can pin its ranks' state, else checkpoint."""
+"""``timeslice.handoff.swap=auto``: resident where the trainer's tensors and the awake tenant fit side by side, else
+park where every host can pin its ranks' state, else checkpoint; and what a round trip of each should cost."""
 
 from __future__ import annotations
 
 import pytest
 
 from test_handoff import Agent, Calls, Ranks
-from timeslice_verl.handoff import Handoff
-from timeslice_verl.swap_choice import choose, parkable
+from timeslice_verl.handoff.options import HandoffOptions
+from timeslice_verl.handoff.sequence import Handoff
+from timeslice_verl.handoff.swap_choice import (
+    TENANT_S,
+    agent_figures,
+    choose,
+    parkable,
+    resident_room,
+    round_trip_estimate,
+)
 
 GiB = 2**30
+H200 = 141 * GiB
 
 
-def rank(host: str, live_gib: float, available_gib: float) -> dict:
-    return {"host": host, "live_after": int(live_gib * GiB), "host_available": int(available_gib * GiB)}
+def rank(host: str, live_gib: float, available_gib: float, used_gib: float | None = None, total: int = H200,
+         pid: int = 7) -> dict:
+    out = {"pid": pid, "host": host, "live_after": int(live_gib * GiB), "host_available": int(available_gib * GiB)}
+    if used_gib is not None:
+        out.update(device_used=int(used_gib * GiB), device_total=total)
+    return out
+
+
+TENANT_50 = {"tenant_bytes": 50 * GiB}
 
 
 @pytest.mark.parametrize(
-    ("reports", "swap", "why"),
+    ("reports", "agent", "swap", "why"),
     [
-        (None, "checkpoint", "the ranks cannot park"),
-        ([], "checkpoint", "no rank reported its memory"),
-        ([rank("n1", 0, 128)], "checkpoint", "the ranks hold no GPU memory (no CUDA here?)"),
-        ([rank("n1", 18, 128)], "park", "n1 pins 18.0 GiB of 128.0 GiB available"),
-        # 18 GiB × 1.25 + 4 GiB = 26.5 GiB > 24 GiB
-        ([rank("n1", 18, 24)], "checkpoint", "park would pin host RAM the node cannot spare: n1 needs 18.0 GiB pinned, "
-                                             "24.0 GiB available; set timeslice.handoff.swap=park to force it"),
-        # two ranks on one host add up; the other host is fine, one short host decides
-        ([rank("n1", 10, 28), rank("n1", 10, 28), rank("n2", 10, 28)], "checkpoint",
-         "park would pin host RAM the node cannot spare: n1 needs 20.0 GiB pinned, 28.0 GiB available; "
-         "set timeslice.handoff.swap=park to force it"),
-        ([rank("n1", 10, 40), rank("n2", 10, 40)], "park", "n1 pins 10.0 GiB of 40.0 GiB available; "
-                                                            "n2 pins 10.0 GiB of 40.0 GiB available"),
-        ([rank("n1", 1, 0)], "checkpoint", "park would pin host RAM the node cannot spare: n1 needs 1.0 GiB pinned, "
-                                           "0.0 GiB available; set timeslice.handoff.swap=park to force it"),
+        (None, {}, "checkpoint", "the ranks cannot park"),
+        ([], {}, "checkpoint", "no rank reported its memory"),
+        ([rank("n1", 0, 128, 1)], TENANT_50, "checkpoint", "the ranks hold no GPU memory (no CUDA here?)"),
+        # an H200: 18 GiB of tensors (19 with the context) beside a 50 GiB vLLM
+        ([rank("n1", 18, 128, 19)], TENANT_50, "resident",
+         "resident fits: pid 7 keeps 19.0 GiB, room 84.0 GiB beside a 50.0 GiB tenant"),
+        # the tenant's footprint unknown (the agent has not measured it): park, the room on the host allows
+        ([rank("n1", 18, 128, 19)], {}, "park", "resident: the tenant's footprint is not known (the agent has not "
+                                                "measured it); park: n1 pins 18.0 GiB of 128.0 GiB available"),
+        # no NVML in the rank: its footprint is unknown
+        ([rank("n1", 18, 128)], TENANT_50, "park", "resident: pid 7 did not report its GPU footprint (no NVML?); park: n1 "
+                                                   "pins 18.0 GiB of 128.0 GiB available"),
+        # 90 GiB of tensors beside 50: no room; host RAM for park
+        ([rank("n1", 89, 256, 90)], TENANT_50, "park", "resident does not fit: pid 7 keeps 90.0 GiB, room 84.0 GiB beside "
+                                                       "a 50.0 GiB tenant; park: n1 pins 89.0 GiB of 256.0 GiB available"),
+        # no room beside the tenant, no host RAM: checkpoint (18 × 1.25 + 4 = 26.5 GiB > 24)
+        ([rank("n1", 18, 24, 19, total=64 * GiB)], TENANT_50, "checkpoint",
+         "resident does not fit: pid 7 keeps 19.0 GiB, room 10.8 GiB beside a 50.0 GiB tenant; park would pin host RAM "
+         "the node cannot spare: n1 needs 18.0 GiB pinned, 24.0 GiB available; set timeslice.handoff.swap=park to "
+         "force it"),
+        # two ranks on one host add up for park; one GPU short decides resident
+        ([rank("n1", 10, 40, 11, pid=1), rank("n2", 10, 40, 95, pid=2)], TENANT_50, "park",
+         "resident does not fit: pid 2 keeps 95.0 GiB, room 84.0 GiB beside a 50.0 GiB tenant; park: n1 pins 10.0 GiB "
+         "of 40.0 GiB available; n2 pins 10.0 GiB of 40.0 GiB available"),
     ],
 )
-def test_choose(reports, swap, why):
-    assert choose(reports) == (swap, why)
+def test_choose(reports, agent, swap, why):
+    assert choose(reports, agent) == (swap, why)
 
 
 def test_parkable_is_what_choose_accepts():
@@ -45,24 +71,65 @@ def test_parkable_is_what_choose_accepts():
     assert choose([rank("n", most / GiB + 0.01, 64)])[0] == "checkpoint"
 
 
+def test_resident_room_keeps_a_margin():
+    assert resident_room(H200, 50 * GiB) == H200 - 50 * GiB - int(H200 * 0.05)
+    assert resident_room(40 * GiB, 50 * GiB) == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "figures"),
+    [
+        ({}, {}),
+        ({"agent": {"gpus": [0]}, "tenant": {"footprint": 50 * GiB, "yield_s": 0.14, "reclaim_s": 0.1},
+          "bandwidth": {"checkpoint_gbps": 2.1, "restore_gbps": None}},
+         {"tenant_bytes": 50 * GiB, "yield_s": 0.14, "reclaim_s": 0.1, "checkpoint_gbps": 2.1}),
+        ({"agent": {"gpus": [0, 1]}, "tenant": {"footprint": 100 * GiB}}, {"tenant_bytes": 50 * GiB}),  # one per GPU
+        ({"nodes": {"a": {}, "b": {"agent": {"gpus": [0]}, "tenant": {"footprint": GiB}}}}, {"tenant_bytes": GiB}),
+    ],
+)
+def test_agent_figures(status, figures):
+    assert agent_figures(status) == figures
+
+
+@pytest.mark.parametrize(
+    ("swap", "reports", "pinned", "agent", "seconds"),
+    [
+        ("resident", [rank("n", 18, 128, 19)], [], {"yield_s": 0.14, "reclaim_s": 0.1}, 0.24),
+        ("resident", [rank("n", 18, 128, 19)], [], {}, TENANT_S),  # the tenant not timed yet: 2 s
+        # park: 2 × 20 GB at the rank's measured 50 GB/s, plus the tenant
+        ("park", [], [{"pinned": 20 * 10**9, "copy_gbps": 50.0}], {"yield_s": 0.2, "reclaim_s": 0.2}, 0.4 + 0.8),
+        # checkpoint: 16 GB at the agent's measured 2 out and 5 back
+        ("checkpoint", [rank("n", 15, 64, 16e9 / GiB)], [], {"checkpoint_gbps": 2.0, "restore_gbps": 5.0, "yield_s": 0.2,
+                                                             "reclaim_s": 0.2}, 0.4 + 8.0 + 3.2),
+    ],
+)
+def test_round_trip_estimate(swap, reports, pinned, agent, seconds):
+    got, how = round_trip_estimate(swap, reports, pinned, agent)
+    assert got == pytest.approx(seconds, rel=1e-6) and how
+
+
 class MemoryRanks(Ranks):
-    def __init__(self, calls: Calls, available_gib: float) -> None:
+    def __init__(self, calls: Calls, available_gib: float, used_gib: float | None = None) -> None:
         super().__init__(calls)
-        self.available = available_gib
+        self.available, self.used = available_gib, used_gib
 
     def release_caches(self):
         self.calls("release_caches")
-        return [rank("n1", 18, self.available)]
+        return [rank("n1", 18, self.available, self.used)]
 
 
-@pytest.mark.parametrize(("available", "swap", "pinned"), [(128, "park", True), (20, "checkpoint", False)])
-def test_the_handoff_resolves_auto_when_the_model_is_loaded(available, swap, pinned):
+class MeasuringAgent(Agent):
+    def status(self):
+        return {"agent": {"gpus": [0]}, "tenant": {"footprint": 50 * GiB}}
+
+
+@pytest.mark.parametrize(("available", "used", "swap", "pinned"),
+                         [(128, 19, "resident", False), (128, None, "park", True), (20, None, "checkpoint", False)])
+def test_the_handoff_resolves_auto_when_the_model_is_loaded(available, used, swap, pinned):
     calls = Calls()
-    h = Handoff("j", client=Agent(calls), ranks=MemoryRanks(calls, available), swap="auto", prepare=False)
+    h = Handoff("j", client=MeasuringAgent(calls), ranks=MemoryRanks(calls, available, used),
+                options=HandoffOptions(swap="auto", prepare=False))
     assert h.swap == "auto"
     h.begin()
     assert h.swap == swap and ("park_reserve" in calls) == pinned
-
-
-def test_auto_without_ranks_is_checkpoint():
-    assert Handoff("j", client=None, ranks=None, swap="auto").swap == "checkpoint"
+    assert h.forecast.round_trip_estimate is not None

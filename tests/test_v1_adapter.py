@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(
 if importlib.util.find_spec("verl") is not None and importlib.util.find_spec("transfer_queue") is not None:
     import v1_harness as h
 
-from timeslice_verl.config import ConfigError
+from timeslice_verl.config.schema import ConfigError
 
 KEYS = ("hook", "step", "param_version", "initial", "synced", "local_step", "samples", "force", "saved", "reason", "point")
 

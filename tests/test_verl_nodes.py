@@ -2,7 +2,7 @@
 
 Each Ray node gets its own ``XDG_RUNTIME_DIR`` (so its own default agent socket) and its own agent (CPU test
 backend) with a stand-in vLLM; verl's ``RayWorkerGroup`` places one worker on each node; the handoff's agent
-client is :class:`~timeslice_verl.node_agents.NodeAgents`, one actor per node.
+client is :class:`~timeslice_verl.handoff.nodes.NodeAgents`, one actor per node.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ pytestmark = [
 ]
 
 from agent_support import AgentProc, FakeVllmProc, eventually, stopped  # noqa: E402
-from timeslice_verl.handoff import Handoff, RankLost  # noqa: E402
+from timeslice_verl.handoff.options import HandoffOptions  # noqa: E402
+from timeslice_verl.handoff.ranks import RankLost  # noqa: E402
+from timeslice_verl.handoff.sequence import Handoff  # noqa: E402
 
 JOB = "mn-verl"
 
@@ -72,15 +74,16 @@ def _worker_group():
 
 def _handoff() -> tuple[Handoff, dict[str, list[int]], object]:
     """verl's worker group over both nodes and the handoff the agent plugin builds for it, past model loading."""
-    from timeslice_verl.adapters.workers import VerlWorkers
-    from timeslice_verl.node_agents import NodeAgents
+    from timeslice_verl.adapters.workers import VerlRanks
+    from timeslice_verl.handoff.nodes import NodeAgents
 
-    ranks = VerlWorkers(SimpleNamespace(actor_rollout_wg=_worker_group()))
+    ranks = VerlRanks(SimpleNamespace(actor_rollout_wg=_worker_group()))
     by_node = ranks.node_pids()
     assert len(by_node) == 2 and all(len(p) == 1 for p in by_node.values()), by_node
     agents = NodeAgents.on_ray_nodes(client_name=f"trainer:{JOB}", connect_timeout_s=5.0)  # as the agent plugin does
     assert sorted(agents.actors) == sorted(by_node), "every node's agent answers"
-    handoff = Handoff(JOB, client=agents, ranks=ranks, swap="checkpoint", prepare=False)
+    handoff = Handoff(JOB, client=agents, ranks=ranks, options=HandoffOptions(swap="checkpoint", prepare=False,
+                                                                       break_even_margin=0))  # scripted: lend all
     handoff.held = False
     handoff.acquire("init_workers_begin")  # model loading: every node's GPUs
     handoff.begin()  # each node's agent learns its own worker's pid

@@ -19,7 +19,7 @@ import numpy as np
 from transfer_queue import KVBatchMeta
 
 import verl
-from timeslice_verl.overrides import register_schema
+from timeslice_verl.config.overrides import register_schema
 
 VERL_CONFIG = Path(verl.__file__).parent / "trainer" / "config"
 

@@ -22,7 +22,7 @@ __all__ = ["__version__", "hookimpl"]
 def __getattr__(name: str) -> Any:
     # Lazy, so the agent (which must not import pluggy) can import the package's plain modules.
     if name == "hookimpl":
-        from timeslice_verl.hookspecs import hookimpl
+        from timeslice_verl.hooks.spec import hookimpl
 
         return hookimpl
     raise AttributeError(f"module 'timeslice_verl' has no attribute {name!r}")

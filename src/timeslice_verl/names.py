@@ -1,6 +1,6 @@
 """Names shared by the trainer side and the agent: the job tag and what a job name or tenant URL may be.
 
-Kept apart from :mod:`timeslice_verl.config` so the agent, which validates every request, needs no
+Kept apart from :mod:`timeslice_verl.config.schema` so the agent, which validates every request, needs no
 Hydra or OmegaConf to know them.
 """
 
@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 import urllib.parse
 
-SWAP_MODES = ("checkpoint", "park", "park+checkpoint")
-"""How a released job's memory leaves the GPU (``timeslice.handoff.swap``; the agent's ``release``)."""
+SWAP_MODES = ("checkpoint", "park", "park+checkpoint", "resident")
+"""How a released job's memory leaves the GPU (``timeslice.handoff.swap``; the agent's ``release``); ``resident``:
+it stays, beside the tenant."""
 JOB_TAG_ENV = "TIMESLICE_JOB"
 """Environment variable that tags a job's GPU worker processes (its value is the job name)."""
 JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

@@ -97,11 +97,11 @@ def test_a_job_forgotten_during_its_freeze_is_never_frozen(tmp_path):
         await arbiter.release("race-job", 1)  # the reconciler starts the freeze: discovery is held
         await asyncio.to_thread(held.scanning.wait, 10)
         arbiter.disconnect(1)  # the client dies mid-scan
-        await arbiter._watch_once()
-        assert "race-job" in arbiter.jobs, "a job that was never frozen is not forgotten (its processes may be on the GPU)"
+        await arbiter.watchdog.watch_once()
+        assert "race-job" in arbiter.book.jobs, "a job that was never frozen is not forgotten (its processes may be on the GPU)"
         held.go.set()
         await arbiter.settled(20)
-        job = arbiter.jobs.get("race-job")
+        job = arbiter.book.jobs.get("race-job")
         assert job is not None and job.state == FROZEN and job.pids() == [worker.pid], "frozen and still tracked"
         await arbiter.shutdown()
 
@@ -121,10 +121,10 @@ def test_a_freeze_whose_job_was_dropped_meanwhile_touches_nothing(tmp_path):
     async def scenario() -> None:
         arbiter = Arbiter(held.backend, StateStore(tmp_path / "state.json"), watch_interval_s=3600)
         await arbiter.start()
-        job = arbiter.jobs["dropped-job"] = Job(name="dropped-job")
-        freeze = asyncio.create_task(arbiter._freeze(job))
+        job = arbiter.book.jobs["dropped-job"] = Job(name="dropped-job")
+        freeze = asyncio.create_task(arbiter.executor.freeze(job))
         await asyncio.to_thread(held.scanning.wait, 10)
-        del arbiter.jobs["dropped-job"]
+        del arbiter.book.jobs["dropped-job"]
         held.go.set()
         await freeze
         await arbiter.shutdown()
@@ -148,7 +148,7 @@ def test_an_unreadable_proc_is_not_an_exited_process(tmp_path, monkeypatch):
         arbiter = Arbiter(make_backend("sigstop", probe=None, driver_timeout_s=5), StateStore(tmp_path / "s.json"),
                           watch_interval_s=3600)
         await arbiter.start()
-        job = arbiter.jobs["fd-job"] = Job(name="fd-job", state=FROZEN, procs=[procfs.identify(worker.pid)])
+        job = arbiter.book.jobs["fd-job"] = Job(name="fd-job", state=FROZEN, procs=[procfs.identify(worker.pid)])
         real = Path.read_text
 
         def emfile(self, *a, **kw):
@@ -159,10 +159,10 @@ def test_an_unreadable_proc_is_not_an_exited_process(tmp_path, monkeypatch):
         monkeypatch.setattr(Path, "read_text", emfile)
         with pytest.raises(procfs.ProcUnreadable):
             procfs.alive(job.procs[0])
-        await arbiter._watch_once()
+        await arbiter.watchdog.watch_once()
         monkeypatch.setattr(Path, "read_text", real)
-        assert arbiter.jobs["fd-job"].pids() == [worker.pid], "the frozen pid is still known"
-        assert arbiter.jobs["fd-job"].state == FROZEN
+        assert arbiter.book.jobs["fd-job"].pids() == [worker.pid], "the frozen pid is still known"
+        assert arbiter.book.jobs["fd-job"].state == FROZEN
         await arbiter.shutdown()
 
     try:
@@ -356,7 +356,7 @@ def test_tag_discovery_never_takes_another_users_process(tmp_path, procs):
 
 
 def test_job_names_are_bounded_per_client_and_the_trainer_is_not_starved(tmp_path, procs):
-    from timeslice_verl.agent.arbiter import MAX_JOBS_PER_CLIENT
+    from timeslice_verl.agent.jobs import MAX_JOBS_PER_CLIENT
     from timeslice_verl.agent.client import AgentError
 
     procs.append(spawn_worker("real-job"))

@@ -72,7 +72,7 @@ def test_the_agent_answers_others_and_says_which_tenant_call_it_waits_for(tmp_pa
     assert status["waiting_for"].startswith(f"POST /pause?mode=keep on {vllm.url} for ")
     assert "tenant yield" in status["transition"]
     assert not done.is_set(), "status was answered while the acquire still waits on the tenant"
-    from timeslice_verl.status import render_status
+    from timeslice_verl.tools.status import render_status
 
     assert "waiting for the tenant: POST /pause" in render_status(status)
 
@@ -169,10 +169,10 @@ def test_frozen_processes_whose_client_is_gone_are_thawed_after_the_grace(tmp_pa
         await arbiter.release("orphan-job", 1, wait=True)
         assert stopped(worker.pid)
         arbiter.disconnect(1)  # the leader rank was killed: its peers stay frozen with no client
-        await arbiter._watch_once()  # the grace (0 s here) is over
+        await arbiter.watchdog.watch_once()  # the grace (0 s here) is over
         await arbiter.settled(30)
         assert not stopped(worker.pid), "thawed: nobody would ever acquire them again"
-        assert "orphan-job" not in arbiter.jobs or arbiter.jobs["orphan-job"].ending
+        assert "orphan-job" not in arbiter.book.jobs or arbiter.book.jobs["orphan-job"].ending
         await arbiter.shutdown()
 
     try:
@@ -191,7 +191,7 @@ def test_a_second_agent_on_the_same_gpu_refuses_to_start_whatever_its_paths(tmp_
     procs.append(first)
     second = tmp_path / "b"
     second.mkdir(mode=0o700)
-    args = [PY, "-m", "timeslice_verl.cli", "agent", f"timeslice.agent.socket={second / 'agent.sock'}",
+    args = [PY, "-m", "timeslice_verl", "agent", f"timeslice.agent.socket={second / 'agent.sock'}",
             "timeslice.agent.backend=sigstop", "timeslice.tenant.url=", f"timeslice.agent.lock_dir={first.socket.parent}"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "another agent already arbitrates GPU 0" in done.stderr, done.stderr
@@ -236,9 +236,9 @@ def test_concurrent_registrations_and_unregistrations_never_answer_internal_and_
 
             await asyncio.gather(reg(), unreg(), unreg())
             if order[-1] == "register":
-                assert arbiter.tenant is not None and not arbiter.tenant._client.is_closed, order
+                assert arbiter.tenancy.tenant is not None and not arbiter.tenancy.tenant._client.is_closed, order
             else:
-                assert arbiter.tenant is None, order
+                assert arbiter.tenancy.tenant is None, order
         await arbiter.shutdown()
 
     asyncio.run(scenario())
@@ -248,7 +248,7 @@ def test_concurrent_registrations_and_unregistrations_never_answer_internal_and_
 
 
 def test_one_server_written_two_ways_is_one_server(tmp_path, procs):
-    from timeslice_verl.config import ConfigError, load_settings
+    from timeslice_verl.config.schema import ConfigError, load_settings
 
     with pytest.raises(ConfigError, match="listed twice"):
         load_settings({"tenant": {"urls": ["http://127.0.0.1:8001", "http://localhost:8001/"]}})
@@ -330,22 +330,22 @@ def test_the_watchdog_never_registers_the_tenant_again_during_a_move(tmp_path, p
     async def scenario() -> None:
         arbiter = _arbiter(tmp_path)
         await arbiter.start(vllm.url)
-        arbiter.tenant_rec.state = "dead"  # it stopped answering a while ago, and answers again now
+        arbiter.tenancy.record.state = "dead"  # it stopped answering a while ago, and answers again now
         calls: list[bool] = []
-        real = arbiter.tenant.register
+        real = arbiter.tenancy.tenant.register
 
         async def register():
-            calls.append(arbiter._step_lock.locked())
+            calls.append(arbiter.step_lock.locked())
             return await real()
 
-        arbiter.tenant.register = register
-        async with arbiter._step_lock:  # a move is under way
-            await arbiter._watch_once()
+        arbiter.tenancy.tenant.register = register
+        async with arbiter.step_lock:  # a move is under way
+            await arbiter.watchdog.watch_once()
         assert calls == [], "not during the move"
-        arbiter._next_tenant_probe = 0.0
-        await arbiter._watch_once()
+        arbiter.tenancy.next_probe = 0.0
+        await arbiter.watchdog.watch_once()
         assert calls == [True], "after it, and holding the step lock itself"
-        assert arbiter.tenant_rec.state == "awake"
+        assert arbiter.tenancy.record.state == "awake"
         await arbiter.shutdown()
 
     asyncio.run(scenario())

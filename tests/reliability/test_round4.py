@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import os
 import re
 import signal
 import socket
@@ -167,3 +168,41 @@ def test_a_listener_taken_over_after_registration_is_not_the_tenant(tmp_path, pr
         c.acquire("job-a", timeout_s=HUNG_FOR_MINUTES)
     eventually(lambda: not tenant.alive(), what="the process registered as the tenant stopped")
     assert decoy.alive(), "the process that took the port over is not the registered tenant"
+
+
+def test_a_call_is_never_kept_waiting_behind_the_clients_own_reconnect(tmp_path, procs):
+    """The reader keeps trying to reach an agent that went away (the client has a job to reattach); a call made
+    meanwhile still gives up after its own ``connect_timeout_s`` (it hung behind the reconnect's lock)."""
+    from timeslice_verl.agent.client import AgentError
+
+    agent = AgentProc(tmp_path).start()
+    procs.append(agent)
+    client = agent.client(connect_timeout_s=0.5)
+    client.prepare("job-a")  # the client has a job: it reconnects by itself once the agent is gone
+    agent.kill(signal.SIGKILL)
+    with pytest.raises(AgentError) as err:
+        client.status()
+    assert err.value.code == "unreachable"
+    client.close()
+
+
+# --------------------------------------------------------------------------- issue 30: a hung tenant seen ahead
+
+
+def test_a_tenant_that_stops_answering_while_lent_is_seen_wedged_and_reclaimed_by_the_kill_alone(tmp_path, procs):
+    """SIGSTOP mid-valley (a hung server): the agent's probe marks it wedged before any trainer asks; the reclaim
+    then skips the polite step (whose budget a stopped server would spend in full) and kills it."""
+    tenant = FakeVllmProc(tagged=True)
+    procs.append(tenant)
+    agent = AgentProc(tmp_path, tenant_url=tenant.url, extra=("timeslice.tenant.reclaim_deadline_s=60",)).start()
+    procs += [agent, spawn_worker("job-a")]
+    os.kill(tenant.proc.pid, signal.SIGSTOP)
+    seen = eventually(lambda: agent.status()["tenant"]["wedged"], what="the stopped tenant marked wedged")
+    assert seen == [tenant.url] and "is wedged" in agent.log()
+    with agent.client() as c:
+        reply = c.acquire("job-a", timeout_s=HUNG_FOR_MINUTES)
+        status = c.status()
+    yielded = _yields(reply)[-1]
+    assert "kill of a wedged tenant" in yielded["detail"] and not yielded["ok"]
+    assert status["owner"] == "job:job-a" and status["ladder"].get("kill") == 1 and not status["ladder"].get("abort")
+    assert tenant.proc.wait(30) == -signal.SIGKILL

@@ -2,8 +2,8 @@
 
 import csv
 
-from timeslice_verl.config import PluginSettings, TimesliceSettings
-from timeslice_verl.events import HandoffEvent, Transition
+from timeslice_verl.config.schema import PluginSettings, TimesliceSettings
+from timeslice_verl.hooks.events import HandoffEvent, Transition
 from timeslice_verl.testing import fake_event_sequence, play
 
 from timeslice_csv import COLUMNS, CsvHandoffPlugin
@@ -19,8 +19,8 @@ def test_one_row_per_handoff(tmp_path, timeslice_lifecycle, timeslice_recorder):
     lc.start()
     thaw = Transition("thaw", "csv-test", start=10.0, end=10.25, bytes=2 * 2**30)
     freeze = Transition("freeze", "csv-test", start=9.0, end=9.5, bytes=2 * 2**30)
-    lc.notify("handoff", lc.event(HandoffEvent, action="acquire", point="pre_train_step", waited_s=0.3, transitions=(freeze, thaw)))
-    lc.notify("handoff", lc.event(HandoffEvent, action="release", point="weight_sync_end", waited_s=0.002))
+    lc.handoff(lc.event(HandoffEvent, action="acquire", point="pre_train_step", waited_s=0.3, transitions=(freeze, thaw)))
+    lc.handoff(lc.event(HandoffEvent, action="release", point="weight_sync_end", waited_s=0.002))
     lc.stop()
     rows = list(csv.DictReader(open(tmp_path / "h.csv")))
     assert [r["action"] for r in rows] == ["acquire", "release"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 
-from timeslice_verl.overrides import conf_dir, register_schema
+from timeslice_verl.config.overrides import conf_dir, register_schema
 
 register_schema()
 

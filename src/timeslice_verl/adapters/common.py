@@ -8,10 +8,10 @@ import threading
 from typing import Any
 
 from timeslice_verl.adapters import TRAINER_MODULE
-from timeslice_verl.adapters.workers import VerlWorkers
-from timeslice_verl.config import JOB_TAG_ENV, ConfigError, TimesliceSettings, enabled_settings
-from timeslice_verl.events import RolloutEvent, TrainStepEvent
-from timeslice_verl.lifecycle import Lifecycle
+from timeslice_verl.adapters.workers import VerlRanks
+from timeslice_verl.config.schema import JOB_TAG_ENV, ConfigError, TimesliceSettings, enabled_settings
+from timeslice_verl.hooks.events import RolloutEvent, TrainStepEvent
+from timeslice_verl.hooks.lifecycle import Lifecycle
 from timeslice_verl.log import get_logger
 
 log = get_logger("adapter")
@@ -102,7 +102,7 @@ def _bind(trainer: Any) -> Lifecycle | object:
         log.info("timeslice: %s adapter fires lifecycle events for job %s (pid %d)", chosen, settings.job, os.getpid())
     extra = {"progress": v1_progress} if is_v1 else {}  # fully-async: the dispatcher's default (param versions)
     backlog = (lambda: v1_backlog(trainer)) if is_v1 else (lambda: fully_async_backlog(trainer))
-    return Lifecycle.build(settings, trainer=trainer, adapter=chosen, workers=VerlWorkers(trainer), backlog=backlog,
+    return Lifecycle.build(settings, trainer=trainer, adapter=chosen, ranks=VerlRanks(trainer), backlog=backlog,
                            **extra)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from timeslice_verl.config import JOB_TAG_ENV, ConfigError, TimesliceSettings, enabled_settings
+from timeslice_verl.config.schema import JOB_TAG_ENV, ConfigError, TimesliceSettings, enabled_settings
 
 BUNDLED_AGENT = "agent"
 JOB_TAG_KEY = f"ray_kwargs.ray_init.runtime_env.env_vars.{JOB_TAG_ENV}"

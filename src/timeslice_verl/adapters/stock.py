@@ -19,6 +19,12 @@ Errors escaping ``init_workers``, ``_fit_update_weights`` or ``fit`` fire ``trai
 once and propagate unchanged. Wrapping is idempotent, keeps each method's signature, docstring and
 async-ness (Ray inspects them), and is inert for a trainer without an enabled ``timeslice`` section.
 
+The seams are plain functions (``functools.wraps``), not ``wrapt`` proxies as ``verl_entry`` uses for
+``run_ppo``: Ray pickles verl's trainer class *by value* to the actor's process (the module's
+``FullyAsyncTrainer`` is the ActorClass, so the class cannot be found by reference), and cloudpickle takes a
+wrapt proxy for the function it wraps — the seam would arrive unwrapped (``tests/test_adapters.py``'s real
+Ray actor test showed it). A function travels whole.
+
 Each seam is written once, as a *plan* (:mod:`timeslice_verl.adapters.plans`, shared with the other
 adapters): a generator that yields what to do and gets the outcome back, driven the same way from a
 synchronous or an asynchronous verl method.
@@ -32,7 +38,7 @@ from typing import Any, Callable
 
 from timeslice_verl.adapters.common import in_fit, lifecycle_for, rollout_event, save_due, set_in_fit, train_step_event
 from timeslice_verl.adapters.plans import CALL, Fire, Plan, arun, fit_plan, init_plan, run, save_plan, sync_plan
-from timeslice_verl.lifecycle import Lifecycle
+from timeslice_verl.hooks.lifecycle import Lifecycle
 from timeslice_verl.log import get_logger
 
 log = get_logger("adapter.stock")
@@ -51,14 +57,14 @@ def _plan_init_workers(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> P
 def _plan_get_samples(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
     result = yield CALL
     if isinstance(result, tuple) and len(result) == 2 and result[1] is not None:
-        yield Fire("post_rollout", rollout_event(lc, self, result[1]))
+        yield Fire(Lifecycle.post_rollout, rollout_event(lc, self, result[1]))
     return result
 
 
 def _plan_fit_generate(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
     batch = yield CALL
     if batch is not None:
-        yield Fire("pre_train_step", train_step_event(lc, self))
+        yield Fire(Lifecycle.pre_train_step, train_step_event(lc, self))
     return batch
 
 

@@ -34,10 +34,10 @@ from types import ModuleType
 from typing import Any, Iterator
 
 from timeslice_verl.adapters.common import _V1_VERSION_ATTR, V1_MARKER, lifecycle_for
-from timeslice_verl.adapters.plans import fit_plan, init_plan, run, save_plan, sync_plan
+from timeslice_verl.adapters.plans import fit_plan, init_plan, run, sample_plan, save_plan, sync_plan
 from timeslice_verl.adapters.preflight import check_v1
-from timeslice_verl.config import enabled_settings
-from timeslice_verl.events import RolloutEvent, TrainStepEvent
+from timeslice_verl.config.schema import enabled_settings
+from timeslice_verl.hooks.events import RolloutEvent, TrainStepEvent
 from timeslice_verl.log import get_logger
 
 log = get_logger("adapter.v1")
@@ -101,10 +101,9 @@ def build(module: ModuleType) -> type:
                 return
             waited = time.monotonic() - self.__dict__.pop("_timeslice_sample_t0", time.monotonic())
             samples = int(self.config.data.train_batch_size) // max(1, int(self.parameter_sync_step))
-            lc.call("post_rollout", lc.event(RolloutEvent, samples=samples, required_samples=samples,
-                                             queue_wait_s=round(waited, 6)))
-            lc.call("pre_train_step", lc.event(TrainStepEvent, local_step=int(self.local_trigger_step) + 1,
-                                               samples=samples))
+            run(lc, sample_plan(
+                lc.event(RolloutEvent, samples=samples, required_samples=samples, queue_wait_s=round(waited, 6)),
+                lc.event(TrainStepEvent, local_step=int(self.local_trigger_step) + 1, samples=samples)))
 
         def _save_checkpoint(self) -> None:
             lc = lifecycle_for(self, NAME)

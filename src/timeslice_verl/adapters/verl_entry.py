@@ -33,7 +33,7 @@ def install_adapters(module: ModuleType) -> None:
 
 def install_worker_methods(module: ModuleType) -> None:
     """Add our registered methods to verl's base ``Worker`` before verl builds worker classes."""
-    from timeslice_verl.adapters.workers import install_worker_methods as install
+    from timeslice_verl.ranks.worker import install_worker_methods as install
 
     try:
         install(module)

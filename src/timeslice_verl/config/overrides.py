@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf.errors import OmegaConfBaseException
 
-from timeslice_verl.config import SECTION, ConfigError, TimesliceSettings, _full_key, load_settings
+from timeslice_verl.config.schema import SECTION, ConfigError, TimesliceSettings, _full_key, load_settings
 
 SCHEMA_GROUP = "timeslice_schema"
 """Where the schema lives in Hydra's ConfigStore: outside the ``timeslice`` group, so it is never
@@ -35,11 +35,11 @@ def register_schema() -> None:
 
 def conf_dir() -> Path:
     """The shipped Hydra config directory (inside the wheel, or ``conf/`` of a source checkout)."""
-    here = Path(__file__).resolve().parent
-    packaged = here / "conf"
+    package = Path(__file__).resolve().parent.parent  # src/timeslice_verl, or the installed package
+    packaged = package / "conf"
     if (packaged / SECTION).is_dir():
         return packaged
-    source = here.parent.parent / "conf"
+    source = package.parent.parent / "conf"
     if (source / SECTION).is_dir():
         return source
     raise FileNotFoundError(f"timeslice-verl's Hydra config directory is missing (looked in {packaged} and {source})")

@@ -9,6 +9,7 @@ choices fail with :class:`ConfigError`, whose message starts with the full key.
 from __future__ import annotations
 
 import enum
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -86,7 +87,11 @@ class AgentSettings:
     with its own tenant) takes part in each handoff, through one Ray actor per node. Model loading goes to every
     live Ray node whose agent answers; once the workers exist, to the nodes that host them."""
     reattach_grace_s: float = 60.0
-    """After an agent restart, how long a job that held the GPU keeps it without its client coming back."""
+    """After an agent restart, how long a job that held the GPU keeps it without its client coming back (a client
+    reattaches by itself the moment the agent answers again; this covers one that is gone for good)."""
+    shutdown_timeout_s: float = 10.0
+    """On SIGTERM, how long the agent waits for each step of its shutdown (a transition under way, the tenant's
+    wake-up, its connections) before it goes on."""
     freeze_off_gpu: bool = False
     """Also freeze tagged or registered processes that NVML does not place on ``gpus`` (off: a job's
     processes on other GPUs, such as verl's rollouter, are never touched)."""
@@ -123,6 +128,12 @@ class TenantSettings:
     """The longest the tenant may take to give the GPU back. Past it the agent goes down the ladder: abort
     the tenant's in-flight requests, then kill its processes (only those tagged ``TIMESLICE_TENANT``); the
     trainer gets its GPU within this bound whatever the tenant does. 0: no bound (wait for the tenant)."""
+    probe_interval_s: float = 0.5
+    """While the tenant has the GPU, how often the agent checks that it still answers and is in the state recorded
+    (a tenant that stops answering is marked wedged: reclaiming it goes straight to the kill). 0: never."""
+    probe_timeout_s: float = 0.75
+    """How long one such check may take before it counts as no answer (two in a row: wedged, at most
+    2 × (interval + timeout) = 2.5 s after it stopped; a reclaim still asks it once more before the kill)."""
 
 
 @dataclass
@@ -142,12 +153,18 @@ class HandoffSettings:
     yield, thaw, unpark, as measured in this run); a release whose next batch is already queued is always
     skipped. 0: lend every valley."""
     swap: Swap = Swap["auto"]
-    """How the trainer's GPU memory leaves the GPU: ``auto`` (``park`` when every node has the host RAM it
-    pins, with room to spare; else ``checkpoint``, and the log says why), ``checkpoint`` (the agent's driver checkpoint moves
-    the whole process, ~2 GB/s), ``park`` (each worker copies its tensors to pinned host RAM at copy-engine
-    speed, ~50 GB/s, and the agent only locks it; context and NCCL stay, ~1–2 GB) or ``park+checkpoint``
-    (park, then the driver checkpoint moves the remainder: the GPU is left empty). Park modes pin host
-    RAM once per worker, the size of its parameters, gradients and optimizer state."""
+    """How the trainer's GPU memory leaves the GPU: ``auto`` (``resident`` where the trainer's tensors and the awake
+    tenant fit side by side, else ``park`` where every node has the host RAM it pins, else ``checkpoint``; the log
+    and ``doctor`` say which and why), ``resident`` (nothing moves: the ranks free their caches, the agent locks them
+    and wakes the tenant beside them; the way back is the tenant's yield), ``checkpoint`` (the agent's driver
+    checkpoint moves the whole process, ~2 GB/s), ``park`` (each worker copies its tensors to pinned host RAM at
+    copy-engine speed, ~50 GB/s, and the agent only locks it; context and NCCL stay, ~1–2 GB) or
+    ``park+checkpoint`` (park, then the driver checkpoint moves the remainder: the GPU is left empty). Park modes
+    pin host RAM once per worker, the size of its parameters, gradients and optimizer state."""
+    late_cost: float = 4.0
+    """What a second of the trainer waiting for its GPU costs against a second of GPU time lost to the tenant: the
+    way back is timed so the batch is ready before it with probability 1 / (1 + late_cost), calibrated by the
+    run's own forecast errors."""
 
 
 @dataclass
@@ -164,6 +181,30 @@ class PluginSettings:
     """Log every hook call (plugin, hook, duration) to the ``timeslice.trace`` logger."""
     options: Dict[str, Any] = field(default_factory=dict)
     """Free-form settings for third-party plugins, one mapping per plugin name."""
+
+
+@dataclass
+class BatchSettings:
+    """The node's batch service (``timeslice-verl batch serve``) and its clients (``batch submit``, ``status``)."""
+
+    host: str = "127.0.0.1"
+    """Where the service listens (and its clients find it); loopback: only this node reaches it."""
+    port: int = 8090
+    db: str = ""
+    """Its SQLite file; empty: ``$XDG_STATE_HOME/timeslice-verl/batch.sqlite`` (``~/.local/state/…``)."""
+    tenant_url: str = ""
+    """The vLLM it feeds; empty: ``timeslice.tenant.url``."""
+    follow_agent: bool = True
+    """Send lines only while the node's agent says the tenant owns the GPU (off: whenever the tenant answers)."""
+    concurrency: int = 32
+    """Lines in flight at once."""
+    max_attempts: int = 5
+    """Tries of a line whose request failed for a reason not its own (an abort, a kill, a restart), then it fails."""
+    max_file_mb: float = 200.0
+    """The largest input file accepted."""
+    request_timeout_s: float = 600.0
+    poll_s: float = 0.5
+    """How often the service asks the agent who owns the GPU."""
 
 
 @dataclass
@@ -194,23 +235,34 @@ class TimesliceSettings:
     plugins: PluginSettings = field(default_factory=PluginSettings)
     timeline: TimelineSettings = field(default_factory=TimelineSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    batch: BatchSettings = field(default_factory=BatchSettings)
 
 
 CHOICES: dict[str, tuple[Any, ...]] = {
     "tenant.sleep_level": (1, 2),
 }
-NON_NEGATIVE = (
-    "agent.driver_timeout_s",
-    "agent.reattach_grace_s",
-    "agent.connect_timeout_s",
-    "agent.park_overhead_gib",
-    "tenant.request_timeout_s",
-    "tenant.drain_timeout_s",
-    "tenant.reclaim_deadline_s",
-    "handoff.acquire_timeout_s",
-    "handoff.prepare_lead_s",
-    "handoff.break_even_margin",
-)
+DAY_S = 86400.0
+RANGES: dict[str, tuple[float, float, bool]] = {
+    # key: (lowest, highest, lowest allowed?) — every float setting; nan and infinities are never meaningful
+    "agent.driver_timeout_s": (0.0, 30 * DAY_S, False),
+    "agent.reattach_grace_s": (0.0, 30 * DAY_S, True),
+    "agent.connect_timeout_s": (0.0, 30 * DAY_S, False),
+    "agent.park_overhead_gib": (0.0, 1024.0, True),
+    "agent.shutdown_timeout_s": (0.0, DAY_S, False),
+    "tenant.request_timeout_s": (0.0, DAY_S, False),
+    "tenant.drain_timeout_s": (0.0, 30 * DAY_S, False),
+    "tenant.reclaim_deadline_s": (0.0, DAY_S, True),
+    "tenant.probe_interval_s": (0.0, 3600.0, True),
+    "tenant.probe_timeout_s": (0.0, 600.0, False),
+    "handoff.acquire_timeout_s": (0.0, 30 * DAY_S, True),
+    "handoff.prepare_lead_s": (0.0, DAY_S, True),
+    "handoff.break_even_margin": (0.0, 1000.0, True),
+    "handoff.late_cost": (0.0, 1e6, False),
+    "batch.max_file_mb": (0.0, 1e6, False),
+    "batch.request_timeout_s": (0.0, DAY_S, False),
+    "batch.poll_s": (0.0, 60.0, False),
+}
+"""The meaningful range of each float setting (0 where it is allowed means "off" or "no bound", as the key says)."""
 
 
 def _full_key(key: Any) -> str:
@@ -254,9 +306,11 @@ def _check_values(settings: TimesliceSettings) -> None:
         value = _get(settings, key)
         if value not in allowed:
             raise ConfigError(_full_key(key), f"{value!r} is not one of {', '.join(map(repr, allowed))}")
-    for key in NON_NEGATIVE:
-        if _get(settings, key) < 0:
-            raise ConfigError(_full_key(key), f"must be >= 0, got {_get(settings, key)}")
+    for key, (low, high, low_ok) in RANGES.items():
+        value = float(_get(settings, key))
+        if not math.isfinite(value) or value > high or value < low or (value == low and not low_ok):
+            bound = f">= {low:g}" if low_ok else f"> {low:g}"
+            raise ConfigError(_full_key(key), f"must be a number {bound} and <= {high:g}, got {value}")
     if not valid_job(settings.job):
         raise ConfigError(
             _full_key("job"), f"{settings.job!r} is not a job name (letters, digits, '.', '_', '-'; max 64)"
@@ -265,8 +319,14 @@ def _check_values(settings: TimesliceSettings) -> None:
         raise ConfigError(_full_key("agent.gpus"), "must name at least one GPU index")
     if any(g < 0 for g in settings.agent.gpus):
         raise ConfigError(_full_key("agent.gpus"), f"GPU indices must be >= 0, got {settings.agent.gpus}")
-    if not 0 <= settings.agent.metrics_port <= 65535:
-        raise ConfigError(_full_key("agent.metrics_port"), f"not a TCP port: {settings.agent.metrics_port}")
+    for key in ("agent.metrics_port", "batch.port"):
+        if not 0 <= _get(settings, key) <= 65535:
+            raise ConfigError(_full_key(key), f"not a TCP port: {_get(settings, key)}")
+    for key, low in (("batch.concurrency", 1), ("batch.max_attempts", 1)):
+        if not low <= _get(settings, key) <= 100_000:
+            raise ConfigError(_full_key(key), f"must be between {low} and 100000, got {_get(settings, key)}")
+    if settings.batch.tenant_url and not valid_url(settings.batch.tenant_url):
+        raise ConfigError(_full_key("batch.tenant_url"), f"{settings.batch.tenant_url!r} is not an http(s) URL")
     for i, each in enumerate(settings.tenant.urls):
         if not valid_url(each) or "," in each:
             raise ConfigError(_full_key(f"tenant.urls[{i}]"), f"{each!r} is not an http(s) URL")
@@ -318,8 +378,13 @@ def default_runtime_dir() -> Path:
     return Path(f"/tmp/timeslice-verl-{os.getuid()}")
 
 
+def default_socket() -> Path:
+    """Where ``timeslice-verl agent`` listens when ``timeslice.agent.socket`` is empty."""
+    return default_runtime_dir() / "agent.sock"
+
+
 def socket_path(settings: TimesliceSettings) -> Path:
-    return Path(settings.agent.socket) if settings.agent.socket else default_runtime_dir() / "agent.sock"
+    return Path(settings.agent.socket) if settings.agent.socket else default_socket()
 
 
 def state_path(settings: TimesliceSettings) -> Path:

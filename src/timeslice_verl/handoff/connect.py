@@ -1,7 +1,7 @@
 """Reaching the node's agent from a trainer, and starting one when none answers (``agent.autostart``).
 
 An autostarted agent gets the trainer's whole ``agent`` and ``tenant`` sections as overrides
-(:func:`timeslice_verl.config.to_overrides`): it runs with exactly the settings the trainer was given.
+(:func:`timeslice_verl.config.overrides.to_overrides`): it runs with exactly the settings the trainer was given.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 from timeslice_verl.agent.client import AgentClient, AgentError
-from timeslice_verl.config import TimesliceSettings, socket_path
-from timeslice_verl.overrides import to_overrides
+from timeslice_verl.config.schema import TimesliceSettings, socket_path
+from timeslice_verl.config.overrides import to_overrides
 from timeslice_verl.log import get_logger
 
 log = get_logger("handoff")
@@ -20,7 +20,7 @@ log = get_logger("handoff")
 
 def agent_command(settings: TimesliceSettings) -> list[str]:
     """The command that starts an agent with ``settings`` (no shell: a list of arguments)."""
-    return [sys.executable, "-m", "timeslice_verl.cli", "agent", *to_overrides(settings)]
+    return [sys.executable, "-m", "timeslice_verl", "agent", *to_overrides(settings)]
 
 
 def connect(settings: TimesliceSettings, *, client_name: str) -> AgentClient:

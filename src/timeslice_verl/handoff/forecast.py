@@ -1,27 +1,191 @@
-"""The trainer's idle valleys as the handoff sees them: whether one is worth lending, and when it ends.
+"""The trainer's idle valleys as the handoff sees them: whether one is worth lending, and when to come back. Pure.
 
-Pure (no I/O, no clock): :class:`~timeslice_verl.handoff.Handoff` feeds it what it measured and asks.
+:class:`~timeslice_verl.handoff.sequence.Handoff` feeds it what it reads and measures (no I/O, no clock here):
 
-* **Break-even.** A handoff costs a round trip — park, the agent's freeze, the tenant's wake and its
-  yield, the thaw, the unpark — measured on this node in this run. A valley is lent only when it is
-  expected to last ``margin`` times that; a valley shorter than the round trip would leave the tenant
-  nothing and cost the trainer the round trip.
-* **The valley's length** comes from verl's own signals: the *backlog* (samples queued for the next
-  step against the samples it needs: fully-async's message queue, v1's replay buffer) and the
-  production rate seen in recent valleys (seconds per missing sample). A full backlog means no valley.
-* **Prepare.** The way back (yield, thaw, unpark) is started ``lead`` seconds before the valley is
-  expected to end: with a backlog, when the missing samples times the per-sample time fall under the
-  lead; without one (an SPMD trainer), after the shortest recent queue wait minus the lead.
+* **Arrivals.** The *backlog* (samples queued for the next step against the samples it needs: fully-async's
+  message queue, v1's replay buffer) is read at each acquire and release and, during a valley, by the way back.
+  What it grew by between two reads are arrivals: :class:`ArrivalRate` keeps the rate over the last ``window``
+  samples, so it follows this valley's production (and the growth of response lengths over a run) rather than a
+  median of old valleys. Reads taken while a whole batch was queued do not count (production may be held at the
+  staleness bound then).
+* **The remaining wait, as this run showed it.** When a valley ends, the way back's reads say when each count of
+  missing samples was reached and so how long the batch still took from there: for each count ``k``, recent
+  valleys' remaining waits, in units of the mean time between samples (so lengths that grow over a run scale
+  them). With ``k`` missing ``a`` seconds after the last sample came, the remaining wait is one of those that
+  outlasted ``a``, less ``a``: even arrivals give one exact answer, a long tail a spread, Poisson arrivals forget
+  the age — whatever the rollout's shape, from its own record. Until a count has :data:`MIN_TAIL` of them, the
+  expectation ``(k − min(λa, 0.95)) / λ`` at rate ``λ`` stands in.
+* **When to come back.** Starting the way back (``w`` seconds: the tenant's yield, the thaw, the unpark) at ``f``
+  costs ``late_cost`` per second the trainer then waits and 1 per second the GPU sits back with the trainer
+  unused; the expected cost is lowest when the batch is ready before ``f + w`` with probability
+  ``1 / (1 + late_cost)`` (the newsvendor's quantile). So the way back starts once that quantile of the remaining
+  wait is down to ``w``: the lead is the swap's way back and this run's spread.
+* **Break-even.** A valley is lent only when its expected length is ``margin`` round trips and its 10 % quantile
+  (samples taken as Poisson arrivals) at least one. Round trips are measured in the run; before the first, the
+  handoff's estimate (bytes to move over this node's bandwidth, plus the tenant's yield). A full backlog is no
+  valley. With nothing to forecast yet (no rate), only a handoff cheaper than :data:`COLD_TRIP_S` is lent.
+* Without a backlog signal (an SPMD trainer that gives none) the valleys' own lengths stand in for the forecast:
+  the way back starts ``w`` before their low quantile.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
 
 MARGIN = 1.5
 """How many round trips a valley must be expected to last to be lent (``timeslice.handoff.break_even_margin``)."""
+LATE_COST = 4.0
+"""A second of trainer wait against a second of GPU time lost to the tenant (``timeslice.handoff.late_cost``)."""
+COLD_TRIP_S = 1.0
+"""With nothing to forecast a valley by, it is lent only when the handoff's round trip is estimated below this."""
+MIN_TAIL = 5
+"""Remaining waits a count of missing samples needs before they, not the rate's expectation, time the way back."""
+PROGRESS_CAP = 0.95
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def erlang_cdf(x: float, k: int, rate: float) -> float:
+    """P(the ``k``-th arrival of a Poisson process of ``rate`` comes within ``x``)."""
+    if k <= 0 or x == math.inf:
+        return 1.0
+    if x <= 0 or rate <= 0:
+        return 0.0
+    lx = rate * x
+    term = total = math.exp(-lx)
+    for i in range(1, k):
+        term *= lx / i
+        total += term
+        if term < 1e-16 * total:
+            break
+    return max(0.0, min(1.0, 1.0 - total))
+
+
+def erlang_quantile(p: float, k: int, rate: float) -> float:
+    """The ``p`` quantile of the time to the ``k``-th arrival (bisection on :func:`erlang_cdf`)."""
+    if k <= 0:
+        return 0.0
+    lo, hi = 0.0, (k + 10 * math.sqrt(k) + 10) / rate
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if erlang_cdf(mid, k, rate) < p:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def quantile(values: list[float] | tuple[float, ...], q: float) -> float:
+    data = sorted(values)
+    pos = (len(data) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def remaining(missing: int, rate: float, age_s: float) -> float:
+    """Expected seconds until ``missing`` samples came at ``rate``, the next one ``age_s`` along."""
+    return max(0.0, missing - min(rate * max(0.0, age_s), PROGRESS_CAP)) / rate
+
+
+# ------------------------------------------------------------------ arrivals
+
+
+class ArrivalRate:
+    """Samples per second over the last ``window`` arrivals, from successive backlog reads."""
+
+    def __init__(self, window: int = 32) -> None:
+        self.window = window
+        self.spans: deque[tuple[float, int]] = deque()
+        """(seconds, arrivals) between successive reads that count."""
+        self.last_arrival: float | None = None
+        """When a read last showed a new sample."""
+        self._last: tuple[float, int, int] | None = None
+
+    def observe(self, t: float, queued: int, required: int) -> int:
+        """A backlog read at ``t``; the arrivals it shows since the last read."""
+        last, self._last = self._last, (t, queued, required)
+        if last is None or t <= last[0]:
+            return 0
+        t0, q0, _ = last
+        arrivals = max(0, queued - q0 if queued >= q0 else queued + required - q0)  # fewer: a batch was taken between
+        if arrivals:
+            self.last_arrival = t
+        if required > 0 and q0 >= required:  # a whole batch waited: production may be held at the bound
+            return arrivals
+        self.spans.append((t - t0, arrivals))
+        while len(self.spans) > 1 and sum(n for _, n in self.spans) - self.spans[0][1] >= self.window:
+            self.spans.popleft()
+        return arrivals
+
+    def copy(self) -> ArrivalRate:
+        """A copy for another thread to go on with (the way back's)."""
+        out = ArrivalRate(self.window)
+        out.spans, out._last, out.last_arrival = deque(self.spans), self._last, self.last_arrival
+        return out
+
+    def forget_last(self) -> None:
+        """The next read starts a new span (a read that could not be trusted)."""
+        self._last = None
+
+    @property
+    def count(self) -> int:
+        return sum(n for _, n in self.spans)
+
+    def rate(self) -> float | None:
+        """Arrivals per second, or None before two arrivals were seen."""
+        seconds = sum(s for s, _ in self.spans)
+        return self.count / seconds if self.count >= 2 and seconds > 0 else None
+
+
+# ------------------------------------------------------------------ one valley's plan (what the way back follows)
+
+
+@dataclass(frozen=True)
+class ValleyPlan:
+    """What the way back needs to time one valley, frozen at its release (the way back's thread only reads it)."""
+
+    rate: float | None
+    """Arrivals per second at the release; None without a backlog rate."""
+    way_back_s: float
+    """How long the way back takes (the last one measured, else the handoff's estimate)."""
+    level: float = 0.2
+    """The probability of a late way back that the costs call for."""
+    tails: tuple[tuple[float, ...], ...] = ()
+    """For each count of missing samples, recent remaining waits in mean gaps between samples."""
+    lead_s: float = 0.0
+    """A fixed lead instead (``timeslice.handoff.prepare_lead_s``): start when the expected wait is down to it."""
+    valleys: tuple[float, ...] = ()
+    """Recent valley lengths (for trainers without a backlog signal)."""
+
+    def expected(self, missing: int | None, rate: float | None, age_s: float) -> float | None:
+        rate = rate or self.rate
+        if missing is None or not rate:
+            return None
+        return 0.0 if missing <= 0 else remaining(missing, rate, age_s)
+
+    def due_in(self, missing: int | None, rate: float | None = None, *, age_s: float = 0.0,
+               elapsed_s: float = 0.0) -> float | None:
+        """Seconds until the way back should start (0: now), with ``missing`` samples still to come at ``rate``
+        (default: the release's), the next ``age_s`` along, ``elapsed_s`` after the release; None when nothing tells."""
+        if missing is not None and missing <= 0:
+            return 0.0  # the batch is complete: now
+        rate = rate or self.rate
+        if missing is not None and rate:
+            tail = self.tails[missing] if missing < len(self.tails) else ()
+            if self.lead_s > 0 or len(tail) < MIN_TAIL:
+                lead = self.lead_s or self.way_back_s
+                return max(0.0, remaining(missing, rate, age_s) - lead)
+            ahead = [u / rate - age_s for u in tail if u / rate > age_s]
+            if not ahead:  # longer than any valley of this run at this count: now
+                return 0.0
+            return max(0.0, quantile(ahead, self.level) - self.way_back_s)
+        if self.valleys:  # no backlog: the valleys' own lengths
+            return max(0.0, quantile(self.valleys, self.level) - (self.lead_s or self.way_back_s) - elapsed_s)
+        return None
 
 
 @dataclass(frozen=True)
@@ -32,102 +196,124 @@ class Decision:
     """The valley's expected length (None when there is nothing to go on)."""
 
 
+# ------------------------------------------------------------------ what the handoff learns over a run
+
+
 class ValleyForecast:
     """What the handoff learned of this run's valleys, and the rules it applies (see the module)."""
 
-    def __init__(self, lead_s: float = 0.0, margin: float = MARGIN, history: int = 5) -> None:
-        self.lead_s = lead_s
-        self.margin = margin
-        self.waits: deque[float] = deque(maxlen=history)
-        self.per_sample_s: deque[float] = deque(maxlen=history)
-        self.round_trips: deque[float] = deque(maxlen=history)
-        self.thaw_s: float | None = None
-        self._missing: int | None = None
-        """Samples missing when the last valley began (at the release or its skip)."""
+    def __init__(self, *, lead_s: float = 0.0, margin: float = MARGIN, late_cost: float = LATE_COST,
+                 history: int = 20, window: int = 32) -> None:
+        self.lead_s, self.margin, self.late_cost = lead_s, margin, late_cost
+        self.arrivals = ArrivalRate(window)
+        self.round_trips: deque[float] = deque(maxlen=5)
+        self.round_trip_estimate: float | None = None
+        """Before any round trip was measured: bytes to move over this node's bandwidth, plus the tenant's yield."""
+        self.way_back_s: float | None = None
+        self.history = history
+        self.tails: dict[int, deque[float]] = {}
+        """Samples missing → recent remaining waits from the moment that many were missing, in mean gaps."""
+        self.valleys: deque[float] = deque(maxlen=history)
 
     # ------------------------------------------------------------------ what was measured
 
-    def observe_wait(self, seconds: float) -> None:
-        """The trainer waited ``seconds`` for the batch of the valley that just ended."""
-        if seconds < 0:
-            return
-        self.waits.append(seconds)
-        if self._missing and seconds > 0:
-            self.per_sample_s.append(seconds / self._missing)
-        self._missing = None
+    def observe_backlog(self, t: float, backlog: tuple[int, int] | None) -> None:
+        if backlog is None:
+            self.arrivals.forget_last()
+        else:
+            self.arrivals.observe(t, *backlog)
 
-    def observe_thaw(self, seconds: float) -> None:
+    def observe_way_back(self, seconds: float) -> None:
         """How long the last way back took: the tenant's yield, the thaw and the ranks' unpark."""
         if seconds > 0:
-            self.thaw_s = seconds
+            self.way_back_s = seconds
 
     def observe_round_trip(self, seconds: float) -> None:
         """What one whole handoff cost (out and back)."""
         if seconds > 0:
             self.round_trips.append(seconds)
 
+    def observe_valley(self, seconds: float, reads: list[tuple[float, tuple[int, int] | None]] = (),  # type: ignore[assignment]
+                       end: float = 0.0) -> None:
+        """A valley ended after ``seconds`` (at ``end``); ``reads``: the backlog as read through it, which says when
+        each count of missing samples was reached, and so what remained of the wait from there."""
+        if seconds >= 0:
+            self.valleys.append(seconds)
+        rate = self.arrivals.rate()
+        if not rate:
+            return
+        reached: dict[int, float] = {}
+        lowest: int | None = None
+        for t, backlog in reads:
+            if backlog is None:
+                continue
+            missing = max(0, backlog[1] - backlog[0])
+            if lowest is not None and missing < lowest:  # counts passed since the last read: reached by this one
+                reached.update({k: t for k in range(missing, lowest)})
+            lowest = missing if lowest is None else min(lowest, missing)
+        for k, t in reached.items():
+            if k > 0 and end >= t:
+                self.tails.setdefault(k, deque(maxlen=self.history)).append((end - t) * rate)
+
     # ------------------------------------------------------------------ the rules
 
     def round_trip(self) -> float | None:
-        trips = list(self.round_trips)  # read while the way back's thread may append
-        return statistics.median(trips) if trips else None
+        return statistics.median(self.round_trips) if self.round_trips else self.round_trip_estimate
 
-    def expected(self, queued: int, required: int) -> float | None:
-        """The valley's expected length with ``queued`` of ``required`` samples ready; None without a rate."""
-        missing = max(0, required - queued)
-        if missing == 0:
-            return 0.0
-        rates = list(self.per_sample_s)
-        return missing * statistics.median(rates) if rates else None
+    def level(self) -> float:
+        """The probability of a late way back that minimises the cost (the newsvendor's)."""
+        return 1.0 / (1.0 + self.late_cost)
 
     def decide(self, backlog: tuple[int, int] | None) -> Decision:
         """Lend the GPU for the valley that starts now? ``backlog``: (queued, required), or None if unknown."""
-        if backlog is None:
-            return Decision(True, "no backlog signal")
-        queued, required = backlog
-        self._missing = max(0, required - queued)
+        trip = self.round_trip()
         if self.margin <= 0:
             return Decision(True, "every valley is lent (break_even_margin=0)")
+        if backlog is None:
+            return self._decide_blind(trip)
+        queued, required = backlog
         if required > 0 and queued >= required:
             return Decision(False, f"next batch queued ({queued}/{required} samples)", 0.0)
-        expected = self.expected(queued, required)
-        trip = self.round_trip()
-        if expected is None or trip is None:
-            return Decision(True, "learning the valleys", expected)
-        if expected < self.margin * trip:
-            return Decision(False, f"valley {expected:.2f} s expected ({queued}/{required} samples) < "
-                                   f"{self.margin:g} × round trip {trip:.2f} s", expected)
-        return Decision(True, f"valley {expected:.2f} s expected ≥ {self.margin:g} × round trip {trip:.2f} s", expected)
+        rate = self.arrivals.rate()
+        if rate is None:
+            return self._cold(trip)
+        missing = max(1, required - queued)
+        expected = missing / rate
+        if trip is None:
+            return Decision(True, f"valley {expected:.2f} s expected; no round trip known yet", expected)
+        low = erlang_quantile(0.1, missing, rate)
+        if expected < self.margin * trip or low < trip:
+            return Decision(False, f"valley {expected:.2f} s expected (10 %: {low:.2f} s; {queued}/{required} samples at "
+                                   f"{rate:.2f}/s) < {self.margin:g} × round trip {trip:.2f} s", expected)
+        return Decision(True, f"valley {expected:.2f} s expected (10 %: {low:.2f} s) ≥ {self.margin:g} × round trip "
+                              f"{trip:.2f} s", expected)
 
-    def lead(self) -> float | None:
-        """How long before the valley's end the way back starts."""
-        if self.lead_s > 0:
-            return self.lead_s
-        return None if self.thaw_s is None else self.thaw_s * 1.2
+    def _cold(self, trip: float | None) -> Decision:
+        if trip is not None and trip <= COLD_TRIP_S:
+            return Decision(True, f"no valley forecast yet; the round trip ({trip:.2f} s) is cheap enough to lend")
+        why = "unknown" if trip is None else f"{trip:.2f} s"
+        return Decision(False, f"no valley forecast yet and the round trip ({why}) is not below {COLD_TRIP_S:g} s: "
+                               "learning this valley")
 
-    def due_in(self, backlog: tuple[int, int] | None, since_s: float = 0.0) -> float | None:
-        """Seconds until the way back should start (0: now); None when nothing tells. ``since_s``: how long
-        the backlog has stood still — the next sample is that far along already. Without it a forecast is
-        late by up to one sample's interval, which with long responses (samples seconds apart) is longer
-        than the lead itself."""
-        lead = self.lead()
-        if lead is None:
-            return None
-        if backlog is not None:
-            expected = self.expected(*backlog)
-            if expected is not None:
-                if expected > 0:
-                    expected = max(0.0, expected - since_s)
-                return max(0.0, expected - lead)
-        waits = list(self.waits)
-        return max(0.0, min(waits) - lead) if waits else None
+    def _decide_blind(self, trip: float | None) -> Decision:
+        if not self.valleys:
+            return self._cold(trip) if trip is not None else Decision(True, "no backlog signal")
+        expected = statistics.median(self.valleys)
+        if trip is not None and expected < self.margin * trip:
+            return Decision(False, f"recent valleys {expected:.2f} s < {self.margin:g} × round trip {trip:.2f} s", expected)
+        return Decision(True, f"recent valleys {expected:.2f} s (no backlog signal)", expected)
 
-    def delay(self) -> float | None:
-        """Without a backlog signal: seconds from a release to the prepare."""
-        return self.due_in(None)
+    def plan(self) -> ValleyPlan:
+        """The frozen plan the way back follows through the valley that starts now."""
+        way_back = self.way_back_s
+        if way_back is None:
+            trip = self.round_trip()
+            way_back = trip / 2 if trip is not None else 0.0
+        depth = max(self.tails, default=0) + 1
+        tails = tuple(tuple(self.tails.get(k, ())) for k in range(depth))
+        return ValleyPlan(rate=self.arrivals.rate(), way_back_s=way_back, level=self.level(), tails=tails,
+                          lead_s=self.lead_s, valleys=tuple(self.valleys))
 
 
-PreparePlanner = ValleyForecast
-"""The former name (0.2): the prepare timer was all there was."""
-
-__all__ = ["MARGIN", "Decision", "PreparePlanner", "ValleyForecast"]
+__all__ = ["COLD_TRIP_S", "LATE_COST", "MIN_TAIL", "MARGIN", "ArrivalRate", "Decision", "ValleyForecast", "ValleyPlan",
+           "erlang_cdf", "erlang_quantile", "quantile", "remaining"]

@@ -27,9 +27,9 @@ class NodeAgent:
 
     def __init__(self, socket: str, client_name: str, connect_timeout_s: float) -> None:
         from timeslice_verl.agent.client import AgentClient
-        from timeslice_verl.config import TimesliceSettings, socket_path
+        from timeslice_verl.config.schema import default_socket
 
-        path = socket or str(socket_path(TimesliceSettings()))  # this node's default path
+        path = socket or str(default_socket())  # this node's default path
         self.client = AgentClient(path, connect_timeout_s=connect_timeout_s, client=client_name)
 
     def call(self, op: str, *args: Any, **kwargs: Any) -> Any:
@@ -48,7 +48,8 @@ class NodeAgents:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        actor_cls = ray.remote(num_cpus=0)(NodeAgent)
+        # threads: a crash's release must reach the node while the way back's acquire still waits there
+        actor_cls = ray.remote(num_cpus=0, max_concurrency=8)(NodeAgent)
         actors = {
             node: actor_cls.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
                 socket, client_name, connect_timeout_s)
@@ -101,7 +102,7 @@ class NodeAgents:
 
     def _lost(self, op: str, job: str, errors: dict[str, BaseException], granted: list[str]) -> None:
         """A node failed: every node that holds the job's GPUs gives them back, then the handoff fails."""
-        from timeslice_verl.handoff import RankLost
+        from timeslice_verl.handoff.ranks import RankLost
 
         for node in granted:
             try:

@@ -27,16 +27,22 @@ import socket
 from typing import Any, Callable
 
 from timeslice_verl.agent.client import AgentClient, AgentError
-from timeslice_verl.handoff import Handoff, HandoffFigures, RankLost, handoff_event
+from timeslice_verl.config.schema import default_socket
+from timeslice_verl.handoff.options import HandoffOptions
+from timeslice_verl.handoff.ranks import RankLost
+from timeslice_verl.handoff.sequence import Handoff, HandoffFigures, handoff_event
 from timeslice_verl.log import get_logger
 from timeslice_verl.names import valid_job
-from timeslice_verl.park import Parker, parker
+from timeslice_verl.ranks.park import Parker, parker
 
 log = get_logger("adapter.spmd")
 
 
 class GlooRanks:
     """This rank's parker and its peers, reached over a gloo group (None: a single process)."""
+
+    collective = True
+    """Each rank runs the handoff itself; what the agent did is agreed over gloo."""
 
     def __init__(self, job: str, group: Any, node: str, park: Parker) -> None:
         self.job, self.group, self.node, self.parker = job, group, node, park
@@ -76,6 +82,10 @@ class GlooRanks:
         self.local = sorted(r for node, r, _ in answers if node == self.node)
         self.pids = sorted(pid for node, _, pid in answers if node == self.node)
 
+    def shared(self, value: Any) -> Any:
+        """The first rank's ``value`` on every rank (a release's decision: every rank skips or lends alike)."""
+        return self.gather(value)[0]
+
     def agree(self, what: str, error: BaseException | None) -> None:
         """Every rank says whether its part of ``what`` worked; all raise if any did not."""
         answers = self.gather((self.rank, f"{type(error).__name__}: {error}" if error is not None else ""))
@@ -110,7 +120,7 @@ class GlooRanks:
         return self._each(lambda: self.parker.unpark().to_dict())
 
     def release_caches(self) -> list[dict[str, Any]]:
-        from timeslice_verl.adapters.workers import release_caches_here
+        from timeslice_verl.ranks.worker import release_caches_here
 
         return self._each(release_caches_here)
 
@@ -124,46 +134,49 @@ class RankHandoff:
     ``socket_path``: the node's agent (default: where ``timeslice-verl agent`` listens by default).
     ``group``: a gloo process group over all ranks (None: a single process). ``node``: what tells
     nodes apart (default: the host name); ranks of one node must use the same agent socket.
-    ``report``: receives each handoff's figures on every rank (the leader's carry the agent's reply).
+    ``options``: the handoff's settings (:meth:`from_settings` reads them off a ``timeslice`` section; the
+    keyword arguments override single ones). ``backlog``: ``() -> (queued, required)`` samples for the next step,
+    if the trainer has a queue (without one the valleys' own lengths are the forecast). ``report``: receives each
+    handoff's figures on every rank (the leader's carry the agent's reply).
     """
 
     def __init__(
-        self, job: str, socket_path: str | None = None, *, swap: str = "park", group: Any = None,
+        self, job: str, socket_path: str | None = None, *, swap: str | None = None, group: Any = None,
         node: str | None = None, acquire_timeout_s: float | None = None, park: Parker | None = None,
-        prepare_lead_s: float = 0.0, report: Callable[[HandoffFigures], None] | None = None,
+        prepare_lead_s: float | None = None, options: HandoffOptions | None = None,
+        backlog: Callable[[], Any] | None = None, report: Callable[[HandoffFigures], None] | None = None,
     ) -> None:
         if not valid_job(job):
             raise ValueError(f"job {job!r} is not a job name (letters, digits, '.', '_', '-'; max 64)")
-        if socket_path is None:
-            from timeslice_verl.config import default_runtime_dir
-
-            socket_path = str(default_runtime_dir() / "agent.sock")
-        self.socket_path = socket_path
+        self.socket_path = socket_path or str(default_socket())
         self.ranks = GlooRanks(job, group, node or socket.gethostname(), park or parker())
         self.ranks.give_back = self._give_back
-        self.handoff = Handoff(job, client=None, ranks=self.ranks, swap=swap, acquire_timeout_s=acquire_timeout_s,
-                               prepare=False, prepare_lead_s=prepare_lead_s, report=report)
+        given = {k: v for k, v in (("swap", swap), ("acquire_timeout_s", acquire_timeout_s),
+                                   ("prepare_lead_s", prepare_lead_s)) if v is not None}
+        options = HandoffOptions(**{**(options or HandoffOptions(swap="park")).__dict__, **given})
+        self.handoff = Handoff(job, client=None, ranks=self.ranks, options=options, report=report, backlog=backlog)
         self.lifecycle: Any = None
 
     @classmethod
-    def from_settings(cls, settings: Any, *, group: Any = None, node: str | None = None) -> RankHandoff:
-        """A RankHandoff configured by a ``timeslice`` section (job, socket, swap, timeouts), whose
-        leaders fire ``handoff`` events to the section's plugins (the agent plugin excepted: the
-        RankHandoff is the agent's client)."""
+    def from_settings(cls, settings: Any, *, group: Any = None, node: str | None = None,
+                      backlog: Callable[[], Any] | None = None) -> RankHandoff:
+        """A RankHandoff configured by a ``timeslice`` section (job, socket, every ``handoff`` key), whose leaders
+        fire ``handoff`` events to the section's plugins (the agent plugin excepted: the RankHandoff is the
+        agent's client)."""
         from dataclasses import replace
 
-        from timeslice_verl.config import socket_path
-        from timeslice_verl.lifecycle import Lifecycle
+        from timeslice_verl.config.schema import socket_path
+        from timeslice_verl.hooks.lifecycle import Lifecycle
 
         plugins = replace(settings.plugins, disabled=sorted({*settings.plugins.disabled, "agent"}))
         lifecycle = Lifecycle.build(replace(settings, plugins=plugins), adapter="spmd")
+
         def report(figures: HandoffFigures) -> None:
             if handoff.leader:  # one timeline per node
-                lifecycle.notify("handoff", handoff_event(lifecycle, figures))
+                lifecycle.handoff(handoff_event(lifecycle, figures))
 
-        handoff = cls(settings.job, str(socket_path(settings)), swap=str(settings.handoff.swap), group=group, node=node,
-                      acquire_timeout_s=settings.handoff.acquire_timeout_s or None,
-                      prepare_lead_s=settings.handoff.prepare_lead_s, report=report)
+        handoff = cls(settings.job, str(socket_path(settings)), group=group, node=node, backlog=backlog, report=report,
+                      options=HandoffOptions.from_settings(settings))
         handoff.lifecycle = lifecycle
         return handoff
 
@@ -205,7 +218,7 @@ class RankHandoff:
                 log.error("job %s: %s; node %s's GPUs given back", self.job, why, self.ranks.node)
             except AgentError as exc:
                 log.error("job %s: %s; could not give node %s's GPUs back: %s", self.job, why, self.ranks.node, exc)
-        self.handoff.held = False
+        self.handoff.held = self.handoff.granted = False
 
     # ------------------------------------------------------------------ the handoffs
 
@@ -215,7 +228,7 @@ class RankHandoff:
         self.ranks.find_node()
         if self.leader:
             self.handoff.client = AgentClient(self.socket_path, client=f"spmd:{self.job}:{self.ranks.node}")
-        self.handoff.held = False
+        self.handoff.held = self.handoff.granted = False
         self.handoff.acquire("start")  # every rank agrees that every node's agent granted
         try:
             self.handoff.begin()

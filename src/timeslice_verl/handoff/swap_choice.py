@@ -1,10 +1,17 @@
-"""``timeslice.handoff.swap=auto``: the fastest swap each node can afford. Pure.
+"""``timeslice.handoff.swap=auto``: the cheapest swap each node can afford, and what a round trip should cost. Pure.
 
-``park`` copies the ranks' tensors to pinned host RAM at copy-engine speed (tens of GB/s) but pins as much
-host RAM as they hold on the GPU, for the whole run; ``checkpoint`` needs no pinned RAM but moves the
-whole process through the CUDA driver (a few GB/s). ``auto`` parks when every host has what its ranks would
-pin, with a quarter and 4 GiB to spare (the kernel's ``MemAvailable``, read on each rank's host), and
-otherwise checkpoints, saying which host falls short.
+* ``resident`` moves nothing: the trainer's tensors stay on the GPU beside the awake tenant, so the way back is the
+  tenant's yield alone. It fits where every rank's footprint once its caches are freed (NVML, the rank's own
+  process), plus the tenant's awake footprint on that GPU (what the agent measured), plus a margin, is within
+  the GPU's memory.
+* ``park`` copies the ranks' tensors to pinned host RAM at copy-engine speed (tens of GB/s) but pins as much host
+  RAM as they hold on the GPU, for the whole run: it is chosen where every host has that, with a quarter and
+  4 GiB to spare (the kernel's ``MemAvailable``, read on each rank's host).
+* ``checkpoint`` needs neither: the CUDA driver moves each process whole (a few GB/s).
+
+:func:`round_trip_estimate` says what a handoff of the chosen mode should take before any was measured (bytes to
+move over this node's bandwidth, plus the tenant's yield and wake), so the first valleys are lent only when they
+pay.
 """
 
 from __future__ import annotations
@@ -13,18 +20,15 @@ from typing import Any
 
 SPARE_FRACTION = 0.25
 SPARE_BYTES = 4 * 2**30
-
-
-def host_available() -> int:
-    """Host RAM the kernel says can be taken without swapping (``MemAvailable``), bytes; 0 if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+RESIDENT_MARGIN_FRACTION = 0.05
+"""What ``resident`` keeps free on a GPU beyond the trainer's and the tenant's footprints (at least 2 GiB)."""
+RESIDENT_MARGIN_BYTES = 2 * 2**30
+PINNED_GBPS = 20.0
+"""Pinned host↔device copies when a rank did not measure its own (an H200 does 50+)."""
+CHECKPOINT_GBPS, RESTORE_GBPS = 1.5, 4.0
+"""The CUDA driver's checkpoint and restore when the agent has moved nothing yet (an H200: ~2 and ~5)."""
+TENANT_S = 2.0
+"""The tenant's yield plus wake before the agent has timed one (vLLM's first sleep pins its host backup: ~1.6 s)."""
 
 
 def parkable(available: int) -> int:
@@ -32,27 +36,112 @@ def parkable(available: int) -> int:
     return max(0, int((available - SPARE_BYTES) / (1 + SPARE_FRACTION)))
 
 
-def choose(reports: list[dict[str, Any]] | None) -> tuple[str, str]:
-    """(swap, why) from one ``release_caches`` report per rank (``host``, ``live_after``, ``host_available``);
-    None: the ranks cannot park."""
+def resident_room(gpu_total: int, tenant_bytes: int) -> int:
+    """The most a rank may keep on a GPU of ``gpu_total`` beside a tenant of ``tenant_bytes`` for ``resident``."""
+    return max(0, gpu_total - tenant_bytes - max(RESIDENT_MARGIN_BYTES, int(gpu_total * RESIDENT_MARGIN_FRACTION)))
+
+
+def agent_figures(status: dict[str, Any]) -> dict[str, Any]:
+    """What the choice needs from the agent's ``status`` (one node's, or across nodes the first that has them):
+    the tenant's awake footprint per GPU, its last yield and wake, the driver's bandwidth."""
+    if "nodes" in status:
+        for node in (status.get("nodes") or {}).values():
+            found = agent_figures(node)
+            if found:
+                return found
+        return {}
+    tenant = status.get("tenant") or {}
+    gpus = max(1, len((status.get("agent") or {}).get("gpus") or [0]))
+    out: dict[str, Any] = {}
+    if tenant.get("footprint"):
+        out["tenant_bytes"] = int(tenant["footprint"]) // gpus
+    for key in ("yield_s", "reclaim_s"):
+        if tenant.get(key):
+            out[key] = float(tenant[key])
+    for key in ("checkpoint_gbps", "restore_gbps"):
+        if (status.get("bandwidth") or {}).get(key):
+            out[key] = float(status["bandwidth"][key])
+    return out
+
+
+def choose(reports: list[dict[str, Any]] | None, agent: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(swap, why) from one ``release_caches`` report per rank (``host``, ``live_after``, ``device_used``,
+    ``device_total``, ``host_available``) and the agent's figures; ``reports`` None: the ranks cannot move their
+    own tensors."""
     if reports is None:
         return "checkpoint", "the ranks cannot park"
+    if not reports:
+        return "checkpoint", "no rank reported its memory"
+    if not any(int(r.get("live_after", 0)) for r in reports):
+        return "checkpoint", "the ranks hold no GPU memory (no CUDA here?)"
+    resident, why = _resident_fits(reports, agent or {})
+    if resident:
+        return "resident", why
+    park, why_park = _park_fits(reports)
+    if park:
+        return "park", f"{why}; {why_park}"
+    return "checkpoint", f"{why}; {why_park}; set timeslice.handoff.swap=park to force it"
+
+
+def _resident_fits(reports: list[dict[str, Any]], agent: dict[str, Any]) -> tuple[bool, str]:
+    tenant = int(agent.get("tenant_bytes", 0))
+    if not tenant:
+        return False, "resident: the tenant's footprint is not known (the agent has not measured it)"
+    short, fits = [], []
+    for r in reports:
+        used, total = int(r.get("device_used", 0)), int(r.get("device_total", 0))
+        if not used or not total:
+            return False, f"resident: pid {r.get('pid')} did not report its GPU footprint (no NVML?)"
+        room = resident_room(total, tenant)
+        (fits if used <= room else short).append(f"pid {r.get('pid')} keeps {used / 2**30:.1f} GiB, room "
+                                                 f"{room / 2**30:.1f} GiB beside a {tenant / 2**30:.1f} GiB tenant")
+    if short:
+        return False, "resident does not fit: " + "; ".join(short)
+    return True, "resident fits: " + "; ".join(fits)
+
+
+def _park_fits(reports: list[dict[str, Any]]) -> tuple[bool, str]:
     need: dict[str, int] = {}
     room: dict[str, int] = {}
     for r in reports:
         host = str(r.get("host", "?"))
         need[host] = need.get(host, 0) + int(r.get("live_after", 0))
         room[host] = int(r.get("host_available", 0))
-    if not need:
-        return "checkpoint", "no rank reported its memory"
-    if not any(need.values()):
-        return "checkpoint", "the ranks hold no GPU memory (no CUDA here?)"
     short = [f"{h} needs {need[h] / 2**30:.1f} GiB pinned, {room[h] / 2**30:.1f} GiB available" for h in sorted(need)
              if need[h] * (1 + SPARE_FRACTION) + SPARE_BYTES > room[h]]
     if short:
-        return "checkpoint", "park would pin host RAM the node cannot spare: " + "; ".join(short) + \
-            "; set timeslice.handoff.swap=park to force it"
-    return "park", "; ".join(f"{h} pins {need[h] / 2**30:.1f} GiB of {room[h] / 2**30:.1f} GiB available" for h in sorted(need))
+        return False, "park would pin host RAM the node cannot spare: " + "; ".join(short)
+    return True, "park: " + "; ".join(f"{h} pins {need[h] / 2**30:.1f} GiB of {room[h] / 2**30:.1f} GiB available"
+                                      for h in sorted(need))
 
 
-__all__ = ["SPARE_BYTES", "SPARE_FRACTION", "choose", "host_available", "parkable"]
+def round_trip_estimate(swap: str, reports: list[dict[str, Any]] | None, pinned: list[dict[str, Any]],
+                        agent: dict[str, Any]) -> tuple[float, str]:
+    """(seconds, how) a handoff of ``swap`` should take, out and back, before any was measured: the tenant's yield
+    and wake, plus the bytes to move over this node's bandwidth (the slowest rank's)."""
+    tenant = float(agent.get("yield_s", 0.0)) + float(agent.get("reclaim_s", 0.0)) or TENANT_S
+    how = f"tenant {tenant:.2f} s" + ("" if agent.get("yield_s") else " (not timed yet)")
+    reports = reports or []
+    if swap in ("park", "park+checkpoint"):
+        moved = max((int(r.get("pinned", 0)) for r in pinned), default=0)
+        gbps = min((float(r.get("copy_gbps", 0)) or PINNED_GBPS for r in pinned), default=PINNED_GBPS)
+        seconds = 2 * moved / 1e9 / gbps
+        how += f" + park and unpark of {moved / 2**30:.1f} GiB at {gbps:.0f} GB/s"
+        if swap == "park+checkpoint":
+            rest = max((int(r.get("device_used", 0)) - int(r.get("live_after", 0)) for r in reports), default=0)
+            seconds += _driver_s(rest, agent)
+            how += f" + the driver's round trip of the {rest / 2**30:.1f} GiB left"
+        return tenant + seconds, how
+    if swap == "checkpoint":
+        moved = max((int(r.get("device_used", 0)) or int(r.get("reserved_after", 0)) for r in reports), default=0)
+        return tenant + _driver_s(moved, agent), how + f" + the driver's round trip of {moved / 2**30:.1f} GiB"
+    return tenant, how + " (resident: nothing moves)"
+
+
+def _driver_s(nbytes: int, agent: dict[str, Any]) -> float:
+    out = float(agent.get("checkpoint_gbps", 0)) or CHECKPOINT_GBPS
+    back = float(agent.get("restore_gbps", 0)) or RESTORE_GBPS
+    return nbytes / 1e9 / out + nbytes / 1e9 / back
+
+
+__all__ = ["SPARE_BYTES", "SPARE_FRACTION", "agent_figures", "choose", "parkable", "resident_room", "round_trip_estimate"]

@@ -177,7 +177,8 @@ class HandoffEvent(Event):
     """Release: the same after freeing (the rest of the difference to a freeze's bytes is context and
     library workspaces)."""
     swap: str = ""
-    """``park`` or ``park+checkpoint`` when the workers parked (release) or unparked (acquire) themselves."""
+    """Release: how the job's memory leaves the GPU (``resident``, ``park``, ``checkpoint``…); acquire: ``park`` or
+    ``park+checkpoint`` when the workers unparked themselves."""
     parked_bytes: int = 0
     """Bytes the workers parked in (release) or brought back from (acquire) pinned host RAM, over ranks."""
     park_s: float = 0.0

@@ -1,15 +1,22 @@
-"""The dispatcher: how one trainer process calls its hook plugins.
+"""The dispatcher: how one trainer process calls its hook plugins, through a typed facade.
 
 A :class:`Lifecycle` is built inside the process that fires events (the trainer actor), never
 pickled. It owns the plugin manager and applies the rules of docs/architecture.md §3:
 
+* every hook is fired through a method of its own name (``lifecycle.post_rollout(event)``, as tox 4's
+  manager does): a misspelled hook fails at import, not at run time, and the event's type is declared;
+  no other module names a hook by a string;
 * ``timeslice_start`` fires once, before the first event; ``timeslice_stop`` once at the end;
 * hooks are called one plugin at a time; in a **gating** hook the first error propagates (an
   acquire that failed must stop the trainer), in an **observing** hook a raising plugin is logged
   with its name and the others still run;
-* :meth:`fire` runs the whole call in a worker thread (``asyncio.to_thread``) so a hook that
-  blocks for minutes never stalls the trainer actor's event loop;
+* :meth:`fire` runs a hook in a worker thread (``asyncio.to_thread``) so a hook that blocks for minutes
+  never stalls the trainer actor's event loop; a synchronous call from a thread that runs a loop moves to a
+  worker thread too;
 * ``trainer_exception`` fires once per exception object, however many seams it crosses.
+
+Only the thread that fires a hook reports what its plugins did (``lifecycle.handoff(event)`` from inside the
+call): the way back ahead of need hands its result to the trainer's thread instead of reporting it itself.
 """
 
 from __future__ import annotations
@@ -19,19 +26,30 @@ import concurrent.futures
 import threading
 from typing import Any, Callable, TypeVar
 
-from timeslice_verl.config import TimesliceSettings
-from timeslice_verl.events import Event, ExceptionEvent, RunEvent
-from timeslice_verl.hookspecs import GATING_HOOKS
+from timeslice_verl.config.schema import TimesliceSettings
+from timeslice_verl.hooks.events import (
+    CheckpointEvent,
+    Event,
+    ExceptionEvent,
+    HandoffEvent,
+    InitWorkersEvent,
+    RolloutEvent,
+    RunEvent,
+    TrainStepEvent,
+    WeightSyncEvent,
+)
+from timeslice_verl.hooks.manager import TimesliceManager
 from timeslice_verl.log import get_logger
-from timeslice_verl.manager import TimesliceManager
 
 log = get_logger("lifecycle")
 trace_log = get_logger("trace")
 
 E = TypeVar("E", bound=Event)
+R = TypeVar("R")
+_REPORTED_ATTR = "__timeslice_reported__"
 
 
-def _off_the_loop(fn: Callable[..., Any], *args: Any) -> Any:
+def _off_the_loop(fn: Callable[..., R], *args: Any) -> R:
     """``fn(*args)``, in a worker thread when this thread runs an event loop (this one waits)."""
     try:
         asyncio.get_running_loop()
@@ -39,7 +57,6 @@ def _off_the_loop(fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="timeslice-hook") as pool:
         return pool.submit(fn, *args).result()
-_REPORTED_ATTR = "__timeslice_reported__"
 
 
 def _default_progress(trainer: Any) -> tuple[int, int]:
@@ -57,7 +74,7 @@ class Lifecycle:
         trainer: Any = None,
         adapter: str = "",
         progress: Callable[[Any], tuple[int, int]] = _default_progress,
-        workers: Any = None,
+        ranks: Any = None,
         backlog: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         self.settings = settings
@@ -67,16 +84,13 @@ class Lifecycle:
         self.job = settings.job
         self._progress = progress
         manager.trace(trace_log, enabled=lambda: self.settings.plugins.trace)
-        self.workers = workers
-        """The trainer's GPU workers as the adapter sees them (``local_pids()``, ``release_caches()``),
+        self.ranks = ranks
+        """The trainer's GPU ranks as the adapter sees them (``local_pids()``, ``release_caches()``, ``park()``…),
         or None outside verl."""
         self.backlog = backlog
         """(queued, required): samples ready for the trainer's next step and samples it needs, read off verl
         (fully-async's message queue, v1's replay buffer); None where the adapter has no such signal."""
         self._lock = threading.RLock()
-        self._pending: list[tuple[str, Event]] = []
-        """Notifications from a thread that found another inside a hook call (see :meth:`notify`)."""
-        self._pending_lock = threading.Lock()
         self._closed = False
         """timeslice_stop has returned: nothing reaches the plugins any more."""
         self._started = False
@@ -92,8 +106,6 @@ class Lifecycle:
         log.info("job=%s adapter=%s plugins: %s", settings.job, adapter or "-", names or "none")
         return cls(settings, manager, trainer=trainer, adapter=adapter, **kwargs)
 
-    # ------------------------------------------------------------------ events
-
     def event(self, cls: type[E], **fields: Any) -> E:
         """A record of ``cls`` stamped with the job, the trainer's step and param version, and now."""
         step, version = self._progress(self.trainer)
@@ -101,54 +113,53 @@ class Lifecycle:
         fields.setdefault("param_version", version)
         return cls(job=self.job, **fields)
 
-    def call(self, hook: str, event: Event) -> list[Any]:
-        """Call ``hook`` on every plugin and return the non-None results.
+    # ------------------------------------------------------------------ the typed facade: one method per hook
 
-        Never on a thread that runs an event loop (a synchronous verl method called from the trainer
-        actor's loop): then the call moves to a worker thread and this one waits for it, so plugins
-        may block or run their own ``asyncio.run`` as the hookspec promises.
-        """
-        return _off_the_loop(self._call_here, hook, event)
+    def init_workers_begin(self, event: InitWorkersEvent) -> None:
+        self._fire("init_workers_begin", event)
 
-    def _call_here(self, hook: str, event: Event) -> list[Any]:
-        try:
-            with self._lock:
-                if hook != "timeslice_start":
-                    self._ensure_started()
-                return self._call(hook, {"trainer": self.trainer, "event": event})
-        finally:
-            self._deliver()  # what other threads notified while this call held the lock
+    def init_workers_end(self, event: InitWorkersEvent) -> None:
+        self._fire("init_workers_end", event)
 
-    async def fire(self, hook: str, event: Event) -> list[Any]:
-        """:meth:`call` in a worker thread: the event loop keeps running while plugins block."""
-        return await asyncio.to_thread(self.call, hook, event)
+    def post_rollout(self, event: RolloutEvent) -> None:
+        self._fire("post_rollout", event)
 
-    def notify(self, hook: str, event: Event) -> None:
-        """For plugins that report events of their own (``handoff``): observing, never raises, never waits for
-        another thread's hook call. A background thread (the way back) may report while the trainer's thread is
-        inside a hook that waits for that very thread (its acquire joins the way back): then the event is left
-        for the trainer's thread, which delivers it when its call returns (the event keeps its own time)."""
-        if hook in GATING_HOOKS:
-            raise ValueError(f"notify() is for observing hooks; {hook!r} is gating")
-        with self._pending_lock:
-            self._pending.append((hook, event))
-        _off_the_loop(self._deliver)
+    def pre_train_step(self, event: TrainStepEvent) -> None:
+        self._fire("pre_train_step", event)
 
-    def _deliver(self) -> None:
-        while True:
-            with self._pending_lock:
-                if not self._pending:
-                    return
-            if not self._lock.acquire(blocking=False):
-                return  # the thread inside a hook call delivers them when it returns
-            try:
-                with self._pending_lock:
-                    batch, self._pending = self._pending, []
-                for hook, event in batch:
-                    if self._started and not self._closed:  # the final release comes during timeslice_stop
-                        self._call(hook, {"trainer": self.trainer, "event": event})
-            finally:
-                self._lock.release()
+    def weight_sync_begin(self, event: WeightSyncEvent) -> None:
+        self._fire("weight_sync_begin", event)
+
+    def weight_sync_end(self, event: WeightSyncEvent) -> None:
+        self._fire("weight_sync_end", event)
+
+    def save_checkpoint_begin(self, event: CheckpointEvent) -> bool:
+        """Whether the save may run (False: a plugin vetoed it)."""
+        return False not in self._fire("save_checkpoint_begin", event)
+
+    def save_checkpoint_end(self, event: CheckpointEvent) -> None:
+        self._fire("save_checkpoint_end", event)
+
+    def handoff(self, event: HandoffEvent) -> None:
+        """Report a handoff (observing: the agent plugin reports its own, from inside the hook that caused it)."""
+        self._fire("handoff", event)
+
+    async def fire(self, hook: Callable[[E], R], event: E) -> R:
+        """``await lifecycle.fire(lifecycle.pre_train_step, event)``: the hook in a worker thread, so the event
+        loop keeps running while plugins block."""
+        return await asyncio.to_thread(hook, event)
+
+    def _fire(self, hook: str, event: Event) -> list[Any]:
+        """Call ``hook`` on every plugin (never on a thread that runs an event loop: then in a worker thread,
+        so plugins may block or run their own ``asyncio.run`` as the hookspec promises)."""
+        return _off_the_loop(self._fire_here, hook, event)
+
+    def _fire_here(self, hook: str, event: Event) -> list[Any]:
+        with self._lock:
+            if self._closed:  # a report after the end (a late handoff): nobody listens any more
+                return []
+            self._ensure_started()
+            return self.manager.call(hook, trainer=self.trainer, event=event)
 
     # ------------------------------------------------------------------ start / stop / errors
 
@@ -166,7 +177,7 @@ class Lifecycle:
             raise RuntimeError(f"timeslice did not start ({self._start_error!r}); no further events") from self._start_error
         event = self.event(RunEvent, adapter=self.adapter)
         try:
-            self._call("timeslice_start", {"trainer": self.trainer, "event": event, "lifecycle": self})
+            self.manager.call("timeslice_start", trainer=self.trainer, event=event, lifecycle=self)
         except BaseException as exc:
             self._start_error = exc
             raise
@@ -177,14 +188,14 @@ class Lifecycle:
         _off_the_loop(self._stop_here, reason)
 
     def _stop_here(self, reason: str) -> None:
-        self._deliver()
         with self._lock:
             if self._stopped or not self._started:
                 self._stopped = True
                 return
             self._stopped = True
             try:
-                self._call("timeslice_stop", {"trainer": self.trainer, "event": self.event(RunEvent, adapter=self.adapter, reason=reason)})
+                event = self.event(RunEvent, adapter=self.adapter, reason=reason)
+                self.manager.call("timeslice_stop", trainer=self.trainer, event=event)
             finally:
                 self._closed = True
 
@@ -212,20 +223,13 @@ class Lifecycle:
                 ExceptionEvent, point=point, error_type=type(exc).__name__, message=str(exc)[:2000], error=exc
             )
             try:
-                self.call("trainer_exception", event)
+                self._fire_here("trainer_exception", event)
             except BaseException as hook_exc:  # pragma: no cover - observing hooks do not raise
                 log.error("trainer_exception hooks failed: %r (original error: %r)", hook_exc, exc)
             return True
 
     async def areport_exception(self, point: str, exc: BaseException) -> bool:
         return await asyncio.to_thread(self.report_exception, point, exc)
-
-    # ------------------------------------------------------------------ the call itself
-
-    def _call(self, hook: str, kwargs: dict[str, Any]) -> list[Any]:
-        """The one dispatch path: pluggy calls the plugins; each implementation carries the hook's
-        error policy (see :meth:`TimesliceManager.register`), pluggy's monitoring the tracing."""
-        return self.manager.call(hook, **kwargs)
 
 
 __all__ = ["Lifecycle"]

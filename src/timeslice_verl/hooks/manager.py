@@ -9,8 +9,9 @@ Plugins come from three places, in this order (later registrations are called fi
 3. ``plugins.modules`` from the config (``package.module`` or ``package.module:attr``).
 
 A plugin is a module, an instance, or a class with a no-argument constructor (instantiated here).
-After loading, :meth:`TimesliceManager.check` rejects hook implementations that match no hook —
-a misspelled hook fails at load with the name and the closest real hook, never silently at run time.
+Entry points are loaded by pluggy's own loader (``load_setuptools_entrypoints``), one name at a time so a
+failure names its plugin. After loading, :meth:`TimesliceManager.check` rejects hook implementations that match
+no hook — a misspelled hook fails at load with the name and the closest real hook, never silently at run time.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from typing import Any, Callable, Iterable
 
 import pluggy
 
-from timeslice_verl import hookspecs
-from timeslice_verl.config import PluginSettings
+from timeslice_verl.hooks import spec as hookspecs
+from timeslice_verl.config.schema import PluginSettings
 from timeslice_verl.log import get_logger
 
 log = get_logger("plugins")
@@ -78,11 +79,27 @@ def _instantiate(obj: Any, name: str) -> Any:
         raise PluginLoadError(f"plugin {name!r}: constructing {obj.__qualname__} failed: {exc}") from exc
 
 
+class _PluginManager(pluggy.PluginManager):
+    """pluggy's manager whose ``register`` — the one its entry-point loader calls too — goes through the owner's
+    (a class is built, the hooks get their error policy)."""
+
+    def __init__(self, owner: TimesliceManager) -> None:
+        super().__init__(hookspecs.PROJECT)
+        self.owner = owner
+
+    def register(self, plugin: Any, name: str | None = None) -> str | None:
+        return self.owner.register(plugin, name, source=self.owner._loading or "registered")
+
+    def register_guarded(self, guarded: Any, name: str) -> str | None:
+        return super().register(guarded, name=name)
+
+
 class TimesliceManager:
     """pluggy's PluginManager with the timeslice hookspec, plugin sources and load-time checks."""
 
     def __init__(self) -> None:
-        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self._loading = ""
+        self.pm = _PluginManager(self)
         for spec in hookspecs.SPEC_CLASSES:
             self.pm.add_hookspecs(spec)
         self._sources: dict[str, str] = {}
@@ -99,11 +116,12 @@ class TimesliceManager:
         pluggy registers a :class:`_Guarded` stand-in that carries the plugin's hook implementations,
         each under its hook's error policy; the plugin object itself is never modified.
         """
+        plugin = _instantiate(plugin, name or _default_name(plugin))
         if id(plugin) in self._by_id:
             raise PluginLoadError(f"plugin {name or plugin!r}: already registered as {self._by_id[id(plugin)]!r}")
         guarded = _Guarded(plugin, name or _default_name(plugin), self.pm)
         try:
-            registered = self.pm.register(guarded, name=name or _default_name(plugin))
+            registered = self.pm.register_guarded(guarded, name or _default_name(plugin))
         except pluggy.PluginValidationError as exc:
             raise PluginLoadError(f"plugin {name or plugin!r}: {exc}") from exc
         except ValueError as exc:  # duplicate name
@@ -136,51 +154,52 @@ class TimesliceManager:
         for name in bundled:
             if name in disabled:
                 continue
-            obj = _instantiate(import_object(BUNDLED[name]), name)
-            self.register(obj, name, source=f"bundled (timeslice-verl {_version()})")
+            self.register(import_object(BUNDLED[name]), name, source=f"bundled (timeslice-verl {_version()})")
         self._load_entry_points(settings, disabled)
         for spec in settings.modules:
-            obj = _instantiate(import_object(spec), spec)
-            self.register(obj, spec, source="config")
+            self.register(import_object(spec), spec, source="config")
         self.check()
         return self
 
     def _load_entry_points(self, settings: PluginSettings, disabled: set[str]) -> None:
+        """pluggy's loader, one entry point at a time: an import that fails names its plugin."""
         wanted = None if settings.enabled is None else set(settings.enabled)
-        found: set[str] = set()
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            found.add(ep.name)
-            if ep.name in disabled or (wanted is not None and ep.name not in wanted):
+        found = sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+        for name in found:
+            if name in disabled or (wanted is not None and name not in wanted) or self.pm.get_plugin(name) is not None:
                 continue
-            if self.pm.get_plugin(ep.name) is not None:
-                continue
+            self._loading = "entry point"
             try:
-                obj = ep.load()
+                loaded = self.pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name)
+            except PluginLoadError:
+                raise
             except Exception as exc:
-                raise PluginLoadError(f"plugin {ep.name!r} (entry point {ep.value!r}): import failed: {exc}") from exc
-            dist = getattr(ep, "dist", None)
-            label = f"{getattr(dist, 'name', '?')} {getattr(dist, 'version', '')}".strip()
-            self.register(_instantiate(obj, ep.name), ep.name, source=f"entry point {label}")
-        if wanted is not None and wanted - found:
-            missing = ", ".join(sorted(wanted - found))
+                raise PluginLoadError(f"plugin {name!r} (entry point of group {ENTRY_POINT_GROUP!r}): import failed: "
+                                      f"{exc}") from exc
+            finally:
+                self._loading = ""
+            if loaded:
+                dist = self.pm.list_plugin_distinfo()[-1][1]
+                self._sources[name] = f"entry point {dist.project_name} {dist.version}".strip()
+        if wanted is not None and wanted - set(found):
+            missing = ", ".join(sorted(wanted - set(found)))
             raise PluginLoadError(
                 f"timeslice.plugins.enabled names {missing}, but no installed distribution publishes "
-                f"such an entry point in group {ENTRY_POINT_GROUP!r} (installed: {', '.join(sorted(found)) or 'none'})"
+                f"such an entry point in group {ENTRY_POINT_GROUP!r} (installed: {', '.join(found) or 'none'})"
             )
 
     def check(self) -> None:
         """Fail on hook implementations that match no hook (misspellings), naming the closest hook."""
         known = hookspecs.hook_names()
-        try:
-            self.pm.check_pending()
-        except pluggy.PluginValidationError as exc:
-            bad = _unknown_hook_name(str(exc))
-            hint = difflib.get_close_matches(bad, known, n=1) if bad else []
-            plugin_name = self.pm.get_name(exc.plugin) or repr(exc.plugin)
-            suggestion = f"; did you mean {hint[0]!r}?" if hint else f"; known hooks: {', '.join(known)}"
-            raise PluginLoadError(
-                f"plugin {plugin_name!r} implements unknown hook {bad!r}{suggestion}"
-            ) from exc
+        for name, caller in vars(self.pm.hook).items():
+            if name.startswith("_") or caller.has_spec():
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.optionalhook:
+                    continue
+                hint = difflib.get_close_matches(name, known, n=1)
+                suggestion = f"; did you mean {hint[0]!r}?" if hint else f"; known hooks: {', '.join(known)}"
+                raise PluginLoadError(f"plugin {impl.plugin_name!r} implements unknown hook {name!r}{suggestion}")
 
     def plugins(self) -> list[PluginInfo]:
         out = []
@@ -277,10 +296,3 @@ def _version() -> str:
         return importlib.metadata.version("timeslice-verl")
     except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path
         return "source"
-
-
-def _unknown_hook_name(message: str) -> str:
-    # pluggy: "unknown hook 'name' in plugin <...>"
-    start = message.find("'")
-    end = message.find("'", start + 1)
-    return message[start + 1 : end] if 0 <= start < end else ""

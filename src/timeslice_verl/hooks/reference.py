@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-from timeslice_verl import hookspecs
+from timeslice_verl.hooks import spec as hookspecs
 
 
 def _doc(cls: type, name: str) -> str:
@@ -25,7 +25,7 @@ def hook_reference_markdown() -> str:
     lines = [
         "# Hook reference",
         "",
-        "Generated from `timeslice_verl.hookspecs` (`timeslice-verl hooks --markdown`). Every hook is",
+        "Generated from `timeslice_verl.hooks.spec` (`timeslice-verl hooks --markdown`). Every hook is",
         "called with keyword arguments; implement only the ones you need and declare only the",
         "arguments you use. **Gating** hooks stop the trainer when a plugin raises; **observing** hooks",
         "log the error and go on.",

@@ -2,7 +2,7 @@
 
 Events are named for what happened in the trainer (docs/architecture.md §3). Every hook takes explicit
 keyword context — ``trainer`` (the verl trainer instance, or the demo's stand-in) and ``event`` (a
-frozen record from :mod:`timeslice_verl.events`); an implementation may declare only the
+frozen record from :mod:`timeslice_verl.hooks.events`); an implementation may declare only the
 arguments it needs. Calls are synchronous and run off the trainer actor's event loop, so a hook
 may block (the bundled agent plugin waits there for the GPU).
 
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover
-    from timeslice_verl.config import TimesliceSettings
-    from timeslice_verl.events import (
+    from timeslice_verl.config.schema import TimesliceSettings
+    from timeslice_verl.hooks.events import (
         CheckpointEvent,
         ExceptionEvent,
         HandoffEvent,
@@ -64,14 +64,16 @@ class LifecycleContext(Protocol):
     settings: TimesliceSettings
     job: str
     trainer: Any
-    workers: Any
-    """The trainer's GPU workers as the adapter sees them (``local_pids()``, ``release_caches()``), or None."""
+    ranks: Any
+    """The trainer's GPU ranks as the adapter sees them (``local_pids()``, ``release_caches()``, ``park()``…), or None."""
+    backlog: Any
+    """``() -> (queued, required)`` samples for the trainer's next step, read off verl; or None."""
 
     def event(self, cls: type, **fields: Any) -> Any:
         """A record of ``cls`` stamped with the job, the trainer's step and param version, and now."""
 
-    def notify(self, hook: str, event: Any) -> None:
-        """Fire an observing hook (``handoff``) for events a plugin reports itself."""
+    def handoff(self, event: HandoffEvent) -> None:
+        """Report a handoff to the observers (the agent plugin does, from inside the hook that caused it)."""
 
 
 class RunSpecs:
@@ -83,8 +85,8 @@ class RunSpecs:
         """Time-slicing starts in this trainer process.
 
         Fired once, before the first lifecycle event. ``lifecycle`` gives access to the validated
-        settings (``lifecycle.settings``), the job name and ``lifecycle.notify(hook, event)`` for
-        plugins that report events of their own (the agent plugin fires ``handoff`` through it).
+        settings (``lifecycle.settings``), the job name, the trainer's ranks and ``lifecycle.handoff(event)``
+        for plugins that report handoffs of their own (the agent plugin does).
         Open files and connections here.
         """
 
@@ -127,7 +129,7 @@ class RolloutSpecs:
         """A batch of rollout samples was dequeued and assembled.
 
         Carries the sample count, the required count and how long the trainer waited on the
-        queue. The agent plugin uses it to learn the rhythm of the run (for ``prepare``).
+        queue. (The agent plugin times its handoffs by verl's backlog itself: it needs no hook for it.)
         """
 
 

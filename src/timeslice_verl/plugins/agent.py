@@ -5,7 +5,6 @@ event                      handoff (:class:`timeslice_verl.handoff.Handoff`)
 =========================  ==================================================================
 init_workers_begin         acquire (model loading needs the GPU)
 init_workers_end           pin park buffers, register worker pids, release
-post_rollout               learn the valley (seconds per missing sample, queue waits)
 pre_train_step             acquire — blocks until the trainer's processes are restored
 weight_sync_begin          make sure the GPU is held (a real acquire only before the pre-fit sync)
 weight_sync_end            release, when weights were synced, no model save follows in this step and
@@ -27,11 +26,11 @@ from __future__ import annotations
 from typing import Any
 
 from timeslice_verl.agent.client import AgentClient, AgentError
-from timeslice_verl.autostart import connect
-from timeslice_verl.events import Event, RolloutEvent
-from timeslice_verl.handoff import Handoff, handoff_event
-from timeslice_verl.valley import ValleyForecast
-from timeslice_verl.hookspecs import hookimpl
+from timeslice_verl.handoff.connect import connect
+from timeslice_verl.handoff.options import HandoffOptions
+from timeslice_verl.handoff.sequence import Handoff, handoff_event
+from timeslice_verl.hooks.events import Event
+from timeslice_verl.hooks.spec import hookimpl
 from timeslice_verl.log import get_logger
 
 log = get_logger("handoff")
@@ -49,12 +48,8 @@ class AgentPlugin:
 
     @property
     def client(self) -> AgentClient | None:
-        return self.handoff.client if self.handoff is not None else None
-
-    @property
-    def planner(self) -> ValleyForecast | None:
         # never raises: pluggy reads every attribute of a plugin when it registers it
-        return self.handoff.planner if self.handoff is not None else None
+        return self.handoff.client if self.handoff is not None else None
 
     # ------------------------------------------------------------------ set-up
 
@@ -62,27 +57,20 @@ class AgentPlugin:
     def timeslice_start(self, trainer: Any, event: Event, lifecycle: Any) -> None:
         settings = lifecycle.settings
         self.lifecycle, self.job = lifecycle, lifecycle.job
-        handoff = settings.handoff
-        ranks = getattr(lifecycle, "workers", None)
-        swap = str(handoff.swap)
-        if swap not in ("checkpoint", "auto") and ranks is None:  # refused before any connection is made
-            raise ValueError(f"timeslice.handoff.swap={swap} needs trainer workers that can park their tensors "
-                             "(verl's worker groups, or a RankHandoff in an SPMD trainer); this trainer has none: "
-                             "use timeslice.handoff.swap=checkpoint")
+        ranks = getattr(lifecycle, "ranks", None)
+        HandoffOptions.from_settings(settings).check(can_park=ranks is not None)  # refused before any connection
         if settings.agent.across_nodes:  # verl's workers span nodes: every node's agent takes part
-            from timeslice_verl.node_agents import NodeAgents
+            from timeslice_verl.handoff.nodes import NodeAgents
 
-            client = NodeAgents.on_ray_nodes(client_name=f"trainer:{self.job}",
-                                             connect_timeout_s=settings.agent.connect_timeout_s)
+            client: Any = NodeAgents.on_ray_nodes(client_name=f"trainer:{self.job}",
+                                                  connect_timeout_s=settings.agent.connect_timeout_s)
         else:
             client = connect(settings, client_name=f"trainer:{self.job}")
-        self.handoff = Handoff(
-            self.job, client=client, ranks=ranks, swap=swap, acquire_timeout_s=handoff.acquire_timeout_s,
-            prepare=handoff.prepare, prepare_lead_s=handoff.prepare_lead_s,
-            report=lambda figures: lifecycle.notify("handoff", handoff_event(lifecycle, figures)),
-            backlog=getattr(lifecycle, "backlog", None), break_even_margin=handoff.break_even_margin,
+        self.handoff = Handoff.from_settings(
+            settings, client=client, ranks=ranks, backlog=getattr(lifecycle, "backlog", None),
+            report=lambda figures: lifecycle.handoff(handoff_event(lifecycle, figures)),
         )
-        self.handoff.held = False  # the first acquire (before verl loads the model) goes to the agent
+        self.handoff.held = self.handoff.granted = False  # the first acquire (before verl loads the model) goes to the agent
         self._ensure_tenant(settings)
 
     def _ensure_tenant(self, settings: Any) -> None:
@@ -121,11 +109,6 @@ class AgentPlugin:
         assert self.handoff is not None
         self.handoff.begin()
         self.release("init_workers_end")
-
-    @hookimpl
-    def post_rollout(self, event: RolloutEvent) -> None:
-        if self.handoff is not None:
-            self.handoff.planner.observe_wait(event.queue_wait_s)
 
     @hookimpl
     def pre_train_step(self) -> None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from timeslice_verl.events import HandoffEvent, is_trainer_wait
-from timeslice_verl.hookspecs import hookimpl
+from timeslice_verl.hooks.events import HandoffEvent, is_trainer_wait
+from timeslice_verl.hooks.spec import hookimpl
 
 
 class MetricsPlugin:

@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from timeslice_verl.events import Event, HandoffEvent, RunEvent
-from timeslice_verl.hookspecs import hook_names, hookimpl
+from timeslice_verl.hooks.events import Event, HandoffEvent, RunEvent
+from timeslice_verl.hooks.spec import hook_names, hookimpl
 from timeslice_verl.log import get_logger
 
 log = get_logger("timeline")

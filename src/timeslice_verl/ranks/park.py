@@ -54,6 +54,8 @@ class ParkReport:
     """Seconds spent pinning host memory in this call (0 in steady state)."""
     pinned: int = 0
     """Size of the pinned host buffer."""
+    copy_gbps: float = 0.0
+    """``reserve``: this GPU's pinned copy rate, device to host and back (what a park round trip is estimated by)."""
     device: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -208,7 +210,28 @@ class Parker:
             report.pin_s = self._pin(want - self.capacity())
             log.info("park: pinned %.2f GiB of host memory in %.1f s", want / 2**30, report.pin_s)
         report.pinned = self.capacity()
+        report.copy_gbps = self._copy_rate()
         return report
+
+    def _copy_rate(self, nbytes: int = 256 * 2**20) -> float:
+        """GB/s of one copy each way between the device and the pinned buffer (0 on a CPU or without a buffer)."""
+        import torch
+
+        if self._device().type != "cuda" or not self.chunks:
+            return 0.0
+        host = self.chunks[0][: min(nbytes, self.chunks[0].numel())]
+        dev = torch.empty(host.numel(), dtype=torch.uint8, device=self._device())
+        try:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            host.copy_(dev, non_blocking=True)
+            dev.copy_(host, non_blocking=True)
+            torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+        finally:
+            del dev
+            torch.cuda.empty_cache()
+        return round(2 * host.numel() / 1e9 / seconds, 2) if seconds > 0 else 0.0
 
     def _layout(self, storages: list[tuple[Any, int]]) -> float:
         """Place each storage in the host buffer (first fit, page-aligned); grow the buffer if needed."""

@@ -13,13 +13,14 @@ Fractions are of the wall time between the first and the last record.
 from __future__ import annotations
 
 import bisect
+import collections
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from timeslice_verl.events import PREPARE_POINT, STARTUP_POINT, is_trainer_wait  # noqa: F401 (one definition of trainer wait)
+from timeslice_verl.hooks.events import PREPARE_POINT, STARTUP_POINT, is_trainer_wait  # noqa: F401 (one definition of trainer wait)
 
 CLASSES = ("trainer", "vLLM", "swapping", "idle")
 COLORS = {"trainer": "#1f77b4", "vLLM": "#2ca02c", "swapping": "#ff7f0e", "idle": "#d9d9d9"}
@@ -199,6 +200,8 @@ def summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "freeze_ms": {"p50": ms(percentile(freezes, 50)), "max": ms(max(freezes) if freezes else None)},
         "frozen_gib_max": round(max((t.get("bytes", 0) for t in trans if t["action"] == "freeze"
                                      and (t.get("phases") or {}).get("checkpoint", 1.0) > 0), default=0) / 2**30, 3),
+        "swaps": dict(collections.Counter(r["swap"] for r in records if r.get("hook") == "handoff"
+                                          and r.get("action") == "release" and r.get("swap"))),
         "parked_gib_max": round(max((r.get("parked_bytes", 0) for r in records if r.get("hook") == "handoff"), default=0)
                                 / 2**30, 3),
     }
@@ -213,7 +216,8 @@ def forecast(records: list[dict[str, Any]]) -> dict[str, Any]:
     prepared = sum(1 for r in handoffs if r.get("action") == "prepare" or r.get("point") == PREPARE_POINT)
 
     def stats(values: list[float]) -> dict[str, float | None]:
-        return {"p50": round(percentile(values, 50) * 1e3, 3) if values else None,
+        return {"n": len(values), "p50": round(percentile(values, 50) * 1e3, 3) if values else None,
+                "p90": round(percentile(values, 90) * 1e3, 3) if values else None,
                 "max": round(max(values) * 1e3, 3) if values else None, "total": round(sum(values) * 1e3, 3)}
 
     return {"prepared": prepared, "early_ms": stats(early), "late_ms": stats(late)}
@@ -262,8 +266,11 @@ def render_summary(s: dict[str, Any]) -> str:
         f"  thaw ms p50 {fmt(s['thaw_ms']['p50'])} · freeze ms p50 {fmt(s['freeze_ms']['p50'])} · "
         f"frozen up to {s['frozen_gib_max']:.2f} GiB" + (f" · parked up to {s['parked_gib_max']:.2f} GiB" if s.get("parked_gib_max") else ""),
         f"  handoffs {s['handoffs']} · transitions {s['transitions']} · failed {s['failed_transitions']}",
-        *([f"  way back: {f['prepared']} prepared · early ms p50 {fmt(f['early_ms']['p50'])} max {fmt(f['early_ms']['max'])}"
-           f" · late ms p50 {fmt(f['late_ms']['p50'])} max {fmt(f['late_ms']['max'])}"] if (f := s.get("forecast")) else []),
+        *([f"  way back: {f['prepared']} prepared · early {f['early_ms'].get('n', '')}× ms p50 {fmt(f['early_ms']['p50'])} "
+           f"p90 {fmt(f['early_ms'].get('p90'))} max {fmt(f['early_ms']['max'])} · late {f['late_ms'].get('n', '')}× ms p50 "
+           f"{fmt(f['late_ms']['p50'])} p90 {fmt(f['late_ms'].get('p90'))} max {fmt(f['late_ms']['max'])}"]
+          if (f := s.get("forecast")) else []),
+        *([f"  swap: {', '.join(f'{k} ×{v}' for k, v in s['swaps'].items())}"] if s.get("swaps") else []),
         *([f"  valleys lent {v['lent']} (median {fmt(v['valley_s_p50'])} s; round trip {fmt(v['round_trip_s_p50'])} s)"
            f" · shorter than their round trip: {v['below_break_even']}"
            + (f" · cut short by the run's end: {v['cut_by_end']}" if v.get("cut_by_end") else "")] if (v := s.get("valleys")) else []),

@@ -5,12 +5,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from typing import Any
 
 import click
 
 from timeslice_verl import __version__
-from timeslice_verl.config import ConfigError
-from timeslice_verl.overrides import compose, options
+from timeslice_verl.config.schema import ConfigError
+from timeslice_verl.config.overrides import compose, options
+from timeslice_verl.demo.arrivals import PROFILES
+
+PROFILE_NAMES = tuple(PROFILES)
 from timeslice_verl.log import setup_cli_logging
 
 
@@ -38,7 +42,7 @@ def main(log_level: str) -> None:
 def config_cmd(option: str | None, as_json: bool, overrides: tuple[str, ...]) -> None:
     """Print the validated timeslice section, every key, in the trainer's own override syntax: the
     option (+timeslice=NAME) plus timeslice.KEY=VALUE overrides. What verl would refuse is refused."""
-    from timeslice_verl.overrides import picks_option, to_overrides
+    from timeslice_verl.config.overrides import picks_option, to_overrides
 
     if option is not None and any(picks_option(o) for o in overrides):
         raise click.UsageError("timeslice: the option is given twice (--option and +timeslice=…); give one")
@@ -56,7 +60,7 @@ def config_cmd(option: str | None, as_json: bool, overrides: tuple[str, ...]) ->
 @click.option("--markdown", is_flag=True, help="Print the hook reference as Markdown.")
 def hooks_cmd(markdown: bool) -> None:
     """List the lifecycle hooks plugins can implement."""
-    from timeslice_verl.reference import hook_reference_markdown, hook_summaries
+    from timeslice_verl.hooks.reference import hook_reference_markdown, hook_summaries
 
     if markdown:
         click.echo(hook_reference_markdown(), nl=False)
@@ -70,7 +74,7 @@ def hooks_cmd(markdown: bool) -> None:
 @click.argument("overrides", nargs=-1)
 def plugins_cmd(option: str, overrides: tuple[str, ...]) -> None:
     """Load the plugins the config asks for and list them with their hooks."""
-    from timeslice_verl.manager import PluginLoadError, TimesliceManager
+    from timeslice_verl.hooks.manager import PluginLoadError, TimesliceManager
 
     settings = _settings_from(option, overrides)
     try:
@@ -100,8 +104,8 @@ def agent_cmd(option: str, doctor_first: bool, overrides: tuple[str, ...]) -> No
 
     settings = _settings_from(option, overrides)
     if doctor_first:
-        from timeslice_verl.container import container_checks
-        from timeslice_verl.doctor import render
+        from timeslice_verl.tools.container import container_checks
+        from timeslice_verl.tools.doctor import render
 
         checks = container_checks(settings)
         click.echo(render(checks), err=True)
@@ -124,8 +128,8 @@ def agent_cmd(option: str, doctor_first: bool, overrides: tuple[str, ...]) -> No
 def status_cmd(option: str, as_json: bool, overrides: tuple[str, ...]) -> None:
     """Show who owns the GPU, the jobs, the tenant and the queue, as the agent sees them."""
     from timeslice_verl.agent.client import AgentClient, AgentError
-    from timeslice_verl.config import socket_path
-    from timeslice_verl.status import render_status
+    from timeslice_verl.config.schema import socket_path
+    from timeslice_verl.tools.status import render_status
 
     settings = _settings_from(option, overrides)
     try:
@@ -133,7 +137,27 @@ def status_cmd(option: str, as_json: bool, overrides: tuple[str, ...]) -> None:
             status = client.status()
     except AgentError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(json.dumps(status, indent=2) if as_json else render_status(status))
+    batch = _batch_summary(settings)
+    if as_json:
+        click.echo(json.dumps({**status, **({"batch": batch} if batch else {})}, indent=2))
+        return
+    click.echo(render_status(status))
+    if batch:
+        from timeslice_verl.tools.status import render_batch
+
+        click.echo(render_batch(batch))
+
+
+def _batch_summary(settings: Any) -> dict[str, Any] | None:
+    """The node's batch service's summary, if one answers at timeslice.batch.host:port."""
+    import httpx
+
+    host = f"[{settings.batch.host}]" if ":" in settings.batch.host else settings.batch.host
+    try:
+        resp = httpx.get(f"http://{host}:{settings.batch.port}/timeslice/summary", timeout=2)
+        return resp.json() if resp.is_success else None
+    except (httpx.HTTPError, ValueError):
+        return None
 
 
 @main.command("doctor", context_settings={"ignore_unknown_options": True})
@@ -142,11 +166,11 @@ def status_cmd(option: str, as_json: bool, overrides: tuple[str, ...]) -> None:
 @click.argument("overrides", nargs=-1)
 def doctor_cmd(option: str, container: bool, overrides: tuple[str, ...]) -> None:
     """Check this node: driver, NVML, NCCL env, vLLM, agent, host RAM. Exits 1 on any FAIL."""
-    from timeslice_verl.doctor import render, run_checks
+    from timeslice_verl.tools.doctor import render, run_checks
 
     settings = _settings_from(option, overrides)
     if container:
-        from timeslice_verl.container import container_checks
+        from timeslice_verl.tools.container import container_checks
 
         checks = container_checks(settings)
     else:
@@ -169,7 +193,7 @@ def timeline_plot(path: str, output: str | None, json_out: str | None) -> None:
     """Draw GPU ownership over time from PATH (JSONL) and print the summary."""
     from pathlib import Path
 
-    from timeslice_verl import analysis
+    from timeslice_verl.tools import analysis
 
     try:
         records = analysis.load(path)
@@ -190,39 +214,38 @@ def timeline_plot(path: str, output: str | None, json_out: str | None) -> None:
 @click.option("--rollout-s", default=1.5, show_default=True, help="Seconds the rollout takes per batch (the trainer waits "
               "for what training did not cover).")
 @click.option("--train-s", default=0.5, show_default=True, help="Seconds of GPU work per step.")
+@click.option("--profile", type=click.Choice(["even", *PROFILE_NAMES]), default="even", show_default=True,
+              help="How samples arrive: evenly over each batch, or shaped like verl's rollouter (fleet, longtail).")
+@click.option("--required", default=0, help="Samples per step (default: 16 even, 32 with a profile).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--gib", default=8.0, show_default=True, help="GPU memory the trainer worker holds (cuda).")
 @click.option("--vllm-url", default="", help="A running vLLM (VLLM_SERVER_DEV_MODE=1, --enable-sleep-mode).")
-@click.option("--vllm-model", default="", help="Start vLLM on this model instead.")
-@click.option("--clients", default=4, show_default=True, help="Concurrent batch clients against vLLM.")
+@click.option("--vllm-model", default="", help="Start vLLM on this model (under timeslice-verl tenant run) instead.")
+@click.option("--vllm-arg", "vllm_args", multiple=True, metavar="ARG",
+              help="An argument for the vLLM --vllm-model starts, e.g. --vllm-arg=--max-model-len=2048 (repeatable).")
+@click.option("--clients", default=4, show_default=True, help="Batch requests kept in flight at the tenant.")
+@click.option("--batch-lines", default=20000, show_default=True, help="Lines of the batch submitted at the start.")
+@click.option("--max-tokens", default=0, help="Tokens per batch line (default: 48 on a GPU, 24 dry).")
+@click.option("--finish-batch-s", default=0.0, help="After the last step, let the batch complete for up to this many "
+              "seconds before what is left is cancelled.")
 @click.option("--burst-every", default=0, show_default=True,
               help="Every k-th batch comes 20x faster (already queued at the release: a skipped handoff); 0: none.")
+@click.option("--wedge-at", default=0, help="Stop the tenant (SIGSTOP) in this step's valley: the ladder kills it and "
+              "its supervisor brings it back.")
 @click.option("--solo", is_flag=True, help="The same schedule with +timeslice=observe: no agent, no tenant (the baseline).")
 @click.option("--set", "overrides", multiple=True, metavar="timeslice.KEY=VALUE",
               help="A setting of the interleave section, e.g. --set timeslice.handoff.swap=checkpoint (repeatable).")
-def demo_cmd(out: str, steps: int, rollout_s: float, train_s: float, device: str, gib: float, vllm_url: str,
-             vllm_model: str, clients: int, burst_every: int, solo: bool, overrides: tuple[str, ...]) -> None:
+def demo_cmd(out: str, overrides: tuple[str, ...], **kw: Any) -> None:
     """Run the whole chain on this machine and draw the timeline (a dry run without a GPU)."""
     from pathlib import Path
 
-    from timeslice_verl import analysis
-    from timeslice_verl.demo.run import DemoOptions, run_demo
+    from timeslice_verl.demo.run import DemoOptions, gpu_available, run_demo
 
-    if steps < 1 or rollout_s < 0 or train_s < 0 or gib <= 0 or clients < 0 or burst_every < 0:
-        raise click.UsageError("--steps must be >= 1; --rollout-s, --train-s, --clients, --burst-every >= 0; --gib > 0")
-    bad = [o for o in overrides if not o.startswith("timeslice.") or "=" not in o]
-    if bad:
-        raise click.UsageError(f"--set takes timeslice.KEY=VALUE, not {', '.join(map(repr, bad))}")
-    if solo and overrides:
-        raise click.UsageError("--solo runs without the interleave section: --set has nothing to set")
-    from timeslice_verl.demo.run import gpu_available
-
-    if device == "cuda" and not gpu_available():
+    _check_demo(kw, overrides)
+    if kw["device"] == "cuda" and not gpu_available():
         raise click.UsageError("--device cuda needs an NVIDIA GPU and torch with CUDA; none here "
                                "(leave --device at auto for the labelled dry run)")
-    opts = DemoOptions(out=Path(out), steps=steps, rollout_s=rollout_s, train_s=train_s, device=device, gib=gib,
-                       vllm_url=vllm_url, vllm_model=vllm_model, clients=clients, burst_every=burst_every, solo=solo,
-                       overrides=overrides)
+    opts = DemoOptions(out=Path(out), overrides=overrides, **kw)
     import signal
 
     def stop(signum: int, frame: object) -> None:  # SIGTERM unwinds like Ctrl-C: the agent, worker, tenant go too
@@ -233,6 +256,40 @@ def demo_cmd(out: str, steps: int, rollout_s: float, train_s: float, device: str
         summary = run_demo(opts)
     except ConfigError as exc:  # a --set the schema refuses: the overrides' own message, no traceback
         raise click.UsageError(str(exc)) from None
+    except RuntimeError as exc:  # a part that did not start (the tenant, the batch service): its log is named
+        raise click.ClickException(str(exc)) from None
+    _echo_demo(summary, kw["solo"])
+
+
+def _check_demo(kw: dict[str, Any], overrides: tuple[str, ...]) -> None:
+    if kw["steps"] < 1 or kw["rollout_s"] < 0 or kw["train_s"] < 0 or kw["gib"] <= 0 or kw["clients"] < 1 \
+            or kw["burst_every"] < 0 or kw["required"] < 0 or kw["batch_lines"] < 1 or kw["max_tokens"] < 0 \
+            or not 0 <= kw["finish_batch_s"] <= 86400:
+        raise click.UsageError("--steps, --clients and --batch-lines must be >= 1; --rollout-s, --train-s, --burst-every, "
+                               "--required, --max-tokens >= 0; --gib > 0; --finish-batch-s in [0, 86400]")
+    bad = [o for o in overrides if not o.startswith("timeslice.") or "=" not in o]
+    if bad:
+        raise click.UsageError(f"--set takes timeslice.KEY=VALUE, not {', '.join(map(repr, bad))}")
+    if kw["solo"] and (overrides or kw["wedge_at"]):
+        raise click.UsageError("--solo runs without the interleave section and without a tenant: --set and --wedge-at "
+                               "have nothing to act on")
+    if kw["burst_every"] and kw["profile"] != "even":
+        raise click.UsageError("--burst-every shapes the even schedule; a --profile has its own arrivals")
+    if kw["wedge_at"] and (kw["vllm_url"] or not 1 <= kw["wedge_at"] <= kw["steps"]):
+        raise click.UsageError("--wedge-at needs a step of the run (1..--steps) and a tenant the demo supervises "
+                               "(not --vllm-url)")
+    if not kw["solo"]:
+        try:
+            import fastapi  # noqa: F401
+            import uvicorn  # noqa: F401
+        except ImportError:
+            raise click.UsageError("the demo submits its batch work to the batch service, which needs the 'batch' extra: "
+                                   "pip install 'timeslice-verl[batch]' (or run --solo)") from None
+
+
+def _echo_demo(summary: dict[str, Any], solo: bool) -> None:
+    from timeslice_verl.tools import analysis
+
     click.echo("")
     click.echo(summary["mode"]["label"])
     if solo:  # +timeslice=observe: nothing was handed over, only the steps tell
@@ -240,11 +297,19 @@ def demo_cmd(out: str, steps: int, rollout_s: float, train_s: float, device: str
                    "keeps its GPU)")
     else:
         click.echo(analysis.render_summary(summary))
-    b = summary["batch"]
     click.echo(f"  median step {summary['step_s_median']:.3f} s over {len(summary['steps_detail'])} steps")
-    served = "" if solo else (f"vLLM served {b.get('completed', 0)} requests ({b.get('tokens', 0)} tokens), "
-                              f"aborted {b.get('aborted', 0)}; ")
-    click.echo(f"  {served}worker data intact: {summary['worker_data_intact']}")
+    b = summary.get("batch") or {}
+    if b.get("id"):
+        rate = f", {b['tokens_per_gpu_s']:.0f} tokens/s while the tenant had the GPU" if b.get("tokens_per_gpu_s") else ""
+        click.echo(f"  batch {b['id']}: {b['completed']} of {b['lines']} lines answered ({b['retried']} retried, "
+                   f"{b['failed']} failed, {b['not_sent']} not sent when the run ended, {b['lost']} lost){rate}")
+    elif b.get("error"):
+        click.echo(f"  batch: {b['error']}")
+    stop = summary.get("tenant_stop")
+    if stop and stop.get("stopped"):
+        click.echo(f"  tenant stopped in step {stop['step']}: reclaimed by {stop['reclaim'] or '?'}; trainer waited "
+                   f"{stop['trainer_wait_s']} s; supervisor restarts: {stop['restarts']} (restart {stop['restart_s']} s)")
+    click.echo(f"  worker data intact: {summary['worker_data_intact']}")
     for name, path in summary["files"].items():
         click.echo(f"  {name:10} {path}")
 
@@ -255,6 +320,15 @@ def options_cmd() -> None:
     for name in options():
         click.echo(name)
 
+
+def _add_serving() -> None:
+    from timeslice_verl.tools.serving_cli import batch_group, tenant_group
+
+    main.add_command(batch_group)
+    main.add_command(tenant_group)
+
+
+_add_serving()
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

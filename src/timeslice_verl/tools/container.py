@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from timeslice_verl.config import TimesliceSettings, socket_path
-from timeslice_verl.doctor import Check, check_driver, check_nvml
+from timeslice_verl.config.schema import TimesliceSettings, socket_path
+from timeslice_verl.tools.doctor import Check, check_driver, check_nvml
 
 HOST_INIT = {"systemd", "init"}
 """What PID 1 is called in a host's PID namespace (a container's PID 1 is its own entrypoint or pause)."""

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from timeslice_verl.agent import procfs
 from timeslice_verl.agent.gpu import nvml
-from timeslice_verl.config import JOB_TAG_ENV, NCCL_ENV, TimesliceSettings, socket_path
+from timeslice_verl.config.schema import JOB_TAG_ENV, NCCL_ENV, TimesliceSettings, socket_path
 from timeslice_verl.names import split_urls
-from timeslice_verl.swap_choice import host_available, parkable
+from timeslice_verl.handoff.swap_choice import agent_figures, parkable, resident_room
+from timeslice_verl.ranks.worker import host_available
 
 MIN_DRIVER = 570
 
@@ -88,7 +90,7 @@ def check_vllm(settings: TimesliceSettings) -> list[Check]:
 def _check_one_vllm(url: str, which: str) -> Check:
     name = f"vLLM reachable with dev mode + sleep mode{which}"
     fix = ("start vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode, e.g. "
-           "VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --enable-sleep-mode --port 8000")
+           "timeslice-verl tenant run -- vllm serve MODEL --port 8000 (it sets both)")
     try:
         with httpx.Client(base_url=url, timeout=5) as client:
             client.get("/health").raise_for_status()
@@ -97,10 +99,25 @@ def _check_one_vllm(url: str, which: str) -> Check:
                 return Check(name, False, f"{url} answers but has no /is_sleeping (dev mode or sleep mode off)", fix)
             sleeping.raise_for_status()
             version = client.get("/version")
-            v = version.json().get("version", "?") if version.is_success else "?"
     except httpx.HTTPError as exc:
         return Check(name, False, f"{url}: {type(exc).__name__}: {exc}", fix)
-    return Check(name, True, f"vLLM {v} at {url}, is_sleeping={sleeping.json()}")
+    state, v = _json_field(sleeping, "is_sleeping"), _json_field(version, "version") if version.is_success else "?"
+    if state is None:  # a proxy's error page, another server on the port: not vLLM's answer
+        return Check(name, False, f"{url}/is_sleeping answered {_shown(sleeping.text)} (not vLLM's JSON)", fix)
+    return Check(name, True, f"vLLM {_shown(str(v or '?'))} at {url}, is_sleeping={state}")
+
+
+def _json_field(resp: httpx.Response, key: str) -> Any:
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    return body.get(key) if isinstance(body, dict) else None
+
+
+def _shown(text: str, most: int = 80) -> str:
+    """A server's text as a terminal can show it: control characters escaped, cut short."""
+    return repr(text[:most]) if any(not ch.isprintable() for ch in text[:most]) else f"'{text[:most]}'"
 
 
 def check_agent(settings: TimesliceSettings) -> Check:
@@ -153,9 +170,35 @@ def check_park_room(settings: TimesliceSettings) -> Check:
     return Check(name, ok, detail, "free host RAM, or use timeslice.handoff.swap=auto (checkpoint when park cannot fit)")
 
 
+def check_swap_choice(settings: TimesliceSettings) -> Check:
+    """What ``swap=auto`` picks here, by how much a rank keeps after releasing its caches (the trainer's log says
+    what it picked, with the figures of the run)."""
+    from timeslice_verl.agent.client import AgentClient, AgentError
+
+    name = "swap=auto on this node"
+    nvml, err = _nvml()
+    if nvml is None:
+        return Check(name, True, f"checkpoint: the GPUs' memory is unknown ({err})")
+    gpu = settings.agent.gpus[0] if settings.agent.gpus else 0
+    total = int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(gpu)).total)  # type: ignore[attr-defined]
+    try:
+        with AgentClient(socket_path(settings), connect_timeout_s=1.0) as client:
+            tenant = agent_figures(client.status()).get("tenant_bytes", 0)
+    except AgentError:
+        tenant = 0
+    park = parkable(host_available()) / 2**30
+    if not tenant:
+        return Check(name, True, f"the tenant's awake footprint is not measured yet (the agent's first yield does): until "
+                     f"then park (up to {park:.1f} GiB of trainer state per node) or checkpoint")
+    room = resident_room(total, tenant) / 2**30
+    return Check(name, True, f"resident while a rank keeps at most {room:.1f} GiB after releasing its caches (GPU "
+                 f"{total / 2**30:.0f} GiB, the tenant awake {tenant / 2**30:.1f} GiB); else park up to {park:.1f} GiB "
+                 "of trainer state per node; else checkpoint")
+
+
 def run_checks(settings: TimesliceSettings) -> list[Check]:
     return [check_driver(), check_nvml(), check_backend(settings), *check_nccl_env(settings), *check_vllm(settings),
-            check_agent(settings), check_host_ram(settings), check_park_room(settings)]
+            check_agent(settings), check_host_ram(settings), check_park_room(settings), check_swap_choice(settings)]
 
 
 def render(checks: list[Check]) -> str:

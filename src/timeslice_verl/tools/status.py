@@ -1,8 +1,19 @@
-"""Human rendering of the agent's status (``timeslice-verl status``)."""
+"""Human rendering of the agent's status and the node's batch service (``timeslice-verl status``).
+
+Every string that came from elsewhere (a tenant's error, a supervisor's exit note, a job's fault) is shown with its
+control characters escaped: a status must never move the terminal's cursor or change its colours."""
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def clean(value: Any) -> str:
+    """``value`` as text a terminal shows as is: control characters (escape sequences, CR, BEL…) escaped."""
+    text = str(value)
+    if all(ch.isprintable() for ch in text):
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 def _gib(n: float | int | None) -> str:
@@ -20,26 +31,56 @@ def render_status(status: dict[str, Any]) -> str:
     gpu = status.get("gpu")
     if gpu:
         lines.append(f"GPU memory: {_gib(gpu['used'])} used of {_gib(gpu['total'])}, {_gib(gpu['free'])} free (driver {gpu.get('driver')})")
-    tenant = status.get("tenant")
-    if tenant:
-        line = f"tenant: vLLM {tenant.get('version') or '?'} at {tenant['url']}: {tenant['state']}"
-        lines.append(line + (f" — {tenant['error']}" if tenant.get("error") else ""))
-    else:
-        lines.append("tenant: none registered")
+    lines += _tenant_lines(status.get("tenant"), status.get("ladder") or {})
     jobs = status.get("jobs", [])
     if jobs:
         header = f"{'JOB':20} {'STATE':13} {'HOLDS':5} {'PIDS':18} {'FROZEN':>11} {'FREEZE':>8} {'THAW':>8}  NOTE"
         lines += ["jobs:", "  " + header]
         for j in jobs:
             pids = ",".join(map(str, j.get("pids", []))) or "-"
-            note = j.get("fault") or ("queued" if j.get("queued") else "prepared" if j.get("prepared") else "")
+            note = clean(j.get("fault") or ("queued" if j.get("queued") else "prepared" if j.get("prepared") else ""))
             if not j.get("attached"):
                 note = (note + " " if note else "") + "(no client)"
             lines.append(
-                f"  {j['name']:20} {j['state']:13} {'yes' if j.get('holding') else 'no':5} {pids:18} "
+                f"  {clean(j['name']):20} {j['state']:13} {'yes' if j.get('holding') else 'no':5} {pids:18} "
                 f"{_gib(j.get('frozen_bytes')):>11} {j.get('last_freeze_s', 0):7.2f}s {j.get('last_thaw_s', 0):7.2f}s  {note}"
             )
     else:
         lines.append("jobs: none")
     lines.append(f"queue: {', '.join(status.get('queue', [])) or '-'}")
     return "\n".join(lines)
+
+
+def _tenant_lines(tenant: dict[str, Any] | None, ladder: dict[str, Any]) -> list[str]:
+    if not tenant:
+        return ["tenant: none registered"]
+    line = f"tenant: vLLM {clean(tenant.get('version') or '?')} at {clean(tenant['url'])}: {tenant['state']}"
+    lines = [line + (f" — {clean(tenant['error'])}" if tenant.get("error") else "")]
+    if tenant.get("wedged"):
+        lines.append(f"  WEDGED (no answer while it had the GPU): {clean(', '.join(tenant['wedged']))}: a reclaim kills it")
+    steps = {k: v for k, v in ladder.items() if k in ("abort", "kill") and v}
+    if steps:
+        lines.append(f"  reclaim ladder: {', '.join(f'{k} {v}x' for k, v in steps.items())}"
+                     + (f"; last: {clean(ladder['last'])}" if ladder.get("last") else ""))
+    sup = tenant.get("supervisor")
+    if sup:
+        restart = f" (back in {sup['restart_s']:.1f} s)" if sup.get("restart_s") is not None else ""
+        lines.append(f"  supervisor: server pid {sup.get('pid', '?')}, {sup.get('restarts', 0)} restart(s)"
+                     + (f"; last: {clean(sup['last_exit'])}{restart}" if sup.get("last_exit") else ""))
+    return lines
+
+
+def render_batch(summary: dict[str, Any]) -> str:
+    """The node's batch service (its ``/timeslice/summary``): lines by state, the open batches' progress."""
+    lines, gate = summary.get("lines") or {}, summary.get("gate") or {}
+    rate = summary.get("tokens_per_s_open")
+    out = [f"batch service: feeding {clean(summary.get('tenant', '?'))} — "
+           f"{'sending' if gate.get('open') else 'holding'} (following the {gate.get('source', '?')}); "
+           f"lines queued {lines.get('queued', 0)}, in flight {lines.get('inflight', 0)}, completed {lines.get('done', 0)}, "
+           f"retried {lines.get('retried', 0)}, failed {lines.get('failed', 0)}"
+           + (f"; {rate:.0f} tokens/s while the tenant had the GPU" if rate else "")]
+    for b in summary.get("open_batches") or []:
+        done = b.get("completed", 0) + b.get("failed", 0)
+        out.append(f"  {clean(b['id'])}  {b['status']:11} {done}/{b['total']} ({done / max(1, b['total']) * 100:.0f} %), "
+                   f"{b.get('failed', 0)} failed")
+    return "\n".join(out)

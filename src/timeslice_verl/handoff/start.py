@@ -1,0 +1,98 @@
+"""A handoff's start, once the model is loaded: the swap ``auto`` picks, the host buffers pinned for parking, the
+round trip's estimate for the first valleys, the ranks' pids registered with the agent."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from timeslice_verl.agent.client import AgentError
+from timeslice_verl.handoff import swap_choice
+from timeslice_verl.handoff.ranks import RankLost
+from timeslice_verl.log import get_logger
+
+Handoff = Any
+"""A :class:`~timeslice_verl.handoff.sequence.Handoff` (which imports this module: named here by role only)."""
+
+log = get_logger("handoff")
+PARKING = ("park", "park+checkpoint")
+
+
+def begin(h: Handoff) -> list[dict[str, Any]]:
+    """The start (see the module); the pin reports, one per rank."""
+    if h.ranks is None:
+        return []
+    reports = release_caches_reports(h)
+    agent = swap_choice.agent_figures(agent_status(h))
+    if h.swap == "auto":
+        h.swap = h._shared(pick_swap(h, reports, agent))
+    if h.swap in PARKING and not can_park(h.ranks):
+        log.error("[timeslice] job=%s swap=%s but the ranks have no park method (is timeslice-verl installed where "
+                  "the workers run?): swapping by checkpoint instead", h.job, h.swap)
+        h.swap = "checkpoint"
+    pinned: list[dict[str, Any]] = []
+    if h.swap in PARKING:
+        t0 = time.perf_counter()
+        pinned = h.ranks.park_reserve()
+        log.info("[timeslice] job=%s pinned %.2f GiB of host RAM for parking on %d rank(s) in %.1f s", h.job,
+                 sum(int(r.get("pinned", 0)) for r in pinned) / 2**30, len(pinned), time.perf_counter() - t0)
+    h.forecast.round_trip_estimate, why = swap_choice.round_trip_estimate(h.swap, reports, pinned, agent)
+    log.info("[timeslice] job=%s round trip before any is measured: %.2f s (%s)", h.job,
+             h.forecast.round_trip_estimate, why)
+    register_pids(h)
+    return pinned
+
+
+def can_park(ranks: Any) -> bool:
+    """Whether the ranks can move their own tensors (ranks without the method cannot)."""
+    method = getattr(ranks, "can_park", None)
+    return bool(method()) if method is not None else False
+
+
+def register_pids(h: Handoff) -> None:
+    assert h.ranks is not None
+    if hasattr(h.client, "register_ranks"):  # across nodes: each node's agent gets its own ranks' pids
+        h.client.register_ranks(h.job, h.ranks)  # type: ignore[union-attr]
+        return
+    pids = h.ranks.local_pids()
+    if pids and h.client is not None:
+        try:
+            h.client.register_pids(h.job, pids)
+            log.info("[timeslice] job=%s registered worker pids %s", h.job, pids)
+        except AgentError as exc:
+            log.warning("[timeslice] job=%s could not register worker pids %s: %s (tag discovery still applies)",
+                        h.job, pids, exc)
+
+
+def release_caches_reports(h: Handoff) -> list[dict[str, Any]] | None:
+    """Every rank's memory once its caches are freed (what ``auto`` and the round-trip estimate go by)."""
+    assert h.ranks is not None
+    try:
+        return h.ranks.release_caches()
+    except RankLost:
+        raise
+    except Exception as exc:
+        log.warning("[timeslice] job=%s the ranks' memory is unknown: %s", h.job, exc)
+        return []
+
+
+def agent_status(h: Handoff) -> dict[str, Any]:
+    status = getattr(h.client, "status", None)
+    try:
+        return status() if status is not None else {}
+    except AgentError as exc:
+        log.warning("[timeslice] job=%s the agent's figures are unknown: %s", h.job, exc)
+        return {}
+
+
+def pick_swap(h: Handoff, reports: list[dict[str, Any]] | None, agent: dict[str, Any]) -> str:
+    """``swap=auto``: what every GPU and host of the ranks can afford (:func:`~timeslice_verl.handoff.swap_choice.choose`)."""
+    assert h.ranks is not None
+    swap, why = swap_choice.choose(reports if can_park(h.ranks) else None, agent)
+    log.log(logging.INFO if swap != "checkpoint" else logging.WARNING, "[timeslice] job=%s swap=auto: %s (%s)",
+            h.job, swap, why)
+    return swap
+
+
+__all__ = ["begin"]

@@ -1,0 +1,171 @@
+"""``timeslice-verl batch …`` and ``timeslice-verl tenant run``: the node's batch service, its clients, and the tenant
+under its supervisor."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from timeslice_verl.config.schema import ConfigError, TimesliceSettings, socket_path
+
+
+def _settings(overrides: tuple[str, ...]) -> TimesliceSettings:
+    from timeslice_verl.config.overrides import compose
+
+    bad = [o for o in overrides if not o.startswith("timeslice.") or "=" not in o]
+    if bad:
+        raise click.UsageError(f"--set takes timeslice.KEY=VALUE, not {', '.join(map(repr, bad))}")
+    try:
+        return compose("interleave", list(overrides))
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+SET = click.option("--set", "overrides", multiple=True, metavar="timeslice.KEY=VALUE",
+                   help="A setting (repeatable), e.g. --set timeslice.batch.port=8091.")
+URL = click.option("--url", default="", help="The batch service (default: http://timeslice.batch.host:port).")
+
+
+def _client(url: str, overrides: tuple[str, ...]):
+    from timeslice_verl.batch.client import BatchClient
+
+    b = _settings(overrides).batch
+    return BatchClient(url or f"http://{b.host}:{b.port}")
+
+
+def _fail(exc: Exception) -> click.ClickException:
+    return click.ClickException(str(exc))
+
+
+@click.group("batch")
+def batch_group() -> None:
+    """The node's batch service: OpenAI-compatible batches fed to the tenant while it has the GPU."""
+
+
+@batch_group.command("serve")
+@SET
+def serve_cmd(overrides: tuple[str, ...]) -> None:
+    """Run the batch service (foreground; SIGTERM or Ctrl-C to stop). Needs the 'batch' extra."""
+    try:
+        from timeslice_verl.batch.service import serve
+    except ImportError as exc:
+        raise click.ClickException(f"the batch service needs the 'batch' extra: pip install 'timeslice-verl[batch]' ({exc})")
+    try:
+        serve(_settings(overrides))
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise _fail(exc) from None
+
+
+@batch_group.command("submit")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--endpoint", default="", help="Default: the url of the file's first request.")
+@click.option("--no-wait", is_flag=True, help="Print the batch id and return.")
+@URL
+@SET
+def submit_cmd(path: Path, endpoint: str, no_wait: bool, url: str, overrides: tuple[str, ...]) -> None:
+    """Upload a JSONL file of requests and create a batch; then show its progress (lines done, rate, ETA)."""
+    from timeslice_verl.batch.client import BatchClientError, describe, endpoint_of, follow
+
+    client = _client(url, overrides)
+    try:
+        batch = client.create(client.upload(path)["id"], endpoint or endpoint_of(path))
+        click.echo(batch["id"])
+        if not no_wait:
+            click.echo(describe(follow(client, batch, echo=click.echo)))
+    except BatchClientError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        click.echo(f"stopped following {batch['id']}: it goes on (timeslice-verl batch status {batch['id']})", err=True)
+
+
+@batch_group.command("status")
+@click.argument("batch_id", required=False)
+@click.option("--json", "as_json", is_flag=True)
+@URL
+@SET
+def status_cmd(batch_id: str | None, as_json: bool, url: str, overrides: tuple[str, ...]) -> None:
+    """One batch, or the latest ones."""
+    from timeslice_verl.batch.client import BatchClientError, describe
+
+    client = _client(url, overrides)
+    try:
+        batches = [client.get(batch_id)] if batch_id else client.list()
+    except BatchClientError as exc:
+        raise _fail(exc) from None
+    click.echo(json.dumps(batches, indent=1) if as_json else "\n".join(describe(b) for b in batches) or "no batch")
+
+
+@batch_group.command("results")
+@click.argument("batch_id")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--errors", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the error file (default: OUTPUT with .errors.jsonl).")
+@URL
+@SET
+def results_cmd(batch_id: str, output: Path, errors: Path | None, url: str, overrides: tuple[str, ...]) -> None:
+    """Download a batch's output (and error) file."""
+    from timeslice_verl.batch.client import BatchClientError
+
+    client = _client(url, overrides)
+    try:
+        batch = client.get(batch_id)
+        if batch["status"] not in ("completed", "cancelled", "expired", "failed"):
+            raise click.ClickException(f"batch {batch_id} is {batch['status']}: its files are made once it ends")
+        n = client.download(batch["output_file_id"], output) if batch.get("output_file_id") else 0
+        click.echo(f"{n} answer(s) in {output}")
+        if batch.get("error_file_id"):
+            errors = errors or output.with_suffix(".errors.jsonl")
+            click.echo(f"{client.download(batch['error_file_id'], errors)} error(s) in {errors}")
+    except BatchClientError as exc:
+        raise _fail(exc) from None
+
+
+@batch_group.command("cancel")
+@click.argument("batch_id")
+@URL
+@SET
+def cancel_cmd(batch_id: str, url: str, overrides: tuple[str, ...]) -> None:
+    """Cancel a batch: what was not sent yet goes to its error file as cancelled."""
+    from timeslice_verl.batch.client import BatchClientError, describe
+
+    try:
+        click.echo(describe(_client(url, overrides).cancel(batch_id)))
+    except BatchClientError as exc:
+        raise _fail(exc) from None
+
+
+@click.group("tenant")
+def tenant_group() -> None:
+    """The node's tenant (vLLM) under a supervisor."""
+
+
+@tenant_group.command("run", context_settings={"ignore_unknown_options": True})
+@click.option("--gpu", default="", help="'auto' (the GPU the agent sees the trainer on), an index or a UUID.")
+@click.option("--max-restarts", default=0, show_default=True, help="Give up after this many restarts (0: never).")
+@click.option("--backoff-max-s", default=60.0, show_default=True)
+@click.option("--no-wait-for-memory", is_flag=True, help="Start at once, even if the GPU has less free than vLLM asks.")
+@SET
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def tenant_run(gpu: str, max_restarts: int, backoff_max_s: float, no_wait_for_memory: bool, overrides: tuple[str, ...],
+               command: tuple[str, ...]) -> None:
+    """Start the tenant (after --: vllm serve MODEL …) and bring it back when it dies; the agent takes it back."""
+    from timeslice_verl.tenant.supervisor import Supervisor, TenantCommand
+
+    try:
+        cmd = TenantCommand.parse(list(command))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if max_restarts < 0 or backoff_max_s <= 0:
+        raise click.UsageError("--max-restarts must be >= 0 and --backoff-max-s > 0")
+    sup = Supervisor(cmd, agent_socket=str(socket_path(_settings(overrides))), gpu=gpu, max_restarts=max_restarts,
+                     backoff_max_s=backoff_max_s, wait_for_memory=not no_wait_for_memory)
+    signal.signal(signal.SIGTERM, sup.stop)
+    signal.signal(signal.SIGINT, sup.stop)
+    sys.exit(sup.run())
+
+
+__all__ = ["batch_group", "tenant_group"]
