@@ -33,177 +33,13 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from timeslice_verl.testing.fake_engine import FakeVllm, Faults
+
 CONTROL = ("pause", "resume", "sleep", "wake_up", "is_sleeping", "is_paused", "health")
-
-
-@dataclass
-class Faults:
-    """What the stand-in does wrong, by endpoint name (``pause``, or ``pause:keep`` for one mode)."""
-
-    hang: str = ""
-    """An endpoint that never answers: a broken engine."""
-    slow_s: float = 0.0
-    """Control calls take effect and answer this late: an overloaded server."""
-    slow_on: list[str] = field(default_factory=list)
-    """Only these endpoints are slow (empty: every control call)."""
-    fail: dict[str, list] = field(default_factory=dict)
-    """endpoint → [count, kind]: its next ``count`` calls answer HTTP 500 (``kind`` ``500``) or 200 with a body that
-    is not JSON (``garbage``)."""
-    die_on: str = ""
-    """An endpoint whose call makes the server exit at once: a crash mid-yield."""
-
-    @staticmethod
-    def names(path: str, query: dict[str, list[str]]) -> tuple[str, str]:
-        name = path.lstrip("/")
-        return name, f"{name}:{query.get('mode', [''])[0]}"
-
-    def update(self, data: dict[str, Any]) -> None:
-        for key, value in data.items():
-            if key == "fail":
-                value = {k: list(v) for k, v in value.items()}
-            setattr(self, key, value)
-
-
-class FakeVllm:
-    def __init__(self, *, version: str = "0.24.0", dev_mode: bool = True, sleep_in_flight: str = "crash",
-                 token_s: float = 0.01, fail_wake_up: bool = False, model: str = "m", faults: Faults | None = None,
-                 **fault_kwargs: Any) -> None:
-        self.version = version
-        self.faults = faults or Faults(**fault_kwargs)
-        self.fail_wake_up = fail_wake_up
-        self.model = model
-        self.wake_up_calls = 0
-        self.dev_mode = dev_mode
-        self.sleep_in_flight = sleep_in_flight
-        self.token_s = token_s
-        self.has_pause = tuple(int(x) for x in version.split(".")[:2]) >= (0, 17)
-        self.cond = threading.Condition()
-        self.sleeping = self.paused = False
-        self.running: set[int] = set()
-        self.aborting: set[int] = set()
-        self.frozen = False  # pause mode=keep or asleep: running requests make no progress
-        self.abort_epoch = 0  # bumped by an aborting sleep: fails the requests queued before it
-        self.waiting = self.completed = self.aborted = self.sleeps = 0
-        self.pauses: dict[str, int] = {}
-        self.child_pid = 0
-        self._ids = 0
-
-    def stats(self) -> dict[str, Any]:
-        with self.cond:
-            return {
-                "sleeping": self.sleeping, "paused": self.paused, "running": len(self.running), "waiting": self.waiting,
-                "completed": self.completed, "aborted": self.aborted, "sleeps": self.sleeps, "version": self.version,
-                "wake_up_calls": self.wake_up_calls, "pauses": dict(self.pauses), "child_pid": self.child_pid,
-                "pid": os.getpid(),
-            }
-
-    def generate(self, max_tokens: int) -> tuple[int, str]:
-        with self.cond:
-            self.waiting += 1
-            epoch = self.abort_epoch
-            while (self.paused or self.sleeping) and epoch == self.abort_epoch:
-                self.cond.wait()
-            self.waiting -= 1
-            if epoch != self.abort_epoch:
-                self.aborted += 1
-                self.cond.notify_all()
-                return 0, "abort"
-            self._ids += 1
-            rid = self._ids
-            self.running.add(rid)
-        tokens, reason = 0, "length"
-        for _ in range(max_tokens):
-            time.sleep(self.token_s)
-            with self.cond:
-                while self.frozen and rid not in self.aborting:
-                    self.cond.wait()
-                if rid in self.aborting:
-                    reason = "abort"
-                    break
-            tokens += 1
-        with self.cond:
-            self.running.discard(rid)
-            self.aborting.discard(rid)
-            if reason == "abort":
-                self.aborted += 1
-            else:
-                self.completed += 1
-            self.cond.notify_all()
-        return tokens, reason
-
-    def _abort_all(self) -> None:
-        self.aborting |= self.running
-        self.cond.notify_all()
-        while self.running:
-            self.cond.wait()
-
-    def pause(self, mode: str) -> None:
-        with self.cond:
-            self.pauses[mode] = self.pauses.get(mode, 0) + 1
-            self.paused = True
-            if mode == "abort":
-                self._abort_all()
-            elif mode == "wait":
-                while self.running:
-                    self.cond.wait()
-            elif mode == "keep":
-                self.frozen = True
-
-    def sleep(self, mode: str | None) -> None:
-        with self.cond:
-            if not self.has_pause or mode is None:  # older vLLM: no modes on /sleep
-                if self.running:
-                    if self.sleep_in_flight == "crash":
-                        print(f"CRASH: /sleep with {len(self.running)} request(s) in flight (vllm#28714)", flush=True)
-                        os._exit(70)
-                    self._abort_all()
-            elif mode == "abort":
-                self.abort_epoch += 1
-                self._abort_all()
-            elif mode == "wait":
-                while self.running:
-                    self.cond.wait()
-            self.frozen = True
-            self.sleeping = True
-            self.sleeps += 1
-            self.cond.notify_all()
-
-    def wake(self) -> None:
-        with self.cond:
-            self.sleeping = False
-            self.frozen = self.paused and self.frozen
-            self.cond.notify_all()
-
-    def resume(self) -> None:
-        with self.cond:
-            self.paused = False
-            self.frozen = self.sleeping
-            self.cond.notify_all()
-
-    def answer(self, url_path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """A completion in OpenAI's shape (or vLLM's 404 for a model it does not serve)."""
-        model = body.get("model", self.model)
-        if model != self.model:
-            return 404, {"object": "error", "message": f"The model `{model}` does not exist.", "type": "NotFoundError",
-                         "param": None, "code": 404}
-        chat = url_path.endswith("/chat/completions")
-        prompt = (body.get("messages") or [{}])[-1].get("content", "") if chat else body.get("prompt", "")
-        tokens, reason = self.generate(int(body.get("max_tokens", 16)))
-        text = f"echo:{str(prompt)[:64]}|" + "x" * tokens
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
-        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-        with self.cond:
-            self._ids += 1
-            rid = self._ids
-        return 200, {"id": f"cmpl-{rid}", "object": "chat.completion" if chat else "text_completion",
-                     "created": int(time.time()), "model": model, "choices": [choice],
-                     "usage": {"prompt_tokens": len(str(prompt).split()), "completion_tokens": tokens,
-                               "total_tokens": len(str(prompt).split()) + tokens}}
 
 
 def _get_routes(engine: FakeVllm) -> dict[str, Any]:
@@ -246,102 +82,106 @@ def _post_control(engine: FakeVllm, path: str, query: dict[str, list[str]]) -> t
 DEV_PATHS = ("/is_sleeping", "/is_paused", "/pause", "/resume", "/sleep", "/wake_up")
 
 
-def make_handler(engine: FakeVllm, server: FakeVllmServer | None = None) -> type[BaseHTTPRequestHandler]:
-    gets = _get_routes(engine)
+class _Handler(BaseHTTPRequestHandler):
+    """One request to the stand-in (``engine``, ``gets`` and ``server`` are set by :func:`make_handler`)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    engine: FakeVllm
+    gets: dict[str, Any]
+    server_owner: Any = None
+    protocol_version = "HTTP/1.1"
 
-        def setup(self) -> None:
-            super().setup()
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms Nagle stalls
-            if server is not None:
-                server.connections.add(self.connection)
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms Nagle stalls
+        if self.server_owner is not None:
+            self.server_owner.connections.add(self.connection)
 
-        def finish(self) -> None:
-            super().finish()
-            if server is not None:
-                server.connections.discard(self.connection)
+    def finish(self) -> None:
+        super().finish()
+        if self.server_owner is not None:
+            self.server_owner.connections.discard(self.connection)
 
-        def log_message(self, fmt: str, *args: Any) -> None:  # quiet
-            pass
+    def log_message(self, fmt: str, *args: Any) -> None:  # quiet
+        pass
 
-        def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
-            data = body if isinstance(body, bytes) else (
-                json.dumps(body) if content_type == "application/json" else str(body)).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else (
+            json.dumps(body) if content_type == "application/json" else str(body)).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
-        def _fault(self, path: str, query: dict[str, list[str]]) -> bool:
-            """The injected faults; True when the call is answered (or never) by the fault itself."""
-            f = engine.faults
-            name, moded = Faults.names(path, query)
-            if f.die_on and f.die_on in (name, moded):
-                os._exit(3)
-            if f.slow_s and (name in f.slow_on or moded in f.slow_on or (not f.slow_on and name in CONTROL)):
-                time.sleep(f.slow_s)
-            if f.hang and f.hang in (name, moded):
-                time.sleep(3600)  # never answers
+    def _fault(self, path: str, query: dict[str, list[str]]) -> bool:
+        """The injected faults; True when the call is answered (or never) by the fault itself."""
+        f = self.engine.faults
+        name, moded = Faults.names(path, query)
+        if f.die_on and f.die_on in (name, moded):
+            os._exit(3)
+        if f.slow_s and (name in f.slow_on or moded in f.slow_on or (not f.slow_on and name in CONTROL)):
+            time.sleep(f.slow_s)
+        if f.hang and f.hang in (name, moded):
+            time.sleep(3600)  # never answers
+            return True
+        for key in (moded, name):
+            count, kind = f.fail.get(key, (0, ""))
+            if count > 0:
+                f.fail[key] = [count - 1, kind]
+                if kind == "garbage":
+                    self._send(200, b"<html>oops", "text/html")
+                else:
+                    self._send(500, {"detail": "injected"})
                 return True
-            for key in (moded, name):
-                count, kind = f.fail.get(key, (0, ""))
-                if count > 0:
-                    f.fail[key] = [count - 1, kind]
-                    if kind == "garbage":
-                        self._send(200, b"<html>oops", "text/html")
-                    else:
-                        self._send(500, {"detail": "injected"})
-                    return True
-            return False
+        return False
 
-        def _route(self, path: str, query: dict[str, list[str]], post: bool) -> None:
-            if self._fault(path, query):
-                return
-            if path in DEV_PATHS and not engine.dev_mode:
-                self._send(404, {"detail": "Not Found"})
-            elif not post and path in gets:
-                self._send(*gets[path]())
-            elif post and path in ("/v1/completions", "/v1/chat/completions"):
-                self._complete(path)
-            elif post and path == "/_fake/fault":
-                engine.faults.update(self._json())
-                self._send(200, {})
-            elif post and path == "/_fake/stop_listening" and server is not None:
-                self._send(200, {})
-                threading.Thread(target=server.stop_listening, daemon=True).start()
-            elif post:
-                self._send(*_post_control(engine, path, query))
-            else:
-                self._send(404, {"detail": "Not Found"})
+    def _route(self, path: str, query: dict[str, list[str]], post: bool) -> None:
+        if self._fault(path, query):
+            return
+        if path in DEV_PATHS and not self.engine.dev_mode:
+            self._send(404, {"detail": "Not Found"})
+        elif not post and path in self.gets:
+            self._send(*self.gets[path]())
+        elif post and path in ("/v1/completions", "/v1/chat/completions"):
+            self._complete(path)
+        elif post and path == "/_fake/fault":
+            self.engine.faults.update(self._json())
+            self._send(200, {})
+        elif post and path == "/_fake/stop_listening" and self.server_owner is not None:
+            self._send(200, {})
+            threading.Thread(target=self.server_owner.stop_listening, daemon=True).start()
+        elif post:
+            self._send(*_post_control(self.engine, path, query))
+        else:
+            self._send(404, {"detail": "Not Found"})
 
-        def _json(self) -> dict[str, Any]:
-            length = int(self.headers.get("Content-Length") or 0)
-            data = json.loads(self.rfile.read(length) or b"{}") if length else {}
-            if not isinstance(data, dict):
-                raise ValueError("not a JSON object")
-            return data
+    def _json(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        data = json.loads(self.rfile.read(length) or b"{}") if length else {}
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        return data
 
-        def _complete(self, path: str) -> None:
-            try:
-                body = self._json()
-                int(body.get("max_tokens", 16))
-            except (ValueError, TypeError):
-                self._send(400, {"object": "error", "message": "bad request", "type": "BadRequestError", "code": 400})
-                return
-            self._send(*engine.answer(path, body))
+    def _complete(self, path: str) -> None:
+        try:
+            body = self._json()
+            int(body.get("max_tokens", 16))
+        except (ValueError, TypeError):
+            self._send(400, {"object": "error", "message": "bad request", "type": "BadRequestError", "code": 400})
+            return
+        self._send(*self.engine.answer(path, body))
 
-        def do_GET(self) -> None:
-            url = urlparse(self.path)
-            self._route(url.path, parse_qs(url.query), post=False)
+    def do_GET(self) -> None:
+        url = urlparse(self.path)
+        self._route(url.path, parse_qs(url.query), post=False)
 
-        def do_POST(self) -> None:
-            url = urlparse(self.path)
-            self._route(url.path, parse_qs(url.query), post=True)
+    def do_POST(self) -> None:
+        url = urlparse(self.path)
+        self._route(url.path, parse_qs(url.query), post=True)
 
-    return Handler
+
+def make_handler(engine: FakeVllm, server: FakeVllmServer | None = None) -> type[BaseHTTPRequestHandler]:
+    return type("Handler", (_Handler,), {"engine": engine, "gets": _get_routes(engine), "server_owner": server})
 
 
 class _V6Server(ThreadingHTTPServer):
@@ -404,6 +244,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--engine-child", action="store_true",
                     help="start a child process without the TIMESLICE_TENANT tag, as vLLM starts its engine core")
     ap.add_argument("--asleep", action="store_true", help="start paused and asleep (as an agent left it)")
+    ap.add_argument("--enable-sleep-mode", action="store_true", help="accepted as vLLM takes it (the stand-in always can)")
     return ap.parse_args(argv)
 
 

@@ -7,8 +7,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
-from timeslice_verl.config import TimesliceSettings
-from timeslice_verl.events import (
+from timeslice_verl.config.schema import TimesliceSettings
+from timeslice_verl.hooks.events import (
     CheckpointEvent,
     Event,
     InitWorkersEvent,
@@ -16,9 +16,9 @@ from timeslice_verl.events import (
     TrainStepEvent,
     WeightSyncEvent,
 )
-from timeslice_verl.hookspecs import hook_names, hookimpl
-from timeslice_verl.lifecycle import Lifecycle
-from timeslice_verl.manager import TimesliceManager
+from timeslice_verl.hooks.spec import hook_names, hookimpl
+from timeslice_verl.hooks.lifecycle import Lifecycle
+from timeslice_verl.hooks.manager import TimesliceManager
 
 
 class RecordingPlugin:
@@ -152,7 +152,7 @@ def play(lifecycle: Lifecycle, sequence: Iterable[tuple[str, type[Event], dict[s
             lifecycle.report_exception(fields["point"], RuntimeError("scripted crash"))
             reason = "error"
             continue
-        lifecycle.call(hook, lifecycle.event(cls, **fields))
+        getattr(lifecycle, hook)(lifecycle.event(cls, **fields))  # the dispatcher's own method for the hook
     lifecycle.stop(reason)
 
 

@@ -1,0 +1,181 @@
+"""The batch service's HTTP API: the OpenAI Batch API's subset (files and batches), a summary and the metrics.
+
+``POST /v1/files`` (multipart, purpose ``batch``), ``GET /v1/files[/{id}[/content]]``, ``DELETE /v1/files/{id}``;
+``POST /v1/batches``, ``GET /v1/batches[/{id}]``, ``POST /v1/batches/{id}/cancel``. A batch's output and error files
+are made from its lines when downloaded (``file-out-<batch>``, ``file-err-<batch>``). Errors answer in OpenAI's
+shape: ``{"error": {"message", "type", "param", "code"}}`` with a 4xx that names the problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Callable
+
+from fastapi import FastAPI, File, Form, Request, UploadFile
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from timeslice_verl.batch.lines import ENDPOINTS, BatchRefused, error_lines, output_lines, parse
+from timeslice_verl.batch.store import OPEN, Store
+
+OUT, ERR = "file-out-", "file-err-"
+
+
+def refuse(status: int, message: str, param: str | None = None, code: str = "invalid_request") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}},
+                        status_code=status)
+
+
+def file_object(row: dict[str, Any]) -> dict[str, Any]:
+    return {"id": row["id"], "object": "file", "bytes": row["bytes"], "created_at": row["created_at"],
+            "filename": row["filename"], "purpose": row["purpose"], "status": "processed"}
+
+
+def batch_object(store: Store, row: dict[str, Any]) -> dict[str, Any]:
+    counts = store.counts(row["id"])
+    ended = row["status"] not in OPEN
+    out = {"id": row["id"], "object": "batch", "endpoint": row["endpoint"], "errors": None,
+           "input_file_id": row["input_file_id"], "completion_window": row["completion_window"], "status": row["status"],
+           "output_file_id": f"{OUT}{row['id']}" if ended and counts["completed"] else None,
+           "error_file_id": f"{ERR}{row['id']}" if ended and counts["failed"] else None,
+           "request_counts": {"total": row["total"], "completed": counts["completed"], "failed": counts["failed"]},
+           "metadata": json.loads(row["metadata"]) if row["metadata"] else None}
+    for key in ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
+                "cancelling_at", "cancelled_at"):
+        out[key] = row[key]
+    return out
+
+
+def make_app(store: Store, *, models: Callable[[], set[str] | None], kick: Callable[[], None], summary: Callable[[], dict],
+             metrics: Callable[[], bytes], max_file_bytes: int) -> FastAPI:
+    """The service's app over ``store`` (``models``: what the tenant serves, if known; ``kick``: new lines to send)."""
+    app = FastAPI(title="timeslice-verl batch", version="1")
+    _files(app, store, max_file_bytes)
+    _batches(app, store, models, kick)
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/timeslice/summary")
+    def get_summary() -> dict[str, Any]:
+        return summary()
+
+    @app.get("/timeslice/batches/{bid}")
+    def get_figures(bid: str) -> Any:
+        if store.batch(bid) is None:
+            return refuse(404, f"no batch {bid!r}", "batch_id", "not_found")
+        return {"id": bid, **store.figures(bid)}
+
+    @app.get("/metrics")
+    def get_metrics() -> PlainTextResponse:
+        return PlainTextResponse(metrics().decode(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def _files(app: FastAPI, store: Store, max_file_bytes: int) -> None:
+    @app.post("/v1/files")
+    async def upload(file: UploadFile = File(...), purpose: str = Form(...)) -> Any:
+        if purpose != "batch":
+            return refuse(400, f"purpose {purpose!r} is not supported: this service takes 'batch' files", "purpose")
+        content = await file.read(max_file_bytes + 1)
+        if len(content) > max_file_bytes:
+            return refuse(413, f"the file is larger than {max_file_bytes} bytes (timeslice.batch.max_file_mb)", "file",
+                          "file_too_large")
+        return file_object(await asyncio.to_thread(store.add_file, purpose, file.filename or "input.jsonl", content))
+
+    @app.get("/v1/files")
+    def list_files() -> dict[str, Any]:
+        return {"object": "list", "data": [file_object(r) for r in store.files()]}
+
+    @app.get("/v1/files/{fid}")
+    def get_file(fid: str) -> Any:
+        row = store.file(fid) or _result_file(store, fid)
+        return file_object(row) if row else refuse(404, f"no file {fid!r}", "file_id", "not_found")
+
+    @app.get("/v1/files/{fid}/content")
+    def content(fid: str) -> Any:
+        if fid.startswith((OUT, ERR)):
+            bid = fid[len(OUT):] if fid.startswith(OUT) else fid[len(ERR):]
+            if store.batch(bid) is None:
+                return refuse(404, f"no file {fid!r}", "file_id", "not_found")
+            rows = store.results(bid, "done" if fid.startswith(OUT) else "failed")
+            return StreamingResponse(output_lines(bid, rows) if fid.startswith(OUT) else error_lines(bid, rows),
+                                     media_type="application/jsonl")
+        data = store.content(fid)
+        return refuse(404, f"no file {fid!r}", "file_id", "not_found") if data is None else \
+            PlainTextResponse(data.decode("utf-8", "replace"), media_type="application/jsonl")
+
+    @app.delete("/v1/files/{fid}")
+    def delete(fid: str) -> Any:
+        if not store.delete_file(fid):
+            return refuse(404, f"no file {fid!r}", "file_id", "not_found")
+        return {"id": fid, "object": "file", "deleted": True}
+
+
+def _result_file(store: Store, fid: str) -> dict[str, Any] | None:
+    """The virtual file object of a batch's output or error file."""
+    if not fid.startswith((OUT, ERR)):
+        return None
+    bid = fid[len(OUT):] if fid.startswith(OUT) else fid[len(ERR):]
+    row = store.batch(bid)
+    if row is None:
+        return None
+    lines = output_lines(bid, store.results(bid, "done")) if fid.startswith(OUT) else \
+        error_lines(bid, store.results(bid, "failed"))
+    name = "output" if fid.startswith(OUT) else "errors"
+    return {"id": fid, "purpose": "batch_output", "filename": f"{bid}_{name}.jsonl", "bytes": sum(len(x) for x in lines),
+            "created_at": row["completed_at"] or row["created_at"]}
+
+
+def _batches(app: FastAPI, store: Store, models: Callable[[], set[str] | None], kick: Callable[[], None]) -> None:
+    @app.post("/v1/batches")
+    async def create(request: Request) -> Any:
+        try:
+            body = await request.json()
+        except ValueError:
+            return refuse(400, "the request body is not JSON")
+        if not isinstance(body, dict):
+            return refuse(400, "the request body is not a JSON object")
+        endpoint, fid = body.get("endpoint"), body.get("input_file_id")
+        if endpoint not in ENDPOINTS:
+            return refuse(400, f"endpoint {endpoint!r} is not supported (supported: {', '.join(ENDPOINTS)})", "endpoint")
+        if body.get("completion_window", "24h") != "24h":
+            return refuse(400, f"completion_window {body.get('completion_window')!r} is not supported: use '24h'",
+                          "completion_window")
+        data = await asyncio.to_thread(store.content, fid) if isinstance(fid, str) else None
+        if data is None:
+            return refuse(404, f"no input file {fid!r}", "input_file_id", "not_found")
+        try:
+            lines = await asyncio.to_thread(parse, data, endpoint, await asyncio.to_thread(models))
+        except BatchRefused as exc:
+            return refuse(400, exc.message, exc.param, exc.code)
+        bid = await asyncio.to_thread(store.create_batch, endpoint, fid, 86400, "24h", body.get("metadata"), lines)
+        kick()
+        return batch_object(store, store.batch(bid))  # type: ignore[arg-type]
+
+    @app.get("/v1/batches")
+    def list_batches(limit: int = 20, after: str | None = None) -> dict[str, Any]:
+        rows = store.batches(max(1, min(limit, 100)), after)
+        data = [batch_object(store, r) for r in rows]
+        return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None, "has_more": len(data) == max(1, min(limit, 100))}
+
+    @app.get("/v1/batches/{bid}")
+    def get_batch(bid: str) -> Any:
+        row = store.batch(bid)
+        return batch_object(store, row) if row else refuse(404, f"no batch {bid!r}", "batch_id", "not_found")
+
+    @app.post("/v1/batches/{bid}/cancel")
+    def cancel(bid: str) -> Any:
+        row = store.batch(bid)
+        if row is None:
+            return refuse(404, f"no batch {bid!r}", "batch_id", "not_found")
+        if row["status"] not in OPEN:
+            return refuse(409, f"batch {bid!r} is {row['status']}: it cannot be cancelled", "batch_id", "batch_ended")
+        store.cancel(bid)
+        return batch_object(store, store.batch(bid))  # type: ignore[arg-type]
+
+
+__all__ = ["make_app"]

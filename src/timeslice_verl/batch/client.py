@@ -1,0 +1,119 @@
+"""The batch service's client: what ``timeslice-verl batch submit|status|results|cancel`` do, over its HTTP API (the
+OpenAI Batch API's calls; the OpenAI Python client works against the service as well)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from timeslice_verl.log import get_logger
+
+log = get_logger("batch")
+
+ENDED = ("completed", "failed", "expired", "cancelled")
+
+
+class BatchClientError(RuntimeError):
+    """The service refused a call (its message) or could not be reached."""
+
+
+class BatchClient:
+    def __init__(self, url: str, timeout_s: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            resp = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise BatchClientError(f"no batch service answers at {self.url} ({type(exc).__name__}: {exc}); start one with "
+                                   "`timeslice-verl batch serve`") from None
+        if not resp.is_success:
+            try:
+                message = resp.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = resp.text[:300]
+            raise BatchClientError(f"{method} {path}: HTTP {resp.status_code}: {message}")
+        return resp
+
+    def upload(self, path: Path) -> dict[str, Any]:
+        with path.open("rb") as f:
+            return self._call("POST", "/v1/files", files={"file": (path.name, f, "application/jsonl")},
+                              data={"purpose": "batch"}).json()
+
+    def create(self, file_id: str, endpoint: str, metadata: dict[str, str] | None = None) -> dict[str, Any]:
+        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h", "metadata": metadata}
+        return self._call("POST", "/v1/batches", json=body).json()
+
+    def get(self, batch_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/batches/{batch_id}").json()
+
+    def list(self, limit: int = 20) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/batches", params={"limit": limit}).json()["data"]
+
+    def cancel(self, batch_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/batches/{batch_id}/cancel").json()
+
+    def figures(self, batch_id: str) -> dict[str, Any]:
+        """A batch's lines by fate (completed, failed by code, retried, tokens): the service's own endpoint."""
+        return self._call("GET", f"/timeslice/batches/{batch_id}").json()
+
+    def summary(self) -> dict[str, Any]:
+        return self._call("GET", "/timeslice/summary").json()
+
+    def download(self, file_id: str, out: Path) -> int:
+        """Write a file's content to ``out``; the lines written."""
+        n = 0
+        with self.http.stream("GET", f"/v1/files/{file_id}/content") as resp, out.open("wb") as f:
+            if not resp.is_success:
+                raise BatchClientError(f"GET /v1/files/{file_id}/content: HTTP {resp.status_code}")
+            for chunk in resp.iter_bytes():
+                f.write(chunk)
+                n += chunk.count(b"\n")
+        return n
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def endpoint_of(path: Path) -> str:
+    """The endpoint of a JSONL input file (its first request's ``url``)."""
+    with path.open("rb") as f:
+        for raw in f:
+            if raw.strip():
+                try:
+                    return str(json.loads(raw)["url"])
+                except (ValueError, KeyError, TypeError):
+                    raise BatchClientError(f"{path}: the first line is not a request with a url") from None
+    raise BatchClientError(f"{path}: no request in the file")
+
+
+def follow(client: BatchClient, batch: dict[str, Any], *, poll_s: float = 1.0, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Show a batch's progress (lines done, rate, ETA) until it ends; its last state."""
+    from tqdm import tqdm
+
+    total = batch["request_counts"]["total"]
+    with tqdm(total=total, unit="line", desc=batch["id"][:18], dynamic_ncols=True) as bar:
+        while True:
+            counts = batch["request_counts"]
+            bar.n = counts["completed"] + counts["failed"]
+            bar.set_postfix(failed=counts["failed"], status=batch["status"], refresh=False)
+            bar.refresh()
+            if batch["status"] in ENDED:
+                return batch
+            time.sleep(poll_s)
+            batch = client.get(batch["id"])
+
+
+def describe(batch: dict[str, Any]) -> str:
+    c = batch["request_counts"]
+    files = "  ".join(f"{k}={batch[k]}" for k in ("output_file_id", "error_file_id") if batch.get(k))
+    return (f"{batch['id']}  {batch['status']:11}  {c['completed']}/{c['total']} done, {c['failed']} failed  "
+            f"{batch['endpoint']}  {files}").rstrip()
+
+
+__all__ = ["BatchClient", "BatchClientError", "describe", "endpoint_of", "follow"]

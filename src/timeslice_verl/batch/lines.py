@@ -1,0 +1,104 @@
+"""The OpenAI Batch API's files, as the batch service reads and writes them.
+
+An input file is JSONL, one request a line: ``{"custom_id": …, "method": "POST", "url": "/v1/chat/completions",
+"body": {"model": …, …}}``. A line that is not one is failed on its own (it appears in the error file, with its
+line number); a file that cannot be a batch at all (not UTF-8, no request, a ``custom_id`` used twice) is refused
+with a 400 that names the problem. Output and error lines follow OpenAI's shape: ``{"id", "custom_id", "response":
+{"status_code", "request_id", "body"}, "error"}``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Iterator
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+MAX_LINES = 50_000
+"""Requests in one batch (OpenAI's own bound)."""
+MAX_CUSTOM_ID = 512
+
+
+class BatchRefused(ValueError):
+    """A request the service refuses as a whole (HTTP 400), naming the parameter."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+def _line_error(n: int, message: str, code: str = "invalid_request") -> dict[str, Any]:
+    return {"code": code, "message": f"line {n}: {message}", "line": n}
+
+
+def _one(n: int, raw: str, endpoint: str, models: set[str] | None) -> tuple[str | None, dict[str, Any] | None, dict[str, Any] | None]:
+    try:
+        item = json.loads(raw)
+    except ValueError as exc:
+        return None, None, _line_error(n, f"not JSON ({exc})")
+    if not isinstance(item, dict):
+        return None, None, _line_error(n, "not a JSON object")
+    cid = item.get("custom_id")
+    if not isinstance(cid, str) or not cid or len(cid) > MAX_CUSTOM_ID:
+        return None, None, _line_error(n, f"custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters")
+    if item.get("method", "POST") != "POST":
+        return cid, None, _line_error(n, f"method {item.get('method')!r} is not POST")
+    if item.get("url") != endpoint:
+        return cid, None, _line_error(n, f"url {item.get('url')!r} is not this batch's endpoint {endpoint!r}")
+    body = item.get("body")
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        return cid, None, _line_error(n, "body must be an object with a model")
+    if models is not None and body["model"] not in models:
+        served = ", ".join(sorted(models)) or "none"
+        return cid, None, _line_error(n, f"model {body['model']!r} is not served by the tenant (served: {served})",
+                                      "model_not_found")
+    return cid, body, None
+
+
+def parse(content: bytes, endpoint: str, models: set[str] | None = None) -> list[tuple[str | None, dict[str, Any] | None, dict[str, Any] | None]]:
+    """``(custom_id, body, error)`` per request line of an input file (``models``: what the tenant serves, if known)."""
+    if endpoint not in ENDPOINTS:
+        raise BatchRefused(f"endpoint {endpoint!r} is not supported (supported: {', '.join(ENDPOINTS)})", "endpoint")
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BatchRefused(f"the input file is not UTF-8 ({exc})", "input_file_id") from None
+    numbered = [(n, raw) for n, raw in enumerate(text.splitlines(), 1) if raw.strip()]
+    if not numbered:
+        raise BatchRefused("the input file has no request", "input_file_id")
+    if len(numbered) > MAX_LINES:
+        raise BatchRefused(f"the input file has {len(numbered)} requests; a batch takes at most {MAX_LINES}", "input_file_id")
+    out = [_one(n, raw, endpoint, models) for n, raw in numbered]
+    seen: dict[str, int] = {}
+    twice: list[str] = []
+    for (n, _), (cid, _, _) in zip(numbered, out):
+        if cid is None:
+            continue
+        if cid in seen:
+            twice.append(f"{cid!r} (lines {seen[cid]} and {n})")
+        seen.setdefault(cid, n)
+    if twice:
+        raise BatchRefused(f"custom_id must be unique in a batch: {', '.join(twice[:5])}"
+                           + (f" and {len(twice) - 5} more" if len(twice) > 5 else ""), "input_file_id", "duplicate_custom_id")
+    return out
+
+
+def _request_id(batch_id: str, idx: int) -> str:
+    return f"batch_req_{batch_id.removeprefix('batch_')}_{idx}"
+
+
+def output_lines(batch_id: str, rows: Iterable[Any]) -> Iterator[bytes]:
+    """The output file: one line per request that was answered."""
+    for r in rows:
+        yield (json.dumps({"id": _request_id(batch_id, r['idx']), "custom_id": r["custom_id"],
+                           "response": json.loads(r["response"]), "error": None}) + "\n").encode()
+
+
+def error_lines(batch_id: str, rows: Iterable[Any]) -> Iterator[bytes]:
+    """The error file: one line per request that failed (for good), with why."""
+    for r in rows:
+        yield (json.dumps({"id": _request_id(batch_id, r['idx']), "custom_id": r["custom_id"],
+                           "response": json.loads(r["response"]) if r["response"] else None,
+                           "error": json.loads(r["error"])}) + "\n").encode()
+
+
+__all__ = ["ENDPOINTS", "MAX_LINES", "BatchRefused", "error_lines", "output_lines", "parse"]

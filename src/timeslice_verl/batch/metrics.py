@@ -1,0 +1,38 @@
+"""The batch service's Prometheus metrics, read off the store when scraped: lines queued, in flight, completed,
+retried and failed, tokens generated, and whether (and how long) the tenant has had the GPU."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+
+class BatchMetrics:
+    def __init__(self, service: Any) -> None:
+        self.service = service
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
+
+    def collect(self) -> Iterator[Any]:
+        totals = self.service.store.totals()
+        for name, key, help_ in (("queued", "queued", "Lines waiting to be sent"),
+                                 ("in_flight", "inflight", "Lines sent to the tenant, not answered yet")):
+            yield GaugeMetricFamily(f"timeslice_batch_lines_{name}", help_, value=totals[key])
+        for name, key, help_ in (("completed", "done", "Lines answered (in an output file)"),
+                                 ("failed", "failed", "Lines failed for good (in an error file)"),
+                                 ("retried", "retried", "Tries beyond a line's first (pause aborts, kills, restarts)")):
+            yield CounterMetricFamily(f"timeslice_batch_lines_{name}", help_, value=totals[key])
+        yield CounterMetricFamily("timeslice_batch_tokens", "Completion tokens the tenant generated", value=totals["tokens"])
+        gate = self.service.gate
+        yield GaugeMetricFamily("timeslice_batch_tenant_has_gpu", "1 while lines are sent (the tenant owns the GPU)",
+                                value=1.0 if gate.open else 0.0)
+        yield CounterMetricFamily("timeslice_batch_tenant_gpu_seconds", "Seconds the tenant has had the GPU",
+                                  value=gate.seconds_open())
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+__all__ = ["BatchMetrics"]

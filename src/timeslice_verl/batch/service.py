@@ -1,0 +1,116 @@
+"""``timeslice-verl batch serve``: the batch service of one node, on ``timeslice.batch.host:port`` (127.0.0.1 by
+default), its state in ``timeslice.batch.db``, feeding ``timeslice.batch.tenant_url`` (default: the agent's tenant).
+
+uvicorn serves the app and owns SIGTERM/SIGINT (a graceful stop); the feeder runs beside it for the app's lifetime.
+Lines the service had in flight when it was killed are sent again when it starts (the store's ``recover``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import httpx
+
+from timeslice_verl.batch.feeder import Feeder, Gate
+from timeslice_verl.batch.store import OPEN, Store
+from timeslice_verl.config.schema import TimesliceSettings, socket_path
+from timeslice_verl.log import get_logger
+from timeslice_verl.names import split_urls
+
+log = get_logger("batch")
+
+MODELS_TTL_S = 60.0
+
+
+def default_db() -> Path:
+    """Where the service keeps its state when ``timeslice.batch.db`` is empty (it must outlive a reboot)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "timeslice-verl" / "batch.sqlite"
+
+
+def db_path(settings: TimesliceSettings) -> Path:
+    return Path(settings.batch.db).expanduser() if settings.batch.db else default_db()
+
+
+def tenant_url(settings: TimesliceSettings) -> str:
+    urls = split_urls(settings.batch.tenant_url or settings.tenant.url)
+    if not urls:
+        raise ValueError("timeslice.batch.tenant_url: no tenant to feed (set it, or timeslice.tenant.url)")
+    return urls[0]
+
+
+class Models:
+    """What the tenant serves (``/v1/models``), fetched when a batch is created and kept a minute; None: unknown."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self._seen, self._at = url, None, 0.0
+
+    def __call__(self) -> set[str] | None:
+        if self._seen is not None and time.monotonic() - self._at < MODELS_TTL_S:
+            return self._seen
+        try:
+            data = httpx.get(f"{self.url}/v1/models", timeout=2).json().get("data") or []
+            self._seen, self._at = {m["id"] for m in data if isinstance(m, dict) and "id" in m}, time.monotonic()
+        except (httpx.HTTPError, ValueError, AttributeError, TypeError):
+            return self._seen  # the tenant is asleep or restarting: what it served last, or unknown
+        return self._seen
+
+
+class Service:
+    """The store, the gate, the feeder and the app of one node's batch service."""
+
+    def __init__(self, settings: TimesliceSettings) -> None:
+        from timeslice_verl.batch.app import make_app
+        from timeslice_verl.batch.metrics import BatchMetrics
+
+        b = settings.batch
+        self.settings, self.url = settings, tenant_url(settings)
+        self.store = Store(db_path(settings))
+        sock = socket_path(settings)
+        self.gate = Gate(self.url, str(sock) if b.follow_agent else None, poll_s=b.poll_s)
+        self.feeder = Feeder(self.store, self.url, self.gate, concurrency=b.concurrency, max_attempts=b.max_attempts,
+                             request_timeout_s=b.request_timeout_s)
+        self.metrics = BatchMetrics(self)
+        self.app = make_app(self.store, models=Models(self.url), kick=self.feeder.kick, summary=self.summary,
+                            metrics=self.metrics.render, max_file_bytes=int(b.max_file_mb * 2**20))
+        self.app.router.lifespan_context = self._lifespan
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Any) -> AsyncIterator[None]:
+        task = asyncio.create_task(self.feeder.run(), name="batch-feeder")
+        log.info("batch: feeding %s (gate: %s), state in %s", self.url, self.gate.source, self.store.path)
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            self.gate.close()
+            self.store.close()
+
+    def summary(self) -> dict[str, Any]:
+        """What ``timeslice-verl status`` shows: the lines over every batch, the open batches, the tenant's share."""
+        totals = self.store.totals()
+        open_s = self.gate.seconds_open()
+        batches = [{"id": r["id"], "status": r["status"], "total": r["total"], **self.store.counts(r["id"])}
+                   for r in self.store.batches(limit=10) if r["status"] in OPEN]
+        return {"tenant": self.url, "gate": {"open": self.gate.open, "source": self.gate.source, "open_s": round(open_s, 3)},
+                "lines": totals, "open_batches": batches,
+                "tokens_per_s_open": round(totals["tokens"] / open_s, 3) if open_s > 0 else None}
+
+
+def serve(settings: TimesliceSettings) -> None:
+    """Run the service until SIGTERM/SIGINT."""
+    import uvicorn
+
+    service = Service(settings)
+    uvicorn.run(service.app, host=settings.batch.host, port=settings.batch.port, log_level="warning",
+                timeout_graceful_shutdown=10)
+
+
+__all__ = ["Service", "db_path", "default_db", "serve", "tenant_url"]

@@ -1,0 +1,178 @@
+"""The stand-in vLLM's engine: its state under pause, sleep, wake and resume, its simulated generation, and the faults
+it can be told to have. Served over HTTP by :mod:`timeslice_verl.testing.fake_vllm`."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Faults:
+    """What the stand-in does wrong, by endpoint name (``pause``, or ``pause:keep`` for one mode)."""
+
+    hang: str = ""
+    """An endpoint that never answers: a broken engine."""
+    slow_s: float = 0.0
+    """Control calls take effect and answer this late: an overloaded server."""
+    slow_on: list[str] = field(default_factory=list)
+    """Only these endpoints are slow (empty: every control call)."""
+    fail: dict[str, list] = field(default_factory=dict)
+    """endpoint → [count, kind]: its next ``count`` calls answer HTTP 500 (``kind`` ``500``) or 200 with a body that
+    is not JSON (``garbage``)."""
+    die_on: str = ""
+    """An endpoint whose call makes the server exit at once: a crash mid-yield."""
+
+    @staticmethod
+    def names(path: str, query: dict[str, list[str]]) -> tuple[str, str]:
+        name = path.lstrip("/")
+        return name, f"{name}:{query.get('mode', [''])[0]}"
+
+    def update(self, data: dict[str, Any]) -> None:
+        for key, value in data.items():
+            if key == "fail":
+                value = {k: list(v) for k, v in value.items()}
+            setattr(self, key, value)
+
+
+class FakeVllm:
+    def __init__(self, *, version: str = "0.24.0", dev_mode: bool = True, sleep_in_flight: str = "crash",
+                 token_s: float = 0.01, fail_wake_up: bool = False, model: str = "m", faults: Faults | None = None,
+                 **fault_kwargs: Any) -> None:
+        self.version = version
+        self.faults = faults or Faults(**fault_kwargs)
+        self.fail_wake_up = fail_wake_up
+        self.model = model
+        self.wake_up_calls = 0
+        self.dev_mode = dev_mode
+        self.sleep_in_flight = sleep_in_flight
+        self.token_s = token_s
+        self.has_pause = tuple(int(x) for x in version.split(".")[:2]) >= (0, 17)
+        self.cond = threading.Condition()
+        self.sleeping = self.paused = False
+        self.running: set[int] = set()
+        self.aborting: set[int] = set()
+        self.frozen = False  # pause mode=keep or asleep: running requests make no progress
+        self.abort_epoch = 0  # bumped by an aborting sleep: fails the requests queued before it
+        self.waiting = self.completed = self.aborted = self.sleeps = 0
+        self.pauses: dict[str, int] = {}
+        self.child_pid = 0
+        self._ids = 0
+
+    def stats(self) -> dict[str, Any]:
+        with self.cond:
+            return {
+                "sleeping": self.sleeping, "paused": self.paused, "running": len(self.running), "waiting": self.waiting,
+                "completed": self.completed, "aborted": self.aborted, "sleeps": self.sleeps, "version": self.version,
+                "wake_up_calls": self.wake_up_calls, "pauses": dict(self.pauses), "child_pid": self.child_pid,
+                "pid": os.getpid(),
+            }
+
+    def generate(self, max_tokens: int) -> tuple[int, str]:
+        with self.cond:
+            self.waiting += 1
+            epoch = self.abort_epoch
+            while (self.paused or self.sleeping) and epoch == self.abort_epoch:
+                self.cond.wait()
+            self.waiting -= 1
+            if epoch != self.abort_epoch:
+                self.aborted += 1
+                self.cond.notify_all()
+                return 0, "abort"
+            self._ids += 1
+            rid = self._ids
+            self.running.add(rid)
+        tokens, reason = 0, "length"
+        for _ in range(max_tokens):
+            time.sleep(self.token_s)
+            with self.cond:
+                while self.frozen and rid not in self.aborting:
+                    self.cond.wait()
+                if rid in self.aborting:
+                    reason = "abort"
+                    break
+            tokens += 1
+        with self.cond:
+            self.running.discard(rid)
+            self.aborting.discard(rid)
+            if reason == "abort":
+                self.aborted += 1
+            else:
+                self.completed += 1
+            self.cond.notify_all()
+        return tokens, reason
+
+    def _abort_all(self) -> None:
+        self.aborting |= self.running
+        self.cond.notify_all()
+        while self.running:
+            self.cond.wait()
+
+    def pause(self, mode: str) -> None:
+        with self.cond:
+            self.pauses[mode] = self.pauses.get(mode, 0) + 1
+            self.paused = True
+            if mode == "abort":
+                self._abort_all()
+            elif mode == "wait":
+                while self.running:
+                    self.cond.wait()
+            elif mode == "keep":
+                self.frozen = True
+
+    def sleep(self, mode: str | None) -> None:
+        with self.cond:
+            if not self.has_pause or mode is None:  # older vLLM: no modes on /sleep
+                if self.running:
+                    if self.sleep_in_flight == "crash":
+                        print(f"CRASH: /sleep with {len(self.running)} request(s) in flight (vllm#28714)", flush=True)
+                        os._exit(70)
+                    self._abort_all()
+            elif mode == "abort":
+                self.abort_epoch += 1
+                self._abort_all()
+            elif mode == "wait":
+                while self.running:
+                    self.cond.wait()
+            self.frozen = True
+            self.sleeping = True
+            self.sleeps += 1
+            self.cond.notify_all()
+
+    def wake(self) -> None:
+        with self.cond:
+            self.sleeping = False
+            self.frozen = self.paused and self.frozen
+            self.cond.notify_all()
+
+    def resume(self) -> None:
+        with self.cond:
+            self.paused = False
+            self.frozen = self.sleeping
+            self.cond.notify_all()
+
+    def answer(self, url_path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """A completion in OpenAI's shape (or vLLM's 404 for a model it does not serve)."""
+        model = body.get("model", self.model)
+        if model != self.model:
+            return 404, {"object": "error", "message": f"The model `{model}` does not exist.", "type": "NotFoundError",
+                         "param": None, "code": 404}
+        chat = url_path.endswith("/chat/completions")
+        prompt = (body.get("messages") or [{}])[-1].get("content", "") if chat else body.get("prompt", "")
+        tokens, reason = self.generate(int(body.get("max_tokens", 16)))
+        text = f"echo:{str(prompt)[:64]}|" + "x" * tokens
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
+        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        with self.cond:
+            self._ids += 1
+            rid = self._ids
+        return 200, {"id": f"cmpl-{rid}", "object": "chat.completion" if chat else "text_completion",
+                     "created": int(time.time()), "model": model, "choices": [choice],
+                     "usage": {"prompt_tokens": len(str(prompt).split()), "completion_tokens": tokens,
+                               "total_tokens": len(str(prompt).split()) + tokens}}
+
+
+__all__ = ["Faults", "FakeVllm"]

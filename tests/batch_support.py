@@ -1,0 +1,123 @@
+"""Real processes for batch tests: the batch service and the tenant supervisor (over the stand-in vLLM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agent_support import eventually
+
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_requests(path: Path, n: int, *, endpoint: str = "/v1/completions", model: str = "m",
+                   max_tokens=lambda i: 4) -> list[str]:
+    """A batch input file of ``n`` requests whose prompt names their ``custom_id``; the ids."""
+    ids = [f"req-{i:05d}" for i in range(n)]
+    with path.open("w") as f:
+        for i, cid in enumerate(ids):
+            body: dict[str, Any] = {"model": model, "max_tokens": max_tokens(i)}
+            if endpoint == "/v1/chat/completions":
+                body["messages"] = [{"role": "user", "content": cid}]
+            else:
+                body["prompt"] = cid
+            f.write(json.dumps({"custom_id": cid, "method": "POST", "url": endpoint, "body": body}) + "\n")
+    return ids
+
+
+class BatchServiceProc:
+    """``timeslice-verl batch serve`` in its own process (so a test can ``kill -9`` it), its state in ``db``."""
+
+    def __init__(self, tmp: Path, tenant_url: str, *, agent_socket: Path | None = None, extra: tuple[str, ...] = ()) -> None:
+        self.tmp, self.port = tmp, free_port()
+        self.db = tmp / "batch.sqlite"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [PY, "-m", "timeslice_verl", "--log-level", "DEBUG", "batch", "serve",
+                     "--set", f"timeslice.batch.port={self.port}", "--set", f"timeslice.batch.db={self.db}",
+                     "--set", f"timeslice.batch.tenant_url={tenant_url}", "--set", "timeslice.batch.poll_s=0.05",
+                     "--set", f"timeslice.batch.follow_agent={'true' if agent_socket else 'false'}",
+                     *(["--set", f"timeslice.agent.socket={agent_socket}"] if agent_socket else []),
+                     *[a for kv in extra for a in ("--set", kv)]]
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> BatchServiceProc:
+        self.starts += 1
+        self._log = open(self.tmp / f"batch-{self.starts}.log", "w")
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT)
+        eventually(self._up, what="the batch service answers")
+        return self
+
+    def _up(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the batch service exited ({self.proc.returncode}): {self.log()[-2000:]}")
+        try:
+            return httpx.get(f"{self.url}/health", timeout=2).is_success
+        except httpx.HTTPError:
+            return False
+
+    def log(self) -> str:
+        return "\n".join(p.read_text() for p in sorted(self.tmp.glob("batch-*.log")))
+
+    def get(self, path: str) -> Any:
+        resp = httpx.get(f"{self.url}{path}", timeout=30)
+        resp.raise_for_status()
+        return resp.json()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            self._log.close()
+
+
+class SupervisorProc:
+    """``timeslice-verl tenant run -- <the stand-in vLLM>`` on a fixed port, registering with the agent at ``socket``."""
+
+    def __init__(self, tmp: Path, socket_path: Path, *fake_args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if k != "TIMESLICE_TENANT"}
+        self._log = open(tmp / "supervisor.log", "w")
+        self.log_path = tmp / "supervisor.log"
+        self.proc = subprocess.Popen(
+            [PY, "-m", "timeslice_verl", "--log-level", "DEBUG", "tenant", "run", "--backoff-max-s", "2",
+             "--set", f"timeslice.agent.socket={socket_path}", "--",
+             PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", str(self.port), *fake_args],
+            stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()
