@@ -40,7 +40,7 @@ def start(workdir: Path) -> tuple[subprocess.Popen, subprocess.Popen, Path]:
     run = workdir / "run"
     run.mkdir(mode=0o700)
     sock = run / "agent.sock"
-    agent = subprocess.Popen([PY, "-m", "timeslice_verl.cli", "--log-level", "WARNING", "agent", f"timeslice.agent.socket={sock}",
+    agent = subprocess.Popen([PY, "-m", "timeslice_verl", "--log-level", "WARNING", "agent", f"timeslice.agent.socket={sock}",
                               "timeslice.agent.backend=sigstop", f"timeslice.tenant.url={url}"],
                              stdout=open(workdir / "agent.log", "w"), stderr=subprocess.STDOUT)
     wait_for_agent(sock, 60)

@@ -7,7 +7,7 @@ set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_CUMEM_ENABLE=0 NCCL_NVLS_ENABLE=0
-ts() { python3 -m timeslice_verl.cli "$@"; }
+ts() { python3 -m timeslice_verl "$@"; }
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 ts doctor ${VLLM_URL:+timeslice.tenant.url=$VLLM_URL} 2>&1 | tee "$OUT/doctor.txt"
 TIMESLICE_VLLM_URL=${VLLM_URL:-} TIMESLICE_BENCH_OUT=$OUT/bench.json \

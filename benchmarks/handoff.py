@@ -22,7 +22,7 @@ from typing import Any
 
 from timeslice_verl.agent.client import AgentClient, wait_for_agent
 from timeslice_verl.agent.gpu import process_bytes
-from timeslice_verl.demo.run import Worker
+from timeslice_verl.demo.procs import Worker
 
 
 def nvml_used_by(pid: int) -> int | None:
@@ -39,7 +39,7 @@ def run(backend: str, device: str, gib: float, cycles: int, tenant_url: str = ""
     sock = run_dir / "agent.sock"
     log = open(workdir / "agent.log", "w")
     agent = subprocess.Popen(
-        [sys.executable, "-m", "timeslice_verl.cli", "agent", f"timeslice.agent.socket={sock}",
+        [sys.executable, "-m", "timeslice_verl", "agent", f"timeslice.agent.socket={sock}",
          f"timeslice.agent.backend={backend}", f"timeslice.tenant.url={tenant_url}"],
         stdout=log, stderr=subprocess.STDOUT,
     )

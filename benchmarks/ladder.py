@@ -52,7 +52,7 @@ def _agent(workdir: Path, url: str, deadline: float) -> tuple[subprocess.Popen, 
     run = workdir / "run"
     run.mkdir(mode=0o700)
     sock = run / "agent.sock"
-    agent = subprocess.Popen([PY, "-m", "timeslice_verl.cli", "--log-level", "INFO", "agent", f"timeslice.agent.socket={sock}",
+    agent = subprocess.Popen([PY, "-m", "timeslice_verl", "--log-level", "INFO", "agent", f"timeslice.agent.socket={sock}",
                               "timeslice.agent.backend=sigstop", f"timeslice.tenant.url={url}", f"timeslice.agent.lock_dir={run}",
                               f"timeslice.tenant.reclaim_deadline_s={deadline}"],
                              stdout=open(workdir / "agent.log", "w"), stderr=subprocess.STDOUT)

@@ -8,13 +8,13 @@
 The trainer (:mod:`standin`, an fp32 MLP with AdamW; FSDP2 over NCCL with several ranks) first trains
 ``cycles + 1`` steps alone (the solo phase: it holds the GPU, the tenant sleeps), then for each swap mode
 and prepare setting starts again from the same seed and repeats: release → valley (the tenant serves)
-→ acquire → train one step. Handoffs go through :class:`~timeslice_verl.adapters.spmd.RankHandoff` and the
+→ acquire → train one step. Handoffs go through :class:`~timeslice_verl.handoff.spmd.RankHandoff` and the
 node's agent. The first cycle of each phase is a warm-up with a short valley; the table covers the others.
 
 Columns (issue 9): P1 trainer-visible wait at acquire; P3 swap-out time over the time a pinned copy of
 the same bytes takes (rate measured in this run); bytes moved / live tensor bytes; GPU memory left while
-released (NVML); P4 step time / solo step time; P5 tenant serving time / trainer idle time; P6 failed or
-aborted batch requests. ``--verify`` also checks that parameters and optimizer state are bit-identical
+released (NVML); P4 step time / solo step time; P5 tenant serving time / trainer idle time; P6 batch lines
+failed for good (the batch service retries what a handoff cost). ``--verify`` also checks that parameters and optimizer state are bit-identical
 after every cycle; losses are compared with the solo phase's step by step.
 """
 
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from standin import StandIn  # noqa: E402
 from swap_report import report  # noqa: E402
 
-from timeslice_verl.adapters.spmd import RankHandoff  # noqa: E402
+from timeslice_verl.handoff.spmd import RankHandoff  # noqa: E402
 
 log = logging.getLogger("timeslice.bench")
 
@@ -123,12 +123,33 @@ def run_phase(args: argparse.Namespace, h: RankHandoff, mode: str, prepare: bool
     return phase
 
 
+class TenantLoad:
+    """One tenant's batch work: a batch service in front of it and one submitted batch (its lines outlast the run)."""
+
+    def __init__(self, url: str, out: Path, concurrency: int) -> None:
+        from timeslice_verl.demo.batch import DemoBatch
+        from timeslice_verl.demo.procs import start_batch_service
+
+        out.mkdir(parents=True, exist_ok=True)
+        self.service, service_url = start_batch_service(out, None, url, concurrency)
+        self.batch = DemoBatch(service_url, url, out, lines=50000, max_tokens=64).submit()
+
+    def counts(self) -> dict[str, int]:
+        fig = self.batch.client.figures(self.batch.id)
+        return {"completed": fig["completed"], "retried": fig["retried"], "failed": sum(fig["failed"].values())}
+
+    def finish(self) -> dict[str, Any]:
+        try:
+            return self.batch.finish()
+        finally:
+            self.service.stop()
+
+
 def counts(clients: list[Any]) -> dict[str, int]:
-    total = {"completed": 0, "aborted": 0, "errors": 0}
+    total = {"completed": 0, "retried": 0, "failed": 0}
     for c in clients:
-        total["completed"] += c.completed
-        total["aborted"] += c.aborted
-        total["errors"] += c.errors
+        for key, n in c.counts().items():
+            total[key] += n
     return total
 
 
@@ -170,9 +191,7 @@ def main() -> int:
     rank = dist.get_rank() if world > 1 else 0
     clients: list[Any] = []
     if rank == 0 and args.tenants:
-        from timeslice_verl.demo.run import BatchClients
-
-        clients = [BatchClients(u, args.clients, max_tokens=64).start() for u in args.tenants.split(",")]
+        clients = [TenantLoad(u, Path(args.out) / f"batch-{i}", args.clients) for i, u in enumerate(args.tenants.split(","))]
     h = RankHandoff(args.job, args.socket, swap="park", group=group)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run)"
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))  # the ranks one node agent freezes
@@ -202,7 +221,7 @@ def main() -> int:
         except Exception as exc:  # report what ran even when the last handoff failed
             log.error("close: %s", exc)
         for c in clients:
-            c.finish(timeout=120)
+            c.finish()
     per_rank = [result]
     if group is not None:
         per_rank = [None] * world

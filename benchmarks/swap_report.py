@@ -69,7 +69,8 @@ def summarize(rank0: dict[str, Any], ranks: list[dict[str, Any]]) -> list[dict[s
                                              if phase["mode"] != "park"))
         left = [t["left"] / node_ranks for c in steady for t in _moves(c, "freeze") if "left" in t]
         before, after = phase["load_before"], phase["load_after"]
-        failed = (after["aborted"] - before["aborted"]) + (after["errors"] - before["errors"])
+        failed = sum(after.get(k, 0) - before.get(k, 0) for k in ("aborted", "errors", "failed"))  # runs before the
+        # batch service counted aborted requests and client errors; with it a line fails only for good
         losses_same = all(r["phases"][i]["losses"] == r["solo"]["losses"][: len(r["phases"][i]["losses"])] for r in ranks)
         identical = [c.get("identical") for r in ranks for c in r["phases"][i]["cycles"] if "identical" in c]
         pinned_s = statistics.median(moved) / rate if moved else float("nan")

@@ -24,7 +24,7 @@ tenant() {  # GPU PORT
 up() { for _ in $(seq 1 300); do "$PY" -c "import urllib.request; urllib.request.urlopen('$1/health', timeout=2)" 2>/dev/null && return 0; sleep 1; done; echo "$1 did not come up" >&2; return 1; }
 if [ "$MODE" = one ]; then
   tenant 0 8001; up http://127.0.0.1:8001 || exit 1
-  setsid "$PY" -m timeslice_verl.cli agent timeslice.agent.socket="$SOCK" "timeslice.agent.gpus=[0]" \
+  setsid "$PY" -m timeslice_verl agent timeslice.agent.socket="$SOCK" "timeslice.agent.gpus=[0]" \
     timeslice.tenant.url=http://127.0.0.1:8001 > "$OUT/agent.log" 2>&1 &
   pids+=($!); sleep 3
   # NCCL_P2P_DISABLE: torch maps libnccl, and the checkpoint modes need P2P off (the agent checks)
@@ -33,7 +33,7 @@ if [ "$MODE" = one ]; then
     --title "Swap benchmark ($(date -u +%F))" 2>&1 | grep -v "HTTP Request" | tee "$OUT/bench.log"
 elif [ "$MODE" = two ]; then
   tenant 0 8001; tenant 1 8002; up http://127.0.0.1:8001 && up http://127.0.0.1:8002 || exit 1
-  setsid "$PY" -m timeslice_verl.cli agent timeslice.agent.socket="$SOCK" "timeslice.agent.gpus=[0,1]" \
+  setsid "$PY" -m timeslice_verl agent timeslice.agent.socket="$SOCK" "timeslice.agent.gpus=[0,1]" \
     'timeslice.tenant.urls=["http://127.0.0.1:8001","http://127.0.0.1:8002"]' > "$OUT/agent.log" 2>&1 &
   pids+=($!); sleep 3
   NCCL_P2P_DISABLE=1 NCCL_CUMEM_ENABLE=0 NCCL_NVLS_ENABLE=0 TIMESLICE_JOB=mgpu "$PY" -m torch.distributed.run \

@@ -47,3 +47,25 @@ def test_a_stopped_rollout_ends_a_waiting_take():
     rollout.stop()
     t.join(30)
     assert not t.is_alive() and "stopped" in str(errors[0])
+
+
+def test_a_profiled_rollout_delivers_batches_and_a_sync_before_its_start_changes_nothing():
+    """The realistic arrivals in the wall clock: batches come, the backlog counts them, a weight sync holds the
+    requests in flight back; a sync before the rollouter starts (fully_async_main's pre-fit sync) is harmless."""
+    rollout = DemoRollout.profiled("fleet", required=8, batch_s=0.05, seed=1)
+    rollout.sync()
+    rollout.start()
+    try:
+        for _ in range(3):
+            rollout.take()
+            rollout.sync()
+        queued, required = rollout.backlog()
+        assert required == 8 and 0 <= queued <= rollout.sim.cap
+        assert rollout.sim.step == 3
+    finally:
+        rollout.stop()
+
+
+def test_an_unknown_profile_is_refused_naming_the_ones_there_are():
+    with pytest.raises(ValueError, match="not one of: even, fleet, longtail"):
+        DemoRollout.profiled("bursty", required=8, batch_s=1.0)

@@ -52,7 +52,9 @@ def test_the_valley_benchmark_compares_solo_and_interleave_on_one_schedule(tmp_p
                            "--clients", "2"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((out / "valleys.json").read_text())
-    solo, shared, row = result["solo"], result["interleave"], result["row"]
+    (run,), (row,) = result["runs"], result["rows"]
+    solo, shared = run["solo"], run["interleave"]
+    assert (run["profile"], run["mode"], row["profile"]) == ("even", "auto", "even")
     assert [s["wait_s"] > 0 for s in solo["steps_detail"]][:1] == [True]  # the first batch is always awaited
     assert row["steps"] == len(shared["steps_detail"]) == len(solo["steps_detail"]) == 4
     assert row["step_ratio"] == pytest.approx(shared["step_s_median"] / solo["step_s_median"], abs=1e-3)

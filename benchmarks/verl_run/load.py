@@ -1,9 +1,10 @@
-"""Keep the batch tenant busy for a whole run and count what it served.
+"""Keep the batch tenant busy for a whole run through the batch service, and count what it served.
 
-usage: python load.py URL OUT.json [--clients N] [--stop-file PATH] [--max-s S]
-Runs until the stop file appears (or --max-s passes), then writes
-``{"completed", "aborted", "errors", "tokens", "seconds"}`` to OUT.json. The tenant may be asleep or
-not up yet: requests then wait in vLLM's queue or are retried, and both show in the counts.
+usage: python load.py URL OUT.json [--clients N] [--lines N] [--stop-file PATH] [--max-s S]
+Starts ``timeslice-verl batch serve`` (its state beside OUT.json) in front of the tenant at URL, submits one batch
+of ``--lines`` lines, and runs until the stop file appears (or --max-s passes); then cancels what was not sent and
+writes the batch's figures to OUT.json: ``completed``, ``retried``, ``failed``, ``not_sent``, ``lost``, ``tokens``,
+``seconds``. The tenant may be asleep or not up yet: the service holds the lines and retries what a handoff cost.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import json
 import logging
 import os
 import time
+from pathlib import Path
 
 import httpx
 
-from timeslice_verl.demo.run import BatchClients
+from timeslice_verl.demo.batch import DemoBatch
+from timeslice_verl.demo.procs import start_batch_service
 
 
 def main() -> int:
@@ -24,6 +27,7 @@ def main() -> int:
     parser.add_argument("url")
     parser.add_argument("out")
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--lines", type=int, default=50000)
     parser.add_argument("--stop-file", default="")
     parser.add_argument("--max-s", type=float, default=900.0)
     args = parser.parse_args()
@@ -38,15 +42,19 @@ def main() -> int:
         if args.stop_file and os.path.exists(args.stop_file):
             break
         time.sleep(1)
-    logging.info("tenant answers after %.0f s; %d clients start", time.monotonic() - t0, args.clients)
-    clients = BatchClients(args.url, args.clients, max_tokens=64).start()
-    started = time.monotonic()
-    while time.monotonic() - started < args.max_s and not (args.stop_file and os.path.exists(args.stop_file)):
-        time.sleep(0.5)
-    counts = clients.finish(timeout=120)
-    counts["seconds"] = round(time.monotonic() - started, 1)
-    with open(args.out, "w") as fh:
-        json.dump(counts, fh)
+    out = Path(args.out).resolve().parent
+    service, service_url = start_batch_service(out, None, args.url, args.clients)
+    try:
+        batch = DemoBatch(service_url, args.url, out, lines=args.lines, max_tokens=64).submit()
+        logging.info("tenant answers after %.0f s; batch %s submitted", time.monotonic() - t0, batch.id)
+        started = time.monotonic()
+        while time.monotonic() - started < args.max_s and not (args.stop_file and os.path.exists(args.stop_file)):
+            time.sleep(0.5)
+        counts = batch.finish()
+        counts["seconds"] = round(time.monotonic() - started, 1)
+    finally:
+        service.stop()
+    Path(args.out).write_text(json.dumps(counts))
     logging.info("done: %s", counts)
     return 0
 

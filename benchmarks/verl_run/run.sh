@@ -39,7 +39,7 @@ if [ "$MODE" = interleave ]; then
     --served-model-name tenant --enable-sleep-mode --gpu-memory-utilization "${TENANT_UTIL:-0.35}" --max-model-len 1024 \
     --enforce-eager --host 127.0.0.1 --port "$PORT" > "$OUT/tenant.log" 2>&1 &
   pids+=($!)
-  setsid "$PY" -m timeslice_verl.cli agent timeslice.agent.socket="$SOCK" timeslice.agent.gpus=[0] \
+  setsid "$PY" -m timeslice_verl agent timeslice.agent.socket="$SOCK" timeslice.agent.gpus=[0] \
     timeslice.tenant.url="http://127.0.0.1:$PORT" > "$OUT/agent.log" 2>&1 &
   pids+=($!)
   setsid "$PY" "$HERE/load.py" "http://127.0.0.1:$PORT" "$OUT/load.json" --clients "${LOAD_CLIENTS:-8}" \
@@ -101,7 +101,7 @@ rc=$?
 echo "{\"mode\": \"$MODE\", \"trainer\": \"${TRAINER:-fully_async}\", \"rc\": $rc, \"wall_s\": $(( $(date +%s) - t0 ))}" > "$OUT/run.json"
 if [ "$MODE" = interleave ]; then
   touch "$OUT/stop-load"; wait "$load_pid"
-  "$PY" -m timeslice_verl.cli status timeslice.agent.socket="$SOCK" --json > "$OUT/status.json" 2>&1
+  "$PY" -m timeslice_verl status timeslice.agent.socket="$SOCK" --json > "$OUT/status.json" 2>&1
 fi
 "$PY" -m ray.scripts.scripts stop --force > /dev/null 2>&1   # verl's Ray cluster, vLLM rollout included
 "$PY" "$HERE/summarize.py" "$OUT" --write

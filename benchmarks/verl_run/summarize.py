@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from timeslice_verl.analysis import summary, trainer_waits
+from timeslice_verl.tools.analysis import summary, trainer_waits
 
 STEP_RE = re.compile(r"step:(\d+) - (.*)")
 GLOBAL_STEP_RE = re.compile(r"global_steps: (\d+) local_trigger_step")
@@ -53,7 +53,7 @@ def swap(records: list[dict[str, Any]]) -> str:
 
 
 def timeline_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """What a timeline alone tells of a run (the trainer wait as :func:`timeslice_verl.analysis.trainer_waits`)."""
+    """What a timeline alone tells of a run (the trainer wait as :func:`timeslice_verl.tools.analysis.trainer_waits`)."""
     waits = trainer_waits(records)
     trans = [r for r in records if r.get("hook") == "transition"]
     job = next((r["job"] for r in records if r.get("hook") == "timeslice_start"), None)
@@ -104,7 +104,8 @@ def row(out: Path) -> dict[str, Any]:
         "param_sync_s_median": _med([float(t) for t, version in SYNC_RE.findall(log) if int(version) > 0]),
         **timeline_figures(records),
         "batch_completed": load.get("completed"),
-        "batch_failed": (load.get("errors", 0) + load.get("aborted", 0)) if load else None,
+        "batch_failed": _failed(load),
+        "batch_retried": load.get("retried") if load else None,
         "final": {k: last[k] for k in FINAL_KEYS if k in last},
     }
 
@@ -134,6 +135,15 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_cell(r.get(k)) for k, _ in COLUMNS) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def _failed(load: dict[str, Any]) -> int | None:
+    """Batch requests that failed: the batch service's failed and lost lines (runs before it: errors and aborts)."""
+    if not load:
+        return None
+    if "errors" in load:
+        return load.get("errors", 0) + load.get("aborted", 0)
+    return load.get("failed", 0) + load.get("lost", 0)
 
 
 def main() -> int:

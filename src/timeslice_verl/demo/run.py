@@ -1,48 +1,45 @@
-"""``timeslice-verl demo``: an agent, a tenant and a trainer loop on one machine, then the timeline.
+"""``timeslice-verl demo``: an agent, a tenant, a batch service and a trainer loop on one machine, then the timeline.
 
-The trainer loop fires the real hooks through the real plugin manager (bundled agent, timeline and
-metrics plugins plus any installed entry-point plugins) on a fully-async-like schedule: wait for a
-batch from the rollout's queue, train on the GPU, sync weights, sometimes save. A worker process tagged
-``TIMESLICE_JOB`` stands for verl's GPU worker and parks its tensors on a GPU like verl's workers do; the
-queue's backlog lets the handoff skip valleys that cannot pay (:mod:`timeslice_verl.demo.trainer`). Batch
-clients keep the tenant busy so its harvest can be counted. ``solo`` runs the same schedule with
-``+timeslice=observe`` (no agent, no tenant): the baseline a time-sliced run is compared with.
+The trainer loop fires the real hooks through the real plugin manager (bundled agent, timeline and metrics plugins
+plus any installed entry-point plugins) on a fully-async-like schedule: wait for a batch from the rollout's queue
+(samples arriving evenly, or shaped like verl's rollouter: ``--profile``), train on the GPU, sync weights, sometimes
+save. A worker process tagged ``TIMESLICE_JOB`` stands for verl's GPU worker and parks its tensors on a GPU like
+verl's workers do; the queue's backlog lets the handoff skip valleys that cannot pay. The tenant runs under
+``timeslice-verl tenant run`` (restarted if it dies) and its work is one batch submitted to ``timeslice-verl batch
+serve``, which feeds it while it has the GPU. ``solo`` runs the same schedule with ``+timeslice=observe`` (no agent,
+no tenant): the baseline a time-sliced run is compared with.
 
-* On a GPU machine: the CUDA driver backend freezes the worker (``--gib`` of device memory), and the
-  tenant is a real vLLM (``--vllm-url`` of a server started with ``VLLM_SERVER_DEV_MODE=1
-  --enable-sleep-mode``, or ``--vllm-model`` to start one) — else a simulated one, labelled.
-* Without a GPU: a **dry run**, labelled as such everywhere — the CPU test backend (SIGSTOP/SIGCONT,
-  no GPU memory moves) and the stand-in vLLM from ``timeslice_verl.testing``.
+* On a GPU machine: the CUDA driver backend, the worker holding ``--gib`` of device memory, and a real vLLM
+  (``--vllm-model`` to start one under the supervisor, or ``--vllm-url`` of a running one) — else the stand-in.
+* Without a GPU: a **dry run**, labelled as such everywhere — the CPU test backend (SIGSTOP/SIGCONT, no GPU memory
+  moves) and the stand-in vLLM from ``timeslice_verl.testing``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import random
 import statistics
-import subprocess
-import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from timeslice_verl import analysis
-from timeslice_verl.agent.client import wait_for_agent
+from timeslice_verl.agent.client import AgentClient, AgentError
 from timeslice_verl.agent.gpu import gpu_count
-from timeslice_verl.config import NCCL_ENV
+from timeslice_verl.config.overrides import compose
+from timeslice_verl.demo.batch import DemoBatch
+from timeslice_verl.demo.faults import TenantStop
+from timeslice_verl.demo.procs import JOB, Spawned, Worker, free_port, start_agent, start_batch_service, start_tenant
 from timeslice_verl.demo.trainer import DemoRanks, DemoRollout, schedule
-from timeslice_verl.overrides import compose
-from timeslice_verl.events import CheckpointEvent, InitWorkersEvent, RolloutEvent, TrainStepEvent, WeightSyncEvent
-from timeslice_verl.lifecycle import Lifecycle
+from timeslice_verl.hooks.events import CheckpointEvent, InitWorkersEvent, RolloutEvent, TrainStepEvent, WeightSyncEvent
+from timeslice_verl.hooks.lifecycle import Lifecycle
 from timeslice_verl.log import get_logger
+from timeslice_verl.tools import analysis
 
 log = get_logger("demo")
-JOB = "demo"
+
 
 
 @dataclass
@@ -56,10 +53,24 @@ class DemoOptions:
     gib: float = 8.0
     vllm_url: str = ""
     vllm_model: str = ""
+    vllm_args: tuple[str, ...] = ()
+    """More arguments for the vLLM the demo starts (``--vllm-model``)."""
     clients: int = 4
+    """Requests the batch service keeps in flight at the tenant."""
     seed: int = 0
     burst_every: int = 0
-    """Every k-th batch comes 20x faster (the next batch is already queued at the release: a skip)."""
+    """Every k-th batch comes 20x faster (the next batch is already queued at the release: a skip); ``even`` only."""
+    profile: str = "even"
+    """How samples arrive: ``even`` over each batch, or a profile of :mod:`~timeslice_verl.demo.arrivals`."""
+    required: int = 0
+    """Samples a step takes (0: 16 for ``even``, 32 for a profile)."""
+    batch_lines: int = 20000
+    finish_batch_s: float = 0.0
+    """After the last step, let the batch complete for up to this long before the rest is cancelled."""
+    max_tokens: int = 0
+    """Tokens a batch line asks for (0: 48 on a GPU, 24 in the dry run)."""
+    wedge_at: int = 0
+    """Stop the tenant (SIGSTOP) in this step's valley: the ladder kills it, the supervisor brings it back."""
     solo: bool = False
     """The same schedule with ``+timeslice=observe``: no agent, no tenant (the baseline)."""
     overrides: tuple[str, ...] = ()
@@ -88,164 +99,93 @@ def gpu_available() -> bool:
         return False
 
 
-class BatchClients:
-    """Keep the tenant busy with completions; count what it served (the harvest)."""
+@dataclass
+class Node:
+    """What runs beside the trainer, ended in the one order that loses nothing: the batch service, then the agent
+    (it thaws the worker and wakes the tenant), then the worker, then the tenant."""
 
-    def __init__(self, url: str, n: int, max_tokens: int = 48) -> None:
-        self.url = url.rstrip("/")
-        self.n = n
-        self.max_tokens = max_tokens
-        self.stop = threading.Event()
-        self.completed = 0
-        self.aborted = 0
-        self.errors = 0
-        self.tokens = 0
-        self.model = "m"
-        self._lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._loop, daemon=True, name=f"batch-{i}") for i in range(n)]
+    socket: Path | None = None
+    tenant_url: str = ""
+    tenant_kind: str = "no tenant (solo)"
+    agent: Spawned | None = None
+    tenant: Spawned | None = None
+    service: Spawned | None = None
+    worker: Worker | None = None
+    batch: DemoBatch | None = None
+    stop_tenant: TenantStop | None = None
 
-    def start(self) -> BatchClients:
+    def status(self) -> dict[str, Any]:
+        if self.socket is None:
+            return {}
         try:
-            models = httpx.get(f"{self.url}/v1/models", timeout=10)
-            if models.is_success and models.json().get("data"):
-                self.model = models.json()["data"][0]["id"]
-        except (httpx.HTTPError, ValueError, KeyError):
-            pass
-        for t in self.threads:
-            t.start()
-        return self
-
-    def _loop(self) -> None:
-        body = {"model": self.model, "prompt": "def fibonacci(n):", "max_tokens": self.max_tokens, "temperature": 0.0}
-        with httpx.Client(timeout=600) as client:
-            while not self.stop.is_set():
-                try:
-                    resp = client.post(f"{self.url}/v1/completions", json=body)
-                    resp.raise_for_status()
-                    choice = resp.json()["choices"][0]
-                    with self._lock:
-                        if choice.get("finish_reason") == "abort":
-                            self.aborted += 1
-                        else:
-                            self.completed += 1
-                            self.tokens += int(resp.json().get("usage", {}).get("completion_tokens", 0))
-                except (httpx.HTTPError, ValueError, KeyError):
-                    with self._lock:
-                        self.errors += 1
-                    time.sleep(0.2)
-
-    def finish(self, timeout: float = 60.0) -> dict[str, int]:
-        self.stop.set()
-        deadline = time.monotonic() + timeout
-        for t in self.threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        return {"completed": self.completed, "aborted": self.aborted, "errors": self.errors, "tokens": self.tokens}
-
-
-class Worker:
-    """The stand-in trainer worker process (``demo.worker``), tagged for ``job``; the benchmark uses it too."""
-
-    def __init__(self, device: str, gib: float, log_path: Path, job: str = JOB) -> None:
-        self.device = device
-        self._lock = threading.Lock()  # the way back unparks from its own thread
-        env = dict(os.environ, TIMESLICE_JOB=job, **NCCL_ENV)
-        self.stderr = open(log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "timeslice_verl.demo.worker", "--device", device, "--gib", str(gib)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env,
-        )
-        ready = (self.proc.stdout.readline() or "").split()  # type: ignore[union-attr]
-        if not ready or ready[0] != "ready":
-            raise RuntimeError(f"demo worker failed to start (see {log_path})")
-        self.nbytes, self.checksum = int(ready[1]), ready[2]
-
-    def ask(self, line: str) -> str:
-        with self._lock:
-            self.proc.stdin.write(line + "\n")  # type: ignore[union-attr]
-            self.proc.stdin.flush()  # type: ignore[union-attr]
-            return (self.proc.stdout.readline() or "").strip()  # type: ignore[union-attr]
+            with AgentClient(self.socket, connect_timeout_s=10, client="demo") as agent:
+                return agent.status()
+        except AgentError as exc:
+            log.error("demo: no agent status: %s", exc)
+            return {}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.ask("quit")
-                self.proc.wait(30)
-            except (OSError, subprocess.TimeoutExpired):  # a broken pipe or a hung worker
-                self.proc.kill()
-        self.stderr.close()
+        if self.stop_tenant is not None:
+            self.stop_tenant.close()
+        for part in (self.service, self.agent, self.worker, self.tenant):
+            if part is not None:
+                part.stop()
 
 
-def end_process(proc: subprocess.Popen, timeout_s: float) -> None:
-    """SIGTERM, wait up to ``timeout_s`` for a clean exit, then SIGKILL: a process the demo started."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def _rollout(opts: DemoOptions) -> DemoRollout:
+    if opts.profile == "even":
+        return DemoRollout(schedule(opts.steps, opts.rollout_s, burst_every=opts.burst_every, seed=opts.seed),
+                           required=opts.required or 16)
+    return DemoRollout.profiled(opts.profile, required=opts.required or 32, batch_s=opts.rollout_s, seed=opts.seed)
 
 
-def start_vllm(model: str, out: Path) -> tuple[subprocess.Popen, str]:
-    port = 8000 + random.randint(100, 900)
-    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", TIMESLICE_TENANT="1")  # started here: the ladder may stop it
-    logf = open(out / "vllm.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--enable-sleep-mode",
-         "--gpu-memory-utilization", "0.35", "--port", str(port), "--host", "127.0.0.1"],
-        stdout=logf, stderr=subprocess.STDOUT, env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited (see {out / 'vllm.log'})")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).is_success:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise RuntimeError("vLLM did not come up within 600 s")
-
-
-def _tenant(opts: DemoOptions, out: Path) -> tuple[str, str, Any, Any]:
-    """(url, kind, the stand-in server or None, the started vLLM process or None)."""
+def _start_node(opts: DemoOptions, out: Path, backend: str, node: Node) -> None:
+    """The agent, the tenant (under its supervisor, or one already running) and the batch service."""
     if opts.solo:
-        return "", "no tenant (solo)", None, None
+        return
+    run_dir = out / "run"
+    node.socket = run_dir / "agent.sock"
+    port = 0 if opts.vllm_url else free_port()
+    node.tenant_url = opts.vllm_url.rstrip("/") or f"http://127.0.0.1:{port}"
+    node.agent = start_agent(out, run_dir, backend, node.tenant_url)
     if opts.vllm_url:
-        return opts.vllm_url, "real vLLM", None, None
-    if opts.vllm_model:
-        proc, url = start_vllm(opts.vllm_model, out)
-        return url, "real vLLM", None, proc
-    from timeslice_verl.testing.fake_vllm import FakeVllmServer
+        node.tenant_kind = "real vLLM (running already)"
+    else:
+        node.tenant, _, node.tenant_kind = start_tenant(out, node.socket, opts.vllm_model, port, opts.vllm_args)
+    node.service, service_url = start_batch_service(out, node.socket, node.tenant_url, opts.clients)
+    tokens = opts.max_tokens or (48 if backend == "cuda" else 24)
+    node.batch = DemoBatch(service_url, node.tenant_url, out, lines=opts.batch_lines, max_tokens=tokens).submit()
+    if opts.wedge_at:
+        node.stop_tenant = TenantStop(node.socket, opts.wedge_at)
 
-    fake = FakeVllmServer(sleep_in_flight="crash", token_s=0.004).start()
-    return fake.url, "SIMULATED vLLM (timeslice_verl.testing.fake_vllm)", fake, None
+
+def _settings(opts: DemoOptions, node: Node, backend: str, timeline: Path) -> Any:
+    if opts.solo:
+        return compose("observe", [f"timeslice.job={JOB}", f"timeslice.timeline.path={timeline}"])
+    return compose("interleave", [
+        f"timeslice.job={JOB}", f"timeslice.agent.socket={node.socket}", f"timeslice.agent.backend={backend}",
+        f"timeslice.tenant.url={node.tenant_url}", f"timeslice.timeline.path={timeline}", *opts.overrides])
 
 
-def _train(lc: Lifecycle, trainer: DemoTrainer, worker: Worker, rollout: DemoRollout, opts: DemoOptions) -> list[dict[str, Any]]:
+def _train(lc: Lifecycle, trainer: DemoTrainer, node: Node, rollout: DemoRollout, opts: DemoOptions) -> list[dict[str, Any]]:
     """The fully-async step loop; one record per step (``step_s``: from asking for the batch to the end of
     the weight sync, like verl's ``timing_s/step``)."""
-    step_log = []
+    step_log, worker, stop = [], node.worker, node.stop_tenant
+    assert worker is not None
     for step in range(1, opts.steps + 1):
         trainer.global_steps, trainer.metrics = step, {}
         t0 = time.monotonic()
+        if stop is not None:
+            stop.arm(step)
         wait = rollout.take()  # the rollout produces the next batch elsewhere; the trainer GPU idles
-        lc.call("post_rollout", lc.event(RolloutEvent, samples=rollout.required, required_samples=rollout.required,
-                                         queue_wait_s=round(wait, 6)))
-        lc.call("pre_train_step", lc.event(TrainStepEvent, local_step=1, samples=rollout.required))
+        lc.post_rollout(lc.event(RolloutEvent, samples=rollout.required, required_samples=rollout.required,
+                                 queue_wait_s=round(wait, 6)))
+        lc.pre_train_step(lc.event(TrainStepEvent, local_step=1, samples=rollout.required))
+        if stop is not None:
+            stop.reclaimed_in(step)
         done = worker.ask(f"step {opts.train_s * 1e3:.0f}")
         trainer.current_param_version += 1
-        save = bool(opts.save_every) and step % opts.save_every == 0
-        lc.call("weight_sync_begin", lc.event(WeightSyncEvent))
-        time.sleep(0.05)
-        lc.call("weight_sync_end", lc.event(WeightSyncEvent, synced=True, elapsed_s=0.05, save_follows=save))
-        if save:  # the adapters tell the same: the GPU is released after the save, not before it
-            lc.call("save_checkpoint_begin", lc.event(CheckpointEvent))
-            time.sleep(0.1)
-            lc.call("save_checkpoint_end", lc.event(CheckpointEvent, saved=True, elapsed_s=0.1))
+        _sync_and_save(lc, rollout, save=bool(opts.save_every) and step % opts.save_every == 0)
         metrics = {k: v for k, v in trainer.metrics.items() if k.startswith("timeslice/")}
         step_log.append({"step": step, "step_s": round(time.monotonic() - t0, 6), "wait_s": round(wait, 6),
                          "worker": done, **metrics})
@@ -253,111 +193,82 @@ def _train(lc: Lifecycle, trainer: DemoTrainer, worker: Worker, rollout: DemoRol
     return step_log
 
 
-def run_demo(opts: DemoOptions) -> dict[str, Any]:
-    out = opts.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    run_dir = out / "run"
-    run_dir.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(run_dir, 0o700)
-    timeline = out / "run.jsonl"
-    timeline.unlink(missing_ok=True)
+def _sync_and_save(lc: Lifecycle, rollout: DemoRollout, *, save: bool, initial: bool = False) -> None:
+    lc.weight_sync_begin(lc.event(WeightSyncEvent, initial=initial))
+    rollout.sync()  # the rollouter's requests in flight wait for the new weights (partial rollout)
+    time.sleep(0.05)
+    lc.weight_sync_end(lc.event(WeightSyncEvent, initial=initial, synced=True, elapsed_s=0.05, save_follows=save))
+    if save:  # the adapters tell the same: the GPU is released after the save, not before it
+        lc.save_checkpoint_begin(lc.event(CheckpointEvent))
+        time.sleep(0.1)
+        lc.save_checkpoint_end(lc.event(CheckpointEvent, saved=True, elapsed_s=0.1))
 
-    compose("interleave", list(opts.overrides))  # a refused override fails here, before anything starts
-    gpu = opts.device == "cuda" or (opts.device == "auto" and gpu_available())
-    backend = "cuda" if gpu else "sigstop"
-    tenant_url, tenant_kind, fake, vllm_proc = _tenant(opts, out)
-    dry = not gpu
-    mode = {
-        "dry_run": dry,
-        "solo": opts.solo,
-        "backend": backend,
-        "tenant": tenant_kind,
-        "label": ("DRY RUN on CPU: CPU test backend (SIGSTOP/SIGCONT — no GPU memory moves) + " + tenant_kind)
-        if dry else f"GPU: CUDA driver (lock, checkpoint/restore) + {tenant_kind}",
-    }
-    log.info("demo: %s", mode["label"])
 
-    agent = agent_log = None
-    socket = run_dir / "agent.sock"
-    if not opts.solo:
-        agent_log = open(out / "agent.log", "w")
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "timeslice_verl.cli", "agent", f"timeslice.agent.socket={socket}",
-             f"timeslice.agent.backend={backend}", f"timeslice.tenant.url={tenant_url}",
-             f"timeslice.agent.state_file={run_dir / 'agent-state.json'}",
-             # the dry run's CPU backend touches no GPU: its GPU lock stays in its own folder
-             *([f"timeslice.agent.lock_dir={run_dir}"] if backend == "sigstop" else [])],
-            stdout=agent_log, stderr=subprocess.STDOUT,
-        )
-    worker: Worker | None = None
-    clients: BatchClients | None = None
-    lc: Lifecycle | None = None
-    rollout = DemoRollout(schedule(opts.steps, opts.rollout_s, burst_every=opts.burst_every, seed=opts.seed))
-    batch: dict[str, int] = {}
+def _run(opts: DemoOptions, node: Node, settings: Any, rollout: DemoRollout, gpu: bool, out: Path) -> dict[str, Any]:
+    """init_workers, the rollouter's start, the steps; what the run says of itself beyond its timeline."""
+    trainer, ranks = DemoTrainer(required_samples=rollout.required), DemoRanks(None)
+    lc: Lifecycle | None = Lifecycle.build(settings, trainer=trainer, adapter="demo", ranks=ranks, backlog=rollout.backlog)
     try:
-        if opts.solo:
-            settings = compose("observe", [f"timeslice.job={JOB}", f"timeslice.timeline.path={timeline}"])
-        else:
-            wait_for_agent(socket, 60)
-            settings = compose("interleave", [
-                f"timeslice.job={JOB}", f"timeslice.agent.socket={socket}", f"timeslice.agent.backend={backend}",
-                f"timeslice.tenant.url={tenant_url}", f"timeslice.timeline.path={timeline}", *opts.overrides,
-            ])
-        trainer = DemoTrainer()
-        ranks = DemoRanks(None)
-        lc = Lifecycle.build(settings, trainer=trainer, adapter="demo", workers=ranks, backlog=rollout.backlog)
         lc.start()
-        if tenant_url:
-            clients = BatchClients(tenant_url, opts.clients, max_tokens=48 if gpu else 24).start()
-
-        # init_workers: the job's GPU worker is created and loads its "model"
         t0 = time.monotonic()
-        lc.call("init_workers_begin", lc.event(InitWorkersEvent))
-        worker = ranks.worker = Worker("cuda" if gpu else "cpu", opts.gib, out / "worker.log")
-        lc.call("init_workers_end", lc.event(InitWorkersEvent, elapsed_s=round(time.monotonic() - t0, 6)))
-        # fully_async_main builds the rollouter (its vLLM servers) next: a valley of its own
-        time.sleep(opts.rollout_s)
-        # the pre-fit weight sync fully_async_main runs before fit(); then the rollouter starts
-        lc.call("weight_sync_begin", lc.event(WeightSyncEvent, initial=True))
-        time.sleep(0.05)
-        lc.call("weight_sync_end", lc.event(WeightSyncEvent, initial=True, synced=True, elapsed_s=0.05))
+        lc.init_workers_begin(lc.event(InitWorkersEvent))  # the job's GPU worker is created and loads its "model"
+        node.worker = ranks.worker = Worker("cuda" if gpu else "cpu", opts.gib, out / "worker.log")
+        lc.init_workers_end(lc.event(InitWorkersEvent, elapsed_s=round(time.monotonic() - t0, 6)))
+        time.sleep(opts.rollout_s)  # fully_async_main builds the rollouter (its vLLM servers) next: a valley of its own
+        _sync_and_save(lc, rollout, save=False, initial=True)  # the pre-fit weight sync; then the rollouter starts
         rollout.start()
-        step_log = _train(lc, trainer, worker, rollout, opts)
+        step_log = _train(lc, trainer, node, rollout, opts)
         lc.stop("finished")  # the GPU comes back (thawed, unparked) and the agent forgets the job
         lc = None
-        intact = worker.ask("check").split()[-1] == worker.checksum
-        if clients is not None:
-            batch = clients.finish()
-            clients = None
+        extra = {"steps_detail": step_log, "worker_data_intact": node.worker.ask("check").split()[-1] == node.worker.checksum}
+        status = node.status()
+        if node.stop_tenant is not None:
+            extra["tenant_stop"] = node.stop_tenant.figures(status, step_log)
+        extra["batch"] = node.batch.finish(complete_within_s=opts.finish_batch_s) if node.batch is not None else {}
+        return extra
     finally:
-        rollout.stop()
         if lc is not None:
             lc.stop("error")
-        if clients is not None:
-            batch = clients.finish(timeout=10)
-        if agent is not None:
-            end_process(agent, 120)  # SIGTERM: the agent thaws what it froze and wakes its tenant
-        if agent_log is not None:
-            agent_log.close()
-        if worker is not None:
-            worker.stop()
-        if fake is not None:
-            fake.stop()
-        if vllm_proc is not None:
-            end_process(vllm_proc, 60)  # its GPU memory is free when the demo returns
 
+
+def _mode(opts: DemoOptions, gpu: bool, node: Node) -> dict[str, Any]:
+    backend = "cuda" if gpu else "sigstop"
+    label = (f"GPU: CUDA driver (lock, checkpoint/restore) + {node.tenant_kind}" if gpu else
+             f"DRY RUN on CPU: CPU test backend (SIGSTOP/SIGCONT — no GPU memory moves) + {node.tenant_kind}")
+    return {"dry_run": not gpu, "solo": opts.solo, "backend": backend, "tenant": node.tenant_kind,
+            "profile": opts.profile, "label": label}
+
+
+def run_demo(opts: DemoOptions) -> dict[str, Any]:
+    out = opts.out.resolve()
+    (out / "run").mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(out / "run", 0o700)
+    timeline = out / "run.jsonl"
+    for stale in (timeline, *out.glob("batch.sqlite*")):  # this run's own files, from a run before it
+        stale.unlink(missing_ok=True)
+    compose("interleave", list(opts.overrides))  # a refused override fails here, before anything starts
+    gpu = opts.device == "cuda" or (opts.device == "auto" and gpu_available())
+    rollout = _rollout(opts)
+    node = Node()
+    with contextlib.ExitStack() as stack:
+        stack.callback(node.stop)
+        stack.callback(rollout.stop)
+        _start_node(opts, out, "cuda" if gpu else "sigstop", node)
+        log.info("demo: %s", _mode(opts, gpu, node)["label"])
+        extra = _run(opts, node, _settings(opts, node, "cuda" if gpu else "sigstop", timeline), rollout, gpu, out)
     records = analysis.load(timeline)
-    summary = analysis.summary(records)
-    summary["mode"] = mode
-    summary["batch"] = batch
-    summary["worker_data_intact"] = intact
-    summary["steps_detail"] = step_log
+    summary = {**analysis.summary(records), **extra, "mode": _mode(opts, gpu, node)}
+    step_log = extra["steps_detail"]
     summary["step_s_median"] = round(statistics.median(s["step_s"] for s in step_log), 6) if step_log else None
-    title = ("DRY RUN (CPU)" if dry else "GPU") + (" solo" if opts.solo else "")
+    title = ("DRY RUN (CPU)" if not gpu else "GPU") + (" solo" if opts.solo else "")
     png = analysis.plot(records, out / "timeline.png", title=title)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     summary["files"] = {"timeline": str(timeline), "png": str(png), "summary": str(out / "summary.json")}
-    if agent is not None:
-        summary["files"]["agent_log"] = str(out / "agent.log")
+    for name in ("agent.log", "tenant.log", "batch.log"):
+        if (out / name).exists():
+            summary["files"][name.replace(".", "_")] = str(out / name)
     summary["options"] = {k: str(v) for k, v in asdict(opts).items()}
     return summary
+
+
+__all__ = ["DemoOptions", "DemoTrainer", "gpu_available", "run_demo"]

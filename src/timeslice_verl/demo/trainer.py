@@ -1,8 +1,8 @@
 """The demo's trainer parts that stand for verl's: the rollout's message queue and the worker group.
 
-* :class:`DemoRollout`: fully-async's rollouter and message queue. Batches arrive one after another on
-  their own schedule, whatever the trainer does (verl's rollout runs on other GPUs); the trainer takes
-  ``required`` samples per step and waits for them — its idle valley. ``backlog()`` is what the adapters
+* :class:`DemoRollout`: fully-async's rollouter and message queue. Samples arrive on their own schedule (evenly,
+  or shaped like verl's rollouter), whatever the trainer does (verl's rollout runs on other GPUs); the trainer
+  takes ``required`` samples per step and waits for them — its idle valley. ``backlog()`` is what the adapters
   read off verl's queue, so the handoff can skip a release when the next batch is already there.
 * :class:`DemoRanks`: the demo worker process as the handoff's ranks (one process, driven from here like
   verl's worker group): park, unpark and cache release run in the worker, over its pipe.
@@ -16,7 +16,8 @@ import threading
 import time
 from typing import Any
 
-from timeslice_verl.park import ParkError
+from timeslice_verl.demo.arrivals import PROFILES, RolloutSim, scaled
+from timeslice_verl.ranks.park import ParkError
 
 BURST_SPEEDUP = 20.0
 """A burst batch comes this much faster than the others (its valley is too short to lend)."""
@@ -34,17 +35,30 @@ def schedule(steps: int, rollout_s: float, *, burst_every: int = 0, seed: int = 
 
 
 class DemoRollout:
-    """Samples arrive evenly over each batch's time (see :func:`schedule`), into a queue the trainer drains."""
+    """fully-async's message queue, filled by a producer thread the trainer drains ``required`` samples at a time.
 
-    def __init__(self, batch_s: list[float], required: int = 16) -> None:
-        self.batch_s = batch_s
-        self.required = required
+    ``even``: samples arrive evenly over each batch's time (see :func:`schedule`). ``profiled``: the rollouter of
+    :mod:`~timeslice_verl.demo.arrivals` (requests in flight per replica, long-tailed lengths, the staleness bound,
+    drift, the weight sync's interruption) played in the wall clock."""
+
+    def __init__(self, batch_s: list[float], required: int = 16, *, sim: RolloutSim | None = None) -> None:
+        self.batch_s, self.sim = batch_s, sim
+        self.required = sim.required if sim is not None else required
         self.queued = 0
+        self._t0 = 0.0
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._produce, daemon=True, name="demo-rollout")
+        self._thread = threading.Thread(target=self._produce if sim is None else self._simulate, daemon=True,
+                                        name="demo-rollout")
+
+    @classmethod
+    def profiled(cls, name: str, *, required: int, batch_s: float, seed: int = 0) -> DemoRollout:
+        if name not in PROFILES:
+            raise ValueError(f"rollout profile {name!r} is not one of: even, {', '.join(PROFILES)}")
+        return cls([], sim=RolloutSim(scaled(PROFILES[name], required=required, valley_s=batch_s), required, seed=seed))
 
     def start(self) -> DemoRollout:
+        self._t0 = time.monotonic()
         self._thread.start()
         return self
 
@@ -56,6 +70,18 @@ class DemoRollout:
                 with self._cond:
                     self.queued += 1
                     self._cond.notify_all()
+
+    def _simulate(self) -> None:
+        assert self.sim is not None
+        with self._cond:
+            while not self._stop.is_set():
+                now = time.monotonic() - self._t0
+                if self.sim.next_event() <= now:
+                    self.sim.advance(now)
+                    self.queued = self.sim.queued
+                    self._cond.notify_all()
+                    continue
+                self._cond.wait(min(self.sim.next_event() - now, 1.0))  # woken early by a take or a sync
 
     def backlog(self) -> tuple[int, int]:
         """(queued, required) samples for the next step, as the adapters read verl's message queue."""
@@ -70,8 +96,23 @@ class DemoRollout:
                 raise TimeoutError("the demo rollout produced no batch within an hour")
             if self._stop.is_set():
                 raise RuntimeError("the demo rollout was stopped")
-            self.queued -= self.required
+            if self.sim is None:
+                self.queued -= self.required
+            else:
+                self.sim.advance(time.monotonic() - self._t0)
+                self.sim.take()  # production resumes under the staleness bound, from now
+                self.queued = self.sim.queued
+                self._cond.notify_all()
         return time.monotonic() - t0
+
+    def sync(self) -> None:
+        """A weight sync: the requests in flight are held back by its pause (partial rollout)."""
+        if self.sim is not None and self._t0:  # before the rollouter starts there is nothing in flight
+            with self._cond:
+                self.sim.advance(time.monotonic() - self._t0)
+                self.queued = self.sim.queued
+                self.sim.sync()
+                self._cond.notify_all()
 
     def stop(self) -> None:
         self._stop.set()
@@ -82,7 +123,10 @@ class DemoRollout:
 
 
 class DemoRanks:
-    """The handoff's ranks (:class:`~timeslice_verl.handoff.Ranks`) over the demo worker process."""
+    """The handoff's ranks (:class:`~timeslice_verl.handoff.sequence.Ranks`) over the demo worker process."""
+
+    collective = False
+    """One process (the trainer's driver) drives every rank: nothing to agree on."""
 
     def __init__(self, worker: Any) -> None:
         self.worker = worker

@@ -4,7 +4,7 @@ Started by the demo (and the GPU tests) with ``TIMESLICE_JOB`` in its environmen
 worker processes, so the agent finds and freezes it. Line protocol on stdin/stdout:
 ``step <ms>`` → works for about that long, answers ``done <ms>``; ``check`` → ``checksum <value>``
 (the data must survive checkpoint/restore and park/unpark unchanged); ``reserve``, ``park``, ``unpark``
-→ what :mod:`timeslice_verl.park` did, ``caches`` → the bytes freed before a freeze (one JSON line each,
+→ what :mod:`timeslice_verl.ranks.park` did, ``caches`` → the bytes freed before a freeze (one JSON line each,
 ``{"error": …}`` when it failed: verl's worker-group methods, over a pipe); ``quit``. It prints
 ``ready <bytes> <checksum> <device>`` once its memory is allocated.
 
@@ -73,8 +73,8 @@ class CudaWorker:
 
 def _swap_command(action: str) -> dict:
     """What verl's workers do for a handoff (``timeslice_park`` and friends), in this process."""
-    from timeslice_verl.adapters.workers import release_caches_here
-    from timeslice_verl.park import parker
+    from timeslice_verl.ranks.worker import release_caches_here
+    from timeslice_verl.ranks.park import parker
 
     try:
         if action == "caches":
