@@ -1,4 +1,4 @@
-"""The measured tables of README.md, the guides and docs/architecture.md, recomputed from raw data.
+"""The measured tables of docs/measured.md, the guides and docs/architecture.md, recomputed from raw data.
 
 Every table between ``<!-- figures:NAME -->`` and ``<!-- /figures -->`` in those files is printed by
 this script from what is committed under ``benchmarks/results/`` (timelines, per-cycle JSON). ::
@@ -28,7 +28,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from summarize import _records, timeline_figures  # noqa: E402
 
-DOCS = ("README.md", "guides/rl-batch-interleaving/README.md", "guides/multi-gpu-trainers.md", "docs/architecture.md")
+DOCS = ("README.md", "docs/measured.md", "guides/rl-batch-interleaving/README.md", "guides/multi-gpu-trainers.md",
+        "docs/architecture.md")
 BLOCK = re.compile(r"(<!-- figures:([\w-]+) -->\n)(.*?)(<!-- /figures -->)", re.S)
 
 
@@ -150,7 +151,7 @@ def valleys_h200() -> str:
     the interleave side recomputed from its timeline, the step times from each step's record."""
     import valleys
 
-    from timeslice_verl import analysis
+    from timeslice_verl.tools import analysis
 
     folder = RESULTS / "2026-12-01-h200-valleys"
     data = json.loads((folder / "valleys.json").read_text())
@@ -158,11 +159,29 @@ def valleys_h200() -> str:
     for run in ("solo", "interleave"):
         data[run]["step_s_median"] = statistics.median(s["step_s"] for s in data[run]["steps_detail"])
     shared |= {k: data["interleave"][k] for k in ("step_s_median", "batch", "worker_data_intact")}
-    return valleys.table(valleys.row(data["solo"], shared))
+    return valleys.table(valleys.row(data["solo"], shared, "even", "park"))
+
+
+def valleys_round5_h200() -> str:
+    """benchmarks/valleys.py on one H200 with a real vLLM 0.24 tenant (2026-12-01, after the resident swap):
+    each time-sliced run recomputed from its timeline, beside its solo run on the same schedule."""
+    import valleys
+
+    from timeslice_verl.tools import analysis
+
+    folder = RESULTS / "2026-12-01-h200-valleys-round5"
+    rows = []
+    for part in ("v-even", "v-ckpt"):
+        data = json.loads((folder / part / "valleys.json").read_text())
+        for run in data["runs"]:
+            shared = analysis.summary(analysis.load(folder / part / run["profile"] / run["mode"] / "run.jsonl"))
+            shared |= {k: run["interleave"][k] for k in ("step_s_median", "batch", "worker_data_intact", "parked_gib_max")}
+            rows.append(valleys.row(run["solo"], shared, run["profile"], run["mode"]))
+    return valleys.table(rows)
 
 
 TABLES: dict[str, Callable[[], str]] = {
-    "valleys-h200": valleys_h200, "ladder-cpu": ladder_cpu, "ladder-h200": ladder_h200,
+    "valleys-h200": valleys_h200, "valleys-round5-h200": valleys_round5_h200, "ladder-cpu": ladder_cpu, "ladder-h200": ladder_h200,
     "verl-run": verl_run, "cuda-cycles": cuda_cycles, "swap-one-gpu": swap_one_gpu,
     "swap-two-gpus": swap_two_gpus, "side-by-side": side_by_side,
 }
