@@ -23,20 +23,38 @@ kv = pytest.importorskip("kubernetes_validate", reason="the test extra installs 
 
 
 def documents() -> list[tuple[str, dict]]:
-    return [(path.name, doc) for path in sorted(K8S.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    """Every Kubernetes object of deploy/k8s (the kustomization is kustomize's file, checked on its own)."""
+    return [(path.name, doc) for path in sorted(K8S.glob("*.yaml")) if path.name != "kustomization.yaml"
+            for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
-def _by_kind(kind: str) -> dict:
-    return next(doc for _, doc in documents() if doc["kind"] == kind)
+def _by_kind(kind: str, name: str | None = None) -> dict:
+    return next(doc for _, doc in documents() if doc["kind"] == kind and name in (None, doc["metadata"]["name"]))
+
+
+def _pod_specs() -> list[tuple[str, dict]]:
+    """(object name, pod spec) of every pod the manifests make."""
+    out = []
+    for _, doc in documents():
+        if doc["kind"] in ("DaemonSet", "Deployment"):
+            out.append((doc["metadata"]["name"], doc["spec"]["template"]["spec"]))
+        elif doc["kind"] == "RayJob":
+            out += [(doc["metadata"]["name"], t["spec"]) for t in _ray_templates(doc)]
+    return out
+
+
+def _ray_templates(doc: dict) -> list[dict]:
+    cluster = doc["spec"]["rayClusterSpec"]
+    return [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster.get("workerGroupSpecs", [])),
+            *([doc["spec"]["submitterPodTemplate"]] if "submitterPodTemplate" in doc["spec"] else [])]
 
 
 def _validate(doc: dict) -> None:
-    if doc["kind"] == "RayJob":  # a custom resource: its fields by our schema, its pods by Kubernetes'
+    if doc["kind"] == "RayJob":  # a custom resource: its fields by KubeRay's, every pod template by Kubernetes'
         import jsonschema
 
         jsonschema.validate(doc, json.loads((K8S / "schema" / "rayjob.schema.json").read_text()))
-        cluster = doc["spec"]["rayClusterSpec"]
-        for template in [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]:
+        for template in _ray_templates(doc):
             kv.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template},
                         KUBERNETES, strict=True)
         return
@@ -83,9 +101,11 @@ def test_the_agents_settings_compose_and_match_the_rest():
     assert pod["hostPID"] is True
     assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
     assert not any("nvidia.com/gpu" in str(c.get("resources")) for c in pod["containers"])
-    tenant = _by_kind("Deployment")["spec"]["template"]["spec"]["containers"][0]
-    visible = next(e["value"] for e in tenant["env"] if e["name"] == "NVIDIA_VISIBLE_DEVICES")
-    assert [int(visible)] == settings.agent.gpus, "the tenant lives on the GPU the agent arbitrates"
+    assert settings.agent.gpus == [], "the agent arbitrates every GPU of its node"
+    tenant = _by_kind("DaemonSet", "vllm-tenant")["spec"]["template"]["spec"]["containers"][0]
+    assert "--gpu=auto" in tenant["args"], "the tenant starts on the GPU the agent sees the trainer on"
+    assert f"--register-url={settings.tenant.url}" in tenant["args"]
+    assert f"--set=timeslice.agent.socket={settings.agent.socket}" in tenant["args"]
 
 
 def test_the_rayjobs_settings_compose_and_reach_the_agents_socket():
@@ -139,6 +159,81 @@ def test_host_pid_is_recognised_and_its_absence_said_in_plain_words(tmp_path):
     assert "set hostPID: true" in own.fix and "sees only its own processes" in own.detail
 
 
+KUBERAY_FIELDS = {
+    "submissionMode": "HTTPMode", "activeDeadlineSeconds": 3600, "backoffLimit": 2, "suspend": True,
+    "entrypointNumGpus": 0.5,
+    "submitterPodTemplate": {"spec": {"restartPolicy": "Never", "containers": [{"name": "submit", "image": "r/i:1"}]}},
+}
+
+
+@pytest.mark.parametrize("where, field, value", [
+    *(("spec", k, v) for k, v in KUBERAY_FIELDS.items()),
+    ("worker", "numOfHosts", 2), ("cluster", "autoscalerOptions", {"idleTimeoutSeconds": 60}),
+    ("head", "enableIngress", False),
+])
+def test_the_rayjob_check_accepts_what_kuberay_accepts(where, field, value):
+    rayjob = _by_kind("RayJob")
+    spec = rayjob["spec"]
+    target = {"spec": spec, "cluster": spec["rayClusterSpec"], "head": spec["rayClusterSpec"]["headGroupSpec"],
+              "worker": spec["rayClusterSpec"]["workerGroupSpecs"][0]}[where]
+    target[field] = value
+    _validate(rayjob)
+
+
+@pytest.mark.parametrize("break_it", [
+    lambda s: s["rayClusterSpec"]["headGroupSpec"]["template"]["spec"].update(containers=[{"name": "x", "imagee": "i"}]),
+    lambda s: s["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0].update(resources="lots"),
+    lambda s: s.update(submitterPodTemplate={"spec": {"containers": [{"name": "s", "image": "i", "ports": "8000"}]}}),
+    lambda s: s.update(submissionMode="ShellMode"),
+    lambda s: s["rayClusterSpec"]["workerGroupSpecs"][0].update(numOfHosts=0),
+], ids=["unknown container field", "resources not an object", "submitter ports not a list", "no such mode", "no hosts"])
+def test_the_rayjob_check_refuses_what_kuberay_or_kubernetes_refuses(break_it):
+    import jsonschema
+
+    rayjob = _by_kind("RayJob")
+    break_it(rayjob["spec"])
+    with pytest.raises((kv.ValidationError, jsonschema.ValidationError)):
+        _validate(rayjob)
+
+
+def test_pods_are_admitted_where_pod_security_taints_and_priorities_apply():
+    labels = _by_kind("Namespace")["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged", "hostPID and hostPath break Baseline"
+    classes = {doc["metadata"]["name"] for _, doc in documents() if doc["kind"] == "PriorityClass"}
+    for name, pod in _pod_specs():
+        assert pod.get("securityContext", {}).get("seccompProfile") == {"type": "RuntimeDefault"}, name
+        if pod.get("priorityClassName"):
+            assert pod["priorityClassName"] in classes, f"{name}: a priority class outside kube-system must exist"
+    for daemon in ("timeslice-agent", "vllm-tenant"):
+        pod = _by_kind("DaemonSet", daemon)["spec"]["template"]["spec"]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"], daemon
+        assert pod["nodeSelector"] == {"timeslice.verl/gpu-node": "true"}, "the tenant runs on every agent's node"
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert kustomization["patches"][0]["target"] == {"kind": "DaemonSet"}, "the taint is one patch for both daemons"
+    assert set(kustomization["resources"]) == {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "rayjob.yaml"}
+
+
+def test_the_tenant_waits_for_its_model_and_no_gpu_index_is_written_down():
+    tenant = _by_kind("DaemonSet", "vllm-tenant")["spec"]["template"]["spec"]["containers"][0]
+    startup = tenant["startupProbe"]
+    assert startup["httpGet"]["path"] == "/health" and startup["periodSeconds"] * startup["failureThreshold"] >= 3600
+    text = "\n".join(p.read_text() for p in K8S.glob("*.yaml"))
+    assert not re.search(r"gpus=\[\d|NVIDIA_VISIBLE_DEVICES\W+value: \"?\d|--gpu[= ]\d", text)
+
+
+def test_images_are_registry_qualified_and_versioned_and_the_trainer_has_verl():
+    images = [c["image"] for _, pod in _pod_specs() for c in pod.get("initContainers", []) + pod["containers"]]
+    for image in images:
+        registry, _, rest = image.partition("/")
+        assert "." in registry and ":" in rest and not rest.endswith(":latest"), image
+    for path in (ROOT / "deploy" / "images").glob("*.Dockerfile"):
+        base = re.search(r"^ARG BASE=(\S+)|^FROM (\S+)", path.read_text(), re.M)
+        name = base.group(1) or base.group(2)
+        assert "/" in name and re.search(r":v?\d", name), f"{path.name}: {name} is not a versioned, qualified base"
+    trainer = (ROOT / "deploy" / "images" / "trainer.Dockerfile").read_text()
+    assert "[verl]" in trainer and re.search(r"ARG VERL=\d+\.\d+\.\d+", trainer)
+
+
 def test_the_agent_refuses_to_start_saying_what_its_pod_lacks(tmp_path):
     from click.testing import CliRunner
 
@@ -171,3 +266,31 @@ def test_the_container_doctor_names_nvml_and_the_runtime_when_the_gpu_is_not_vis
     sigstop = compose("interleave", [f"timeslice.agent.socket={run / 'agent.sock'}", "timeslice.agent.backend=sigstop"])
     assert [c.name for c in container_checks(sigstop, proc)] == ["host PID namespace (hostPID)",
                                                                  "socket directory shared with the trainer pods"]
+
+
+def test_the_guide_starts_from_a_bare_cluster():
+    guide = GUIDE.read_text()
+    assert "## 1. Prerequisites" in guide and "kubectl get crd rayjobs.ray.io" in guide and "runtimeclass nvidia" in guide
+    assert "kubectl -n timeslice wait --for=condition=Ready" in guide and "rollout status" not in guide
+    for step in ("Build and push", "Install", "Upgrade", "Uninstall", "When something goes wrong"):
+        assert f". {step}" in guide, step
+
+
+def test_an_agent_told_every_gpu_of_a_node_without_nvml_refuses_to_start_saying_so(tmp_path):
+    """``timeslice.agent.gpus=[]`` (the DaemonSet's) is resolved by NVML when the agent starts; without it, a clear error."""
+    from click.testing import CliRunner
+
+    from timeslice_verl.agent.gpu import node_gpus
+    from timeslice_verl.tools.cli import main
+
+    try:
+        node_gpus()
+        pytest.skip("NVML sees GPUs here: the refusal is for a node without them")
+    except ValueError:
+        pass
+    result = CliRunner().invoke(main, ["agent", "timeslice.agent.gpus=[]", "timeslice.agent.backend=sigstop",
+                                       f"timeslice.agent.socket={tmp_path / 'run' / 'agent.sock'}",
+                                       f"timeslice.agent.state_file={tmp_path / 'run' / 'state.json'}",
+                                       "timeslice.tenant.url="])
+    assert result.exit_code != 0
+    assert "timeslice.agent.gpus=[] means every GPU of the node, but NVML is unavailable" in result.output

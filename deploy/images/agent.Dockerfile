@@ -1,7 +1,7 @@
 # The snapshot agent's image: the core of timeslice-verl on a slim Python (no torch, no verl, no vLLM).
 # The NVIDIA container runtime mounts the driver's libcuda.so.1 and NVML into it at run time.
-#   docker build -f deploy/images/agent.Dockerfile -t REGISTRY/timeslice-verl-agent:0.1.0 .
-FROM python:3.12-slim
+#   docker build -f deploy/images/agent.Dockerfile -t REGISTRY/timeslice-verl/agent:VERSION .
+FROM docker.io/library/python:3.12-slim
 COPY . /src/timeslice-verl
 RUN pip install --no-cache-dir /src/timeslice-verl && rm -rf /src/timeslice-verl
 # The agent runs as root (uid 0) so that it may lock and checkpoint the trainer's processes, which run as

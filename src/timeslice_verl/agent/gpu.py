@@ -117,6 +117,24 @@ def process_bytes(pid: int) -> int | None:
     return total
 
 
+def node_gpus() -> list[int]:
+    """Every GPU index NVML sees on this node (``timeslice.agent.gpus=[]``); ValueError naming why when none."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError…
+        raise ValueError(f"timeslice.agent.gpus=[] means every GPU of the node, but NVML is unavailable ({exc}): "
+                         "name the GPU indices") from None
+    if not count:
+        raise ValueError("timeslice.agent.gpus=[] means every GPU of the node, but NVML sees none")
+    return list(range(count))
+
+
 def open_probe(indices: list[int]) -> NvmlProbe | None:
     """An NVML probe of ``indices``, or None where NVML is unavailable (no driver, no GPU)."""
     try:

@@ -26,7 +26,7 @@ from timeslice_verl.agent.arbiter import Arbiter
 from timeslice_verl.agent.connections import Connections
 from timeslice_verl.agent.dispatch import Dispatcher
 from timeslice_verl.agent.freeze import BackendUnavailable, make_backend
-from timeslice_verl.agent.gpu import open_probe
+from timeslice_verl.agent.gpu import node_gpus, open_probe
 from timeslice_verl.agent.host import MAX_CONNECTIONS, AgentStartError, _QuietAccept, connection_limit  # noqa: F401
 from timeslice_verl.agent.host import take_gpu_locks, take_instance_lock
 from timeslice_verl.agent.ladder import SHORT_DEADLINE_S, budgets
@@ -155,6 +155,11 @@ async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None 
     path = socket_path(settings)
     asyncio.get_running_loop().set_exception_handler(_QuietAccept())
     async with contextlib.AsyncExitStack() as stack:
+        if not settings.agent.gpus:
+            try:
+                settings.agent.gpus = node_gpus()
+            except ValueError as exc:
+                raise AgentStartError(str(exc)) from None
         probe = open_probe(settings.agent.gpus)
         if probe is not None:
             stack.callback(probe.close)

@@ -75,7 +75,8 @@ class AgentSettings:
     """Freeze backend: ``cuda`` (driver API), ``cuda-cli`` (the cuda-checkpoint binary) or
     ``sigstop`` (CPU test backend: pauses processes, frees no GPU memory)."""
     gpus: List[int] = field(default_factory=lambda: [0])
-    """GPU indices (NVML) this agent arbitrates."""
+    """GPU indices (NVML) this agent arbitrates; ``[]``: every GPU of the node, resolved when the agent starts (a
+    node's DaemonSet then writes no index down)."""
     driver_timeout_s: float = 300.0
     """Timeout of each CUDA driver call (lock, checkpoint, restore, unlock) per process."""
     connect_timeout_s: float = 30.0
@@ -315,8 +316,6 @@ def _check_values(settings: TimesliceSettings) -> None:
         raise ConfigError(
             _full_key("job"), f"{settings.job!r} is not a job name (letters, digits, '.', '_', '-'; max 64)"
         )
-    if not settings.agent.gpus:
-        raise ConfigError(_full_key("agent.gpus"), "must name at least one GPU index")
     if any(g < 0 for g in settings.agent.gpus):
         raise ConfigError(_full_key("agent.gpus"), f"GPU indices must be >= 0, got {settings.agent.gpus}")
     for key in ("agent.metrics_port", "batch.port"):

@@ -84,6 +84,9 @@ class Supervisor:
     backoff_max_s: float = 60.0
     start_timeout_s: float = 1800.0
     wait_for_memory: bool = True
+    register_url: str = ""
+    """The URL the agent reaches the server at (its own pod's loopback is not the agent's: in Kubernetes the
+    node-local Service, the URL the agent was started with); empty: the command's own."""
     restarts: int = 0
     last_exit: str = ""
     exited_at: float = 0.0
@@ -173,9 +176,10 @@ class Supervisor:
                 **({"last_exit": self.last_exit, "restart_s": round(now - self.exited_at, 3)} if self.last_exit else {})}
         try:
             with AgentClient(self.agent_socket, connect_timeout_s=5.0, client="tenant-supervisor") as agent:
-                agent.register_tenant(self.command.url, supervisor=info)
+                agent.register_tenant(self.register_url or self.command.url, supervisor=info)
         except AgentError as exc:
-            log.warning("tenant: could not register %s with the agent on %s: %s", self.command.url, self.agent_socket, exc)
+            log.warning("tenant: could not register %s with the agent on %s: %s", self.register_url or self.command.url,
+                        self.agent_socket, exc)
 
     # ------------------------------------------------------------------ where, and when there is room
 

@@ -148,7 +148,7 @@ def check_host_ram(settings: TimesliceSettings) -> Check:
     if nvml is None:
         return Check(name, False, f"cannot read GPU memory ({err})", "run on the GPU node")
     total = 0
-    for i in settings.agent.gpus:
+    for i in settings.agent.gpus or range(int(nvml.nvmlDeviceGetCount())):  # type: ignore[attr-defined]
         try:
             total += int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).total)  # type: ignore[attr-defined]
         except Exception as exc:
