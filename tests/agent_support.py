@@ -93,6 +93,19 @@ class AgentProc:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> AgentProc:
+        self._spawn()
+        wait_for_agent(self.socket, timeout)
+        return self
+
+    def start_and_fail(self, timeout: float = 60.0) -> tuple[int, str]:
+        """Start an agent expected to refuse: its exit status and what it wrote."""
+        self._spawn()
+        assert self.proc is not None
+        code = self.proc.wait(timeout)
+        self._log.close()
+        return code, self.log()
+
+    def _spawn(self) -> None:
         args = [
             PY, "-m", "timeslice_verl", "--log-level", "DEBUG", "agent",
             f"timeslice.agent.socket={self.socket}",
@@ -104,8 +117,6 @@ class AgentProc:
         self.log_path = self.log_path.with_name(f"agent-{int(time.time() * 1000)}.log")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=self.preexec)
-        wait_for_agent(self.socket, timeout)
-        return self
 
     def client(self, **kwargs: Any) -> AgentClient:
         kwargs.setdefault("connect_timeout_s", 10.0)

@@ -206,3 +206,102 @@ def test_a_tenant_that_stops_answering_while_lent_is_seen_wedged_and_reclaimed_b
     assert "kill of a wedged tenant" in yielded["detail"] and not yielded["ok"]
     assert status["owner"] == "job:job-a" and status["ladder"].get("kill") == 1 and not status["ladder"].get("abort")
     assert tenant.proc.wait(30) == -signal.SIGKILL
+
+
+# --------------------------------------------------------------------------- 5. a polite call given up on lands later
+
+
+def test_a_pause_that_lands_after_the_polite_budget_is_seen_and_undone(tmp_path, procs):
+    """The polite ``/pause`` answers (and takes effect) 4 s late, after its 1.8 s budget: the ladder aborts instead,
+    the trainer holds and releases, the tenant is woken — and then the late pause lands. The agent's probe sees the
+    tenant paused while it was counted awake, records it and wakes it again: what ``status`` says is what it is."""
+    tenant = FakeVllmProc("--slow-s", "4", "--slow-on", "pause:keep")
+    procs.append(tenant)
+    agent = AgentProc(tmp_path, tenant_url=tenant.url, extra=("timeslice.tenant.reclaim_deadline_s=3",)).start()
+    procs += [agent, spawn_worker("job-a")]
+    with agent.client() as c:
+        reply = c.acquire("job-a", timeout_s=HUNG_FOR_MINUTES)
+        assert "abort" in _yields(reply)[-1]["detail"]
+        c.release("job-a")
+
+    def consistent() -> bool:
+        st = tenant.stats()
+        return (st["pauses"].get("keep", 0) >= 1 and not st["paused"] and not st["sleeping"]
+                and agent.status()["tenant"]["state"] == "awake")
+
+    eventually(consistent, what="the late pause landed and was undone, status awake")
+    assert "asleep or paused while the agent counted it awake" in agent.log()
+
+
+# --------------------------------------------------------------------------- 6. escalation on the deadline, not on errors
+
+
+@pytest.mark.parametrize("fault", ["pause:1:500", "pause:2:garbage", "sleep:2:500"])
+def test_errors_inside_the_polite_budget_are_retried_never_escalated(tmp_path, procs, fault):
+    """With a 10 s deadline, one or two failed answers are retried within the polite step: no abort, no kill."""
+    tenant = FakeVllmProc("--fail", fault, tagged=True)
+    procs.append(tenant)
+    agent = AgentProc(tmp_path, tenant_url=tenant.url, extra=("timeslice.tenant.reclaim_deadline_s=10",)).start()
+    procs += [agent, spawn_worker("job-a")]
+    with agent.client() as c:
+        reply = c.acquire("job-a", timeout_s=HUNG_FOR_MINUTES)
+        status = c.status()
+    assert _yields(reply)[-1]["ok"], _yields(reply)
+    assert not status["ladder"].get("abort") and not status["ladder"].get("kill"), status["ladder"]
+    assert tenant.alive() and tenant.stats()["aborted"] == 0 and tenant.sleeping()
+
+
+# --------------------------------------------------------------------------- 10. a state file in a shared directory
+
+
+def test_a_state_file_in_a_directory_others_can_write_is_refused(tmp_path):
+    """A root agent once loaded a planted state and stopped what it listed: the state's directory is checked as
+    the socket's is, and the agent refuses to start, naming the key."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    agent = AgentProc(tmp_path, extra=(f"timeslice.agent.state_file={shared / 'agent-state.json'}",))
+    code, out = agent.start_and_fail()
+    assert code != 0 and "timeslice.agent.state_file" in out and "writable by others" in out
+
+
+# --------------------------------------------------------------------------- 11. the low ones
+
+
+def _float_keys(cls: type, prefix: str = "timeslice.") -> list[str]:
+    import dataclasses
+
+    from timeslice_verl.config import schema
+
+    out = []
+    for f in dataclasses.fields(cls):
+        kind = eval(f.type, vars(schema)) if isinstance(f.type, str) else f.type
+        if dataclasses.is_dataclass(kind):
+            out += _float_keys(kind, f"{prefix}{f.name}.")
+        elif kind is float:
+            out.append(prefix + f.name)
+    return out
+
+
+def test_nan_and_infinity_are_refused_for_every_float_setting_naming_the_key():
+    from timeslice_verl.config.overrides import compose
+    from timeslice_verl.config.schema import ConfigError, TimesliceSettings
+
+    keys = _float_keys(TimesliceSettings)
+    assert "timeslice.tenant.reclaim_deadline_s" in keys and len(keys) >= 15
+    for key in keys:
+        for bad in ("nan", "inf", "-inf"):
+            with pytest.raises(ConfigError, match=re.escape(key)):
+                compose("interleave", [f"{key}={bad}"])
+
+
+def test_a_prepare_with_a_30_day_ttl_keeps_the_tenant_asleep_only_briefly(tmp_path, procs):
+    from timeslice_verl.agent.arbiter import MAX_PREPARE_TTL_S
+
+    tenant = FakeVllmProc()
+    procs.append(tenant)
+    agent = AgentProc(tmp_path, tenant_url=tenant.url).start()
+    procs.append(agent)
+    with agent.client() as c:
+        reply = c.prepare("job-never-acquires", ttl_s=30 * 86400)
+    assert reply["accepted"] and reply["ttl_s"] == MAX_PREPARE_TTL_S <= 60, reply  # the tenant sleeps a minute at most
