@@ -31,6 +31,17 @@ def eventually(check: Callable[[], Any], timeout: float = 60.0, interval: float 
     raise AssertionError(f"{what} not reached within {timeout} s (last: {last!r})")
 
 
+def terminate(proc: subprocess.Popen | None, wait_s: float = 30.0) -> None:
+    """SIGTERM, a bounded wait, then SIGKILL: how every helper process of the tests is stopped."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(wait_s)
+
+
 def proc_state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -138,12 +149,7 @@ class AgentProc:
         return self.proc.wait(30)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        terminate(self.proc)
         if self.proc is not None:
             self._log.close()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from agent_support import eventually
+from agent_support import eventually, terminate
 
 PY = sys.executable
 
@@ -87,11 +87,7 @@ class BatchServiceProc:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+            terminate(self.proc)
             self._log.close()
 
 
@@ -114,10 +110,5 @@ class SupervisorProc:
         return self.log_path.read_text()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        terminate(self.proc, 60)
         self._log.close()

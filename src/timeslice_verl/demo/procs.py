@@ -112,12 +112,17 @@ def start_vllm(model: str, out: Path, port: int, vllm_args: tuple[str, ...] = ()
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", TIMESLICE_TENANT="1")
     proc = Spawned([*command, "--enable-sleep-mode"], out / "vllm.log", stop_timeout_s=60, env=env)
     url = f"http://127.0.0.1:{port}"
+    return _answering(proc, f"{url}/health", 900, "vLLM"), url
+
+
+def _answering(proc: Spawned, health: str, timeout_s: float, what: str) -> Spawned:
+    """``proc`` once ``health`` answers; stopped, and the error raised, when it does not."""
     try:
-        proc.wait_http(f"{url}/health", 900, "vLLM")
+        proc.wait_http(health, timeout_s, what)
     except BaseException:
         proc.stop()
         raise
-    return proc, url
+    return proc
 
 
 def start_batch_service(out: Path, agent_socket: Path | None, tenant_url: str, concurrency: int) -> tuple[Spawned, str]:
@@ -129,12 +134,7 @@ def start_batch_service(out: Path, agent_socket: Path | None, tenant_url: str, c
         *([f"timeslice.agent.socket={agent_socket}"] if agent_socket else [])) for a in ("--set", kv)]],
         out / "batch.log", stop_timeout_s=30)
     url = f"http://127.0.0.1:{port}"
-    try:
-        service.wait_http(f"{url}/health", 60, "the batch service")
-    except BaseException:
-        service.stop()
-        raise
-    return service, url
+    return _answering(service, f"{url}/health", 60, "the batch service"), url
 
 
 class Worker:
