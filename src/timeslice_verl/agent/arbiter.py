@@ -332,8 +332,8 @@ class Arbiter:
         """Answer once the GPU's owner is no longer ``seen``, or after ``timeout_s`` (at most 30 s): a batch service
         learns the moment its tenant has the GPU, and loses it, without polling the status."""
         deadline = time.monotonic() + min(timeout_s or WATCH_MAX_S, WATCH_MAX_S)
-        while (owner := self.owner()) == seen and (left := deadline - time.monotonic()) > 0:
-            self._moved.clear()
+        while (owner := self.owner()) == seen and (left := deadline - time.monotonic()) > 0 and not self.book.closed:
+            self._moved.clear()  # a shutting-down agent answers at once: its SIGTERM never waits on a watcher
             try:  # every move and every wake-up of the reconciler sets it; the bound covers what sets neither
                 await asyncio.wait_for(self._moved.wait(), min(left, 0.25))
             except asyncio.TimeoutError:
