@@ -44,9 +44,12 @@ def _node(tmp_path: Path, name: str, procs: list) -> dict:
 
 
 @pytest.fixture
-def cluster(tmp_path, procs):
+def cluster(tmp_path, procs, monkeypatch):
     import ray
     from ray.cluster_utils import Cluster
+
+    # on a loaded 2-core machine a new Ray worker takes longer than production's bound to answer its first call
+    monkeypatch.setattr("timeslice_verl.adapters.workers.WHOAMI_TIMEOUT_S", 300.0)
 
     nodes = {name: _node(tmp_path, name, procs) for name in ("a", "b")}
     # logical CPUs: verl's placement-group bundles ask for several per worker, whatever the machine has

@@ -17,6 +17,8 @@ log = get_logger("adapter.workers")
 WORKER_MODULE = "verl.single_controller.base.worker"
 """verl's module of the base ``Worker`` class, which gets the rank methods on import."""
 _GROUPS = ("actor_wg", "actor_rollout_wg", "critic_wg", "ref_policy_wg")
+WHOAMI_TIMEOUT_S = 30.0
+"""How long the workers' pid lookup may take (a started actor answers at once; a loaded node takes longer)."""
 
 
 class VerlRanks:
@@ -57,7 +59,7 @@ class VerlRanks:
 
             if not ray.is_initialized():
                 return []
-            return ray.get([w.__ray_call__.remote(whoami) for w in handles.values()], timeout=30)
+            return ray.get([w.__ray_call__.remote(whoami) for w in handles.values()], timeout=WHOAMI_TIMEOUT_S)
         except Exception as exc:  # not a Ray worker group, Ray too old, worker gone…
             log.debug("worker pid lookup failed: %s", exc)
             return []
