@@ -85,15 +85,21 @@ class HeldDiscovery:
         self.backend.discover = discover
 
 
+async def holding(tmp_path: Path, held: HeldDiscovery, job: str) -> Arbiter:
+    """An in-process arbiter whose one client (connection 1) holds the GPU for ``job``."""
+    arbiter = Arbiter(held.backend, StateStore(tmp_path / "state.json"), watch_interval_s=3600)
+    await arbiter.start()
+    arbiter.connection_opened(1, None)
+    await arbiter.acquire(job, 1)
+    return arbiter
+
+
 def test_a_job_forgotten_during_its_freeze_is_never_frozen(tmp_path):
     worker = spawn_worker("race-job")
     held = HeldDiscovery()
 
     async def scenario() -> None:
-        arbiter = Arbiter(held.backend, StateStore(tmp_path / "state.json"), watch_interval_s=3600)
-        await arbiter.start()
-        arbiter.connection_opened(1, None)
-        await arbiter.acquire("race-job", 1)
+        arbiter = await holding(tmp_path, held, "race-job")
         await arbiter.release("race-job", 1)  # the reconciler starts the freeze: discovery is held
         await asyncio.to_thread(held.scanning.wait, 10)
         arbiter.disconnect(1)  # the client dies mid-scan
@@ -132,6 +138,37 @@ def test_a_freeze_whose_job_was_dropped_meanwhile_touches_nothing(tmp_path):
     try:
         asyncio.run(scenario())
         assert not stopped(worker.pid), "a process of a forgotten job is never stopped"
+    finally:
+        held.go.set()
+        os.kill(worker.pid, signal.SIGCONT)
+        worker.kill()
+
+
+def test_a_run_that_ends_during_its_last_freeze_is_not_frozen(tmp_path):
+    """Seen on the H200: a resident release at the run's last step, then at once the run's done; the freeze the first
+    started took its swap from the second (none: checkpoint) and the driver moved 19 GiB, 14 s there and back."""
+    worker = spawn_worker("ending-job")
+    held = HeldDiscovery()
+
+    async def scenario() -> list:
+        arbiter = await holding(tmp_path, held, "ending-job")
+        await arbiter.release("ending-job", 1, swap="resident",
+                              parked=[{"pid": worker.pid, "parked": 0, "kept": 2**30}])
+        await asyncio.to_thread(held.scanning.wait, 10)  # the freeze's scan is under way
+        await arbiter.release("ending-job", 1, done=True)
+        assert arbiter.book.jobs["ending-job"].swap == "resident", "a done leaves the swap of the release before it"
+        held.go.set()
+        await arbiter.settled(20)
+        freezes = [t for _, t in arbiter.journal.moves if t.action == "freeze"]
+        gone = "ending-job" not in arbiter.book.jobs
+        await arbiter.shutdown()
+        return [freezes, gone]
+
+    try:
+        freezes, gone = asyncio.run(scenario())
+        assert freezes == [], f"the job ended: nothing to freeze, got {freezes}"
+        assert gone, "the ended job is forgotten"
+        assert not stopped(worker.pid)
     finally:
         held.go.set()
         os.kill(worker.pid, signal.SIGCONT)

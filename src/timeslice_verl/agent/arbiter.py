@@ -160,9 +160,10 @@ class Arbiter:
         if swap != "checkpoint" and not parked and not done:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"swap {swap!r} needs 'parked': what each worker parked and kept")
         self._check_park_reports(parked or [])
-        job.swap = swap
-        job.parked = {int(r["pid"]): int(r["kept"]) for r in parked or []}
-        job.parked_bytes = sum(int(r["parked"]) for r in parked or [])
+        if not done or job.holding:  # a done after a release says nothing of how its freeze (maybe under way) swaps
+            job.swap = swap
+            job.parked = {int(r["pid"]): int(r["kept"]) for r in parked or []}
+            job.parked_bytes = sum(int(r["parked"]) for r in parked or [])
         was_holding, job.holding = job.holding, False
         job.ending = job.ending or done
         job.refused = ""  # a new valley: try the freeze again

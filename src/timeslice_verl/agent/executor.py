@@ -51,8 +51,9 @@ class Executor:
 
     async def _freeze(self, job: Job) -> None:
         pids = await asyncio.to_thread(self.backend.discover, job.name, job.pids(), self.client_pids(job), job.owner_uid)
-        if not self.still_known(job):  # forgotten while the /proc scan ran: touch nothing
-            log.info("freeze of job %s dropped: the job was forgotten meanwhile", job.name)
+        if not self.still_known(job) or job.ending or job.holding:  # forgotten, ended or back during the scan
+            log.info("freeze of job %s dropped: the job %s meanwhile", job.name,
+                     "was forgotten" if not self.still_known(job) else "ended" if job.ending else "asked again")
             return
         start = time.time()
         if not pids:  # nothing of this job is on the GPU (yet): nothing to freeze
