@@ -123,6 +123,7 @@ class AgentProc:
             "timeslice.agent.backend=sigstop",
             f"timeslice.tenant.url={self.tenant_url}",
             f"timeslice.agent.lock_dir={self.socket.parent}",  # this test's own "machine": one agent per GPU in it
+            "timeslice.tenant.warm_up=false",  # these tests count the tenant's moves; the warm-up's own tests turn it on
             *self.extra,  # later overrides win (e.g. timeslice.agent.backend=cuda)
         ]
         self.log_path = self.log_path.with_name(f"agent-{int(time.time() * 1000)}.log")

@@ -60,6 +60,15 @@ CASES = [
     (World(jobs=(J(ending=True, state=FROZEN),)), Move("thaw_ended", "a"), "an ended frozen job is thawed first"),
     (World(jobs=(J(ending=True, state=FROZEN, has_pids=False),)), Move("forget", "a"), "nothing left to thaw"),
     (World(jobs=(J(ending=True, holding=True),)), None, "an ended job that still holds keeps the GPU"),
+    (World(tenant=AWAKE, tenant_warm_up=True), Move("tenant_warm_up"), "a new tenant is warmed up while nobody asks"),
+    (World(jobs=(J(state=FROZEN),), tenant=AWAKE, tenant_warm_up=True), Move("tenant_warm_up"),
+     "a frozen job leaves the GPU to the tenant: it can warm up"),
+    (World(jobs=(J(queued=True),), queue_head="a", tenant=AWAKE, tenant_warm_up=True), Move("tenant_yield"),
+     "a trainer that asks comes before the warm-up"),
+    (World(jobs=(J(),), tenant=AWAKE, tenant_warm_up=True), Move("freeze", "a"), "an idle job is frozen before the warm-up"),
+    (World(jobs=(J(refused=True),), tenant=AWAKE, tenant_warm_up=True), None,
+     "a job whose freeze was refused is on the GPU: no warm-up beside it"),
+    (World(tenant=ASLEEP, tenant_warm_up=True), Move("tenant_reclaim"), "only an awake tenant warms up"),
 ]
 
 

@@ -30,6 +30,7 @@ from timeslice_verl.agent.recovery import Recovery
 from timeslice_verl.agent.state import RUNNING, Job, StateStore
 from timeslice_verl.agent.tenancy import Tenancy
 from timeslice_verl.agent.tenant import ASLEEP, AWAKE
+from timeslice_verl.agent.warmup import warm_up
 from timeslice_verl.agent.watchdog import Watchdog
 from timeslice_verl.log import get_logger
 
@@ -49,7 +50,7 @@ class Arbiter:
         tenant_request_timeout_s: float = 30.0, tenant_drain_timeout_s: float = 600.0, tenant_pause_mode: str = "keep",
         reclaim_deadline_s: float = 10.0, prepare_ttl_s: float = MAX_PREPARE_TTL_S, watch_interval_s: float = 0.2,
         reattach_grace_s: float = 60.0, park_overhead_bytes: int = 3 * 2**30, probe_interval_s: float = 0.5,
-        probe_timeout_s: float = 0.75, shutdown_timeout_s: float = 10.0,
+        probe_timeout_s: float = 0.75, shutdown_timeout_s: float = 10.0, tenant_warm_up: bool = True,
     ) -> None:
         self.store, self.probe = store, probe
         self.prepare_ttl_s = min(prepare_ttl_s, MAX_PREPARE_TTL_S)
@@ -63,7 +64,7 @@ class Arbiter:
                                trainer_waiting=lambda: self.book.queue[0] if self.book.queue else None, room=self._room,
                                request_timeout_s=tenant_request_timeout_s, drain_timeout_s=tenant_drain_timeout_s,
                                pause_mode=tenant_pause_mode, reclaim_deadline_s=reclaim_deadline_s,
-                               probe_timeout_s=probe_timeout_s)
+                               probe_timeout_s=probe_timeout_s, warm_up=tenant_warm_up)
         self.recovery = Recovery(self, shutdown_timeout_s)
         self.watchdog = Watchdog(self.book, self.tenancy, step_lock=self.step_lock, interval_s=watch_interval_s,
                                  reattach_grace_s=reattach_grace_s, probe_interval_s=probe_interval_s, arbiter=self)
@@ -253,7 +254,8 @@ class Arbiter:
                              has_pids=bool(j.pids())) for j in self.book.jobs.values())
         room = self._room(self.tenancy.footprint) if tenant in (ASLEEP, TENANT_FAULTED) else True
         return World(jobs=jobs, queue_head=self.book.queue[0] if self.book.queue else None, tenant=tenant,
-                     room_for_tenant=room, now=time.monotonic(), tenant_retry_at=self.tenancy.retry_at)
+                     room_for_tenant=room, now=time.monotonic(), tenant_retry_at=self.tenancy.retry_at,
+                     tenant_warm_up=self.tenancy.warm_up_due)
 
     async def _step(self) -> bool:
         """Make the policy's next move; False when there is none."""
@@ -265,6 +267,8 @@ class Arbiter:
             return await self._end(job, thaw=move.kind == "thaw_ended")
         if move.kind == "tenant_yield":
             await self._tenant("tenant yield", self.tenancy.yield_gpu(self._free if self.probe else None))
+        elif move.kind == "tenant_warm_up":
+            await self._tenant("tenant warm-up", warm_up(self.tenancy, self._free if self.probe else None))
         elif move.kind == "tenant_reclaim":
             await self._tenant("tenant reclaim", self.tenancy.reclaim(check_memory=False))
         elif move.kind == "freeze" and job is not None:

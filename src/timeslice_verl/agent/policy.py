@@ -8,7 +8,8 @@ Rules (docs/architecture.md §5), in the order they are applied:
 3. for a desired job: the tenant yields, then any other idle running job is frozen, then the job is
    thawed (or recovered from a fault), then — if it is waiting — granted;
 4. with no desired job: idle running jobs are frozen; a job whose freeze was refused keeps the GPU
-   (the tenant sleeps on); otherwise a sleeping or faulted tenant is woken when there is room.
+   (the tenant sleeps on); an awake tenant that was just registered is warmed up (put to sleep and woken:
+   :mod:`~timeslice_verl.agent.warmup`); otherwise a sleeping or faulted tenant is woken when there is room.
 
 The reconciler in :mod:`timeslice_verl.agent.arbiter` asks for one move, makes it, and asks again,
 so requests that arrive mid-transition are honoured at the next step.
@@ -47,13 +48,15 @@ class World:
     now: float = 0.0
     tenant_retry_at: float = 0.0
     """After a failed tenant move: not before this time (backoff)."""
+    tenant_warm_up: bool = False
+    """The tenant was registered and has not slept since: its warm-up is due."""
 
 
 @dataclass(frozen=True)
 class Move:
     kind: str
-    """``forget``, ``thaw_ended``, ``tenant_yield``, ``freeze``, ``thaw``, ``recover``, ``grant`` or
-    ``tenant_reclaim``."""
+    """``forget``, ``thaw_ended``, ``tenant_yield``, ``freeze``, ``thaw``, ``recover``, ``grant``,
+    ``tenant_warm_up`` or ``tenant_reclaim``."""
     job: str = ""
     waiting: bool = False
     """For ``thaw``/``recover``: the job is at the head of the queue (an acquire waits on it)."""
@@ -100,6 +103,8 @@ def next_move(world: World) -> Move | None:
             return Move("freeze", job.name)
     if any(job.refused and job.state == RUNNING for job in world.jobs):
         return None  # a job that could not be frozen is still on the GPU
+    if world.tenant == AWAKE and world.tenant_warm_up:
+        return Move("tenant_warm_up")
     if world.tenant in (ASLEEP, TENANT_FAULTED) and world.room_for_tenant and world.now >= world.tenant_retry_at:
         return Move("tenant_reclaim")
     return None

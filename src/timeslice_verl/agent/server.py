@@ -123,7 +123,7 @@ def _arbiter(settings: TimesliceSettings, backend: Any, probe: Any, state: Path)
                    tenant_drain_timeout_s=t.drain_timeout_s, tenant_pause_mode=str(t.pause_mode),
                    reclaim_deadline_s=t.reclaim_deadline_s, reattach_grace_s=a.reattach_grace_s,
                    park_overhead_bytes=int(a.park_overhead_gib * 2**30), probe_interval_s=t.probe_interval_s,
-                   probe_timeout_s=t.probe_timeout_s, shutdown_timeout_s=a.shutdown_timeout_s)
+                   probe_timeout_s=t.probe_timeout_s, shutdown_timeout_s=a.shutdown_timeout_s, tenant_warm_up=t.warm_up)
 
 
 def _backend(settings: TimesliceSettings, probe: Any) -> Any:

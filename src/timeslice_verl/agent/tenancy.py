@@ -40,6 +40,8 @@ WEDGED_AFTER = 2
 STOPPED_BACKOFF_S = 30.0
 """After a ladder that found nothing it could stop, the first wait before the tenant is registered again (doubling)."""
 BACKOFF_MAX_S = 300.0
+FIRST_SLEEP = "first sleep since registration"
+"""How the journal marks a server's first sleep: its one-off costs are never the yield the trainer's estimate uses."""
 
 
 def _loopback(url: str) -> bool:
@@ -60,7 +62,7 @@ class Tenancy:
     def __init__(self, journal: Journal, *, step_lock: asyncio.Lock, persist: Callable[[], None],
                  wake: Callable[[], None], trainer_waiting: Callable[[], str | None], room: Callable[[int], bool],
                  request_timeout_s: float = 30.0, drain_timeout_s: float = 600.0, pause_mode: str = "keep",
-                 reclaim_deadline_s: float = 10.0, probe_timeout_s: float = 2.0) -> None:
+                 reclaim_deadline_s: float = 10.0, probe_timeout_s: float = 2.0, warm_up: bool = True) -> None:
         self.journal, self.step_lock, self.persist, self.wake = journal, step_lock, persist, wake
         self.trainer_waiting, self.room = trainer_waiting, room
         self.request_timeout_s, self.drain_timeout_s, self.pause_mode = request_timeout_s, drain_timeout_s, pause_mode
@@ -83,6 +85,12 @@ class Tenancy:
         """When a dead or faulted tenant is asked again whether it answers."""
         self.lock = asyncio.Lock()
         """Held by a registration or unregistration (one at a time; taken before the step lock)."""
+        self.warm_up = warm_up
+        self.warm_up_due = False
+        """A registered tenant awaits its warm-up (:mod:`~timeslice_verl.agent.warmup`)."""
+        self.warming = False
+        self.yields = 0
+        """Sleeps since the tenant was registered: the first pays a vLLM's one-off costs, never its steady yield."""
 
     @property
     def state(self) -> str:
@@ -128,10 +136,16 @@ class Tenancy:
             self._misses.clear()
         self.record = TenantRecord(url=tenant.url, state=tenant.state, version=info.version, sleep_level=sleep_level,
                                    error=tenant.note)
+        self._registered()
         if persist:
             self.persist()
         self.wake()
         return self.record.to_dict()
+
+    def _registered(self) -> None:
+        """A server (re)registered: its next sleep may be its first."""
+        self.yields = 0
+        self.warm_up_due = self.warm_up and self.state == AWAKE
 
     def adopt_dead(self, url: str, sleep_level: int, why: str) -> None:
         """A configured tenant that did not answer at the agent's start: recorded dead, tried again later."""
@@ -169,19 +183,30 @@ class Tenancy:
         climb = await self._move("tenant_yield", lambda: yield_within(self.tenant, self.reclaim_deadline_s, wedged=wedged))
         if climb is None:
             return
-        if probe_free is not None:
-            self.footprint = max(0, probe_free() - free_before)
-        self.record.state, self.record.error = ASLEEP, self.tenant.note
         self.wedged -= wedged
         seconds = sum(climb.phases.values())
-        detail = climb.detail or f"pause+sleep in {seconds:.3f} s"
-        self.journal.record("tenant_yield", self.tenant.url, start, True, self.footprint, detail, climb.phases)
+        detail = self.slept(start, free_before, probe_free, climb.detail or f"pause+sleep in {seconds:.3f} s",
+                             climb.phases)
         if climb.step != "polite":
             self.ladder(climb.step, detail)
         else:
             self.backoff_s = 0.0
         log.info("tenant yield: vLLM paused and asleep in %.3f s%s", seconds, f" ({detail})" if climb.detail else "")
         self.persist()
+
+    def slept(self, start: float, free_before: int, probe_free: Callable[[], int] | None, detail: str,
+               phases: dict[str, float]) -> str:
+        """A yield succeeded: the footprint it freed, the state, the journal; the detail journaled."""
+        assert self.tenant is not None and self.record is not None
+        if probe_free is not None:
+            self.footprint = max(0, probe_free() - free_before)
+        self.record.state, self.record.error = ASLEEP, self.tenant.note
+        self.yields += 1
+        self.warm_up_due = False
+        if self.yields == 1:
+            detail = f"{FIRST_SLEEP}: {detail}"
+        self.journal.record("tenant_yield", self.tenant.url, start, True, self.footprint, detail, phases)
+        return detail
 
     async def reclaim(self, *, check_memory: bool) -> None:
         assert self.tenant is not None and self.record is not None
@@ -238,10 +263,10 @@ class Tenancy:
             self.persist()
             return None
         except TenantError as exc:
-            self._failed(action, start, exc)
+            self.fail(action, start, exc)
             return None
 
-    def _failed(self, action: str, start: float, exc: TenantError) -> None:
+    def fail(self, action: str, start: float, exc: TenantError) -> None:
         assert self.tenant is not None and self.record is not None
         killed = isinstance(exc, TenantKilled)
         if killed:
@@ -321,6 +346,7 @@ class Tenancy:
                 self.record.error = str(exc)
                 return False
             self.record.state, self.record.version, self.record.error = tenant.state, info.version, tenant.note
+            self._registered()
         log.info("tenant %s answers again (%s)", tenant.url, tenant.state)
         return True
 
@@ -347,9 +373,12 @@ class Tenancy:
     def describe(self) -> dict[str, Any] | None:
         if self.record is None:
             return None
-        last_yield, last_wake = self.journal.last("tenant_yield"), self.journal.last("tenant_reclaim")
+        yields = [t for _, t in reversed(self.journal.moves) if t.action == "tenant_yield" and t.ok]
+        last_yield = next((t for t in yields if not t.detail.startswith(FIRST_SLEEP)), yields[0] if yields else None)
+        last_wake = self.journal.last("tenant_reclaim")
         latest = self.journal.last("tenant_yield", ok=None)  # a ladder's kill ends a yield that failed
         return {**self.record.to_dict(), "footprint": self.footprint, "wedged": sorted(self.wedged),
+                "warming": self.warm_up_due or self.warming,
                 "yield_s": round(last_yield.seconds, 3) if last_yield else None,
                 "yield_at": round(latest.start, 3) if latest else None,
                 "yield_detail": latest.detail if latest else "",

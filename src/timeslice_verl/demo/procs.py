@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from timeslice_verl.agent.client import wait_for_agent
+from timeslice_verl.agent.client import AgentClient, wait_for_agent
 from timeslice_verl.config.schema import NCCL_ENV
 from timeslice_verl.log import get_logger
 
@@ -76,6 +76,20 @@ def start_agent(out: Path, run_dir: Path, backend: str, tenant_url: str) -> Spaw
                     out / "agent.log", stop_timeout_s=120)  # SIGTERM: it thaws what it froze and wakes its tenant
     wait_for_agent(sock, 60)
     return agent
+
+
+def wait_tenant_warm(sock: Path, timeout_s: float = 120.0) -> None:
+    """Until the agent has its tenant registered and warmed up (:mod:`timeslice_verl.agent.warmup`): a trainer
+    started meanwhile would pay the tenant's one-off first sleep, which a user's does not (their agent and tenant
+    are up long before the run)."""
+    deadline = time.monotonic() + timeout_s
+    with AgentClient(sock, connect_timeout_s=10) as client:
+        while time.monotonic() < deadline:
+            tenant = client.status().get("tenant") or {}
+            if tenant.get("state") in ("awake", "asleep") and not tenant.get("warming"):
+                return  # registered (a configured tenant that has not answered yet is recorded dead) and warm
+            time.sleep(0.2)
+    log.warning("the agent's tenant was not registered and warmed up within %.0f s: starting the trainer anyway", timeout_s)
 
 
 def tenant_command(vllm_model: str, port: int, vllm_args: tuple[str, ...] = ()) -> tuple[list[str], str]:
@@ -171,4 +185,4 @@ class Worker:
 
 
 __all__ = ["CLI", "JOB", "Spawned", "Worker", "end_process", "free_port", "start_agent", "start_batch_service",
-           "start_tenant", "start_vllm", "tenant_command"]
+           "start_tenant", "start_vllm", "tenant_command", "wait_tenant_warm"]

@@ -31,7 +31,8 @@ from timeslice_verl.agent.gpu import gpu_count
 from timeslice_verl.config.overrides import compose
 from timeslice_verl.demo.batch import DemoBatch
 from timeslice_verl.demo.faults import TenantStop
-from timeslice_verl.demo.procs import JOB, Spawned, Worker, free_port, start_agent, start_batch_service, start_tenant
+from timeslice_verl.demo.procs import (JOB, Spawned, Worker, free_port, start_agent, start_batch_service, start_tenant,
+                                       wait_tenant_warm)
 from timeslice_verl.demo.trainer import DemoRanks, DemoRollout, schedule
 from timeslice_verl.hooks.events import CheckpointEvent, InitWorkersEvent, RolloutEvent, TrainStepEvent, WeightSyncEvent
 from timeslice_verl.hooks.lifecycle import Lifecycle
@@ -152,6 +153,7 @@ def _start_node(opts: DemoOptions, out: Path, backend: str, node: Node) -> None:
         node.tenant_kind = "real vLLM (running already)"
     else:
         node.tenant, _, node.tenant_kind = start_tenant(out, node.socket, opts.vllm_model, port, opts.vllm_args)
+    wait_tenant_warm(node.socket)
     node.service, service_url = start_batch_service(out, node.socket, node.tenant_url, opts.clients)
     tokens = opts.max_tokens or (48 if backend == "cuda" else 24)
     node.batch = DemoBatch(service_url, node.tenant_url, out, lines=opts.batch_lines, max_tokens=tokens).submit()
@@ -221,10 +223,9 @@ def _run(opts: DemoOptions, node: Node, settings: Any, rollout: DemoRollout, gpu
         lc.stop("finished")  # the GPU comes back (thawed, unparked) and the agent forgets the job
         lc = None
         extra = {"steps_detail": step_log, "worker_data_intact": node.worker.ask("check").split()[-1] == node.worker.checksum}
-        status = node.status()
-        if node.stop_tenant is not None:
-            extra["tenant_stop"] = node.stop_tenant.figures(status, step_log)
         extra["batch"] = node.batch.finish(complete_within_s=opts.finish_batch_s) if node.batch is not None else {}
+        if node.stop_tenant is not None:  # after the batch's last lines: a restart can come after the last step
+            extra["tenant_stop"] = node.stop_tenant.figures(node.status(), step_log)
         return extra
     finally:
         if lc is not None:

@@ -1,0 +1,125 @@
+"""The tenant's warm-up: a newly registered vLLM sleeps and wakes before any trainer needs the GPU.
+
+The real :class:`Arbiter` in this process (CPU ``sigstop`` backend), a stand-in vLLM in its own process, and for the
+agent as users start it, a real agent daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker
+from timeslice_verl.agent.arbiter import Arbiter
+from timeslice_verl.agent.freeze import make_backend
+from timeslice_verl.agent.state import StateStore
+from timeslice_verl.agent.tenancy import FIRST_SLEEP
+from timeslice_verl.agent.warmup import WARM_UP_CYCLES
+from timeslice_verl.demo.procs import wait_tenant_warm
+
+
+def arbiter(tmp_path, **kwargs) -> Arbiter:
+    return Arbiter(make_backend("sigstop", probe=None, driver_timeout_s=5), StateStore(tmp_path / "state.json"),
+                   watch_interval_s=3600, **kwargs)
+
+
+def moves(a: Arbiter) -> list[tuple[str, bool, str]]:
+    return [(t.action, t.ok, t.detail) for _, t in a.journal.moves if t.action.startswith("tenant_")]
+
+
+def test_a_registered_tenant_is_warmed_up_and_its_first_sleep_is_never_the_yield_the_trainer_plans_with(tmp_path):
+    vllm = FakeVllmProc()
+
+    async def scenario():
+        a = arbiter(tmp_path)
+        await a.start()
+        await a.register_tenant(vllm.url)
+        await a.settled(60)
+        seen, tenant = moves(a), a.tenancy.describe()
+        yields = [t for _, t in a.journal.moves if t.action == "tenant_yield"]
+        await a.shutdown()
+        return seen, tenant, yields
+
+    try:
+        seen, tenant, yields = asyncio.run(scenario())
+        assert [(m[0], m[1]) for m in seen] == [("tenant_yield", True), ("tenant_reclaim", True)] * WARM_UP_CYCLES
+        assert seen[0][2].startswith(FIRST_SLEEP) and not seen[2][2].startswith(FIRST_SLEEP)
+        assert tenant["state"] == "awake" and not vllm.sleeping(), "the warm-up leaves the tenant serving"
+        assert tenant["yield_s"] == round(yields[-1].seconds, 3), "the trainer's estimate starts from a steady yield"
+    finally:
+        vllm.stop()
+
+
+def test_a_trainer_that_asks_during_the_warm_up_gets_the_gpu_with_the_tenant_asleep(tmp_path):
+    vllm = FakeVllmProc()
+    worker = spawn_worker("warm-job")
+
+    async def scenario():
+        a = arbiter(tmp_path)
+        await a.start()
+        first_sleep, go = asyncio.Event(), asyncio.Event()
+        await a.register_tenant(vllm.url)
+        real = a.tenancy.tenant.yield_gpu
+
+        async def held_yield():  # the first sleep is held until the trainer has asked
+            first_sleep.set()
+            await go.wait()
+            return await real()
+
+        a.tenancy.tenant.yield_gpu = held_yield
+        await first_sleep.wait()
+        a.connection_opened(1, None)
+        acquire = asyncio.ensure_future(a.acquire("warm-job", 1))
+        await asyncio.sleep(0)  # let the acquire queue (no timing: it runs up to its wait at once)
+        assert list(a.book.queue) == ["warm-job"]
+        go.set()
+        reply = await asyncio.wait_for(acquire, 60)
+        seen = moves(a)
+        holding = a.book.jobs["warm-job"].holding
+        await a.release("warm-job", 1, done=True)
+        await a.settled(60)
+        await a.shutdown()
+        return reply, seen, holding
+
+    try:
+        reply, seen, holding = asyncio.run(scenario())
+        assert holding and reply["job"] == "warm-job"
+        assert [(m[0], m[1]) for m in seen][:1] == [("tenant_yield", True)]
+        assert ("tenant_reclaim", True) not in [(m[0], m[1]) for m in seen[:2]], \
+            "the warm-up stops at the sleep the trainer needs: no wake-up under it"
+    finally:
+        worker.kill()
+        vllm.stop()
+
+
+def test_no_warm_up_when_it_is_turned_off(tmp_path):
+    vllm = FakeVllmProc()
+
+    async def scenario():
+        a = arbiter(tmp_path, tenant_warm_up=False)
+        await a.start()
+        await a.register_tenant(vllm.url)
+        await a.settled(60)
+        seen = moves(a)
+        await a.shutdown()
+        return seen
+
+    try:
+        assert asyncio.run(scenario()) == []
+    finally:
+        vllm.stop()
+
+
+def test_the_agent_daemon_warms_up_its_configured_tenant_and_says_so(tmp_path):
+    vllm = FakeVllmProc()
+    agent = AgentProc(tmp_path, tenant_url=vllm.url, extra=("timeslice.tenant.warm_up=true",)).start()
+    try:
+        wait_tenant_warm(agent.socket)  # what the demo waits for before it starts its trainer
+        assert agent.status()["tenant"]["warming"] is False
+        eventually(lambda: "warm-up 2/2" in agent.log(), what="the warm-up's second cycle in the agent's log")
+        tenant = eventually(lambda: (t := agent.status()["tenant"]) and t["state"] == "awake" and t["yield_s"] is not None and t,
+                            what="the tenant awake again with a yield measured")
+        assert FIRST_SLEEP in agent.log() and not vllm.sleeping()
+        assert tenant["footprint"] == 0, "no NVML here: the footprint stays unknown, never guessed"
+    finally:
+        agent.stop()
+        vllm.stop()
