@@ -325,8 +325,10 @@ class Handoff:
             return {}, []
         totals = summarize(reports)
         if totals["reserved_before"]:
-            log.info("[timeslice] job=%s ranks freed caches in %.0fms: reserved %.2f -> %.2f GiB, live tensors %.2f GiB, "
-                     "cupy %.2f GiB", self.job, (time.perf_counter() - t0) * 1e3, totals["reserved_before"] / 2**30,
+            sync = max((float(r.get("sync_s", 0.0)) for r in reports), default=0.0)
+            log.info("[timeslice] job=%s ranks freed caches in %.0fms (%.0fms of it their last kernels): reserved %.2f -> "
+                     "%.2f GiB, live tensors %.2f GiB, cupy %.2f GiB", self.job, (time.perf_counter() - t0) * 1e3,
+                     sync * 1e3, totals["reserved_before"] / 2**30,
                      totals["reserved_after"] / 2**30, totals["live"] / 2**30, totals["cupy_freed"] / 2**30)
         return totals, reports if self.swap == "resident" else []
 
