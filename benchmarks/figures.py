@@ -158,7 +158,7 @@ def valleys_h200() -> str:
     shared = analysis.summary(analysis.load(folder / "interleave" / "run.jsonl"))
     for run in ("solo", "interleave"):
         data[run]["step_s_median"] = statistics.median(s["step_s"] for s in data[run]["steps_detail"])
-    shared |= {k: data["interleave"][k] for k in ("step_s_median", "batch", "worker_data_intact")}
+    shared |= {k: data["interleave"][k] for k in ("step_s_median", "batch", "worker_data_intact", "steps_detail")}
     return valleys.table(valleys.row(data["solo"], shared, "even", "park"))
 
 
@@ -175,13 +175,34 @@ def valleys_round5_h200() -> str:
         data = json.loads((folder / part / "valleys.json").read_text())
         for run in data["runs"]:
             shared = analysis.summary(analysis.load(folder / part / run["profile"] / run["mode"] / "run.jsonl"))
-            shared |= {k: run["interleave"][k] for k in ("step_s_median", "batch", "worker_data_intact", "parked_gib_max")}
+            shared |= {k: run["interleave"][k] for k in ("step_s_median", "batch", "worker_data_intact", "parked_gib_max",
+                                                         "steps_detail")}
             rows.append(valleys.row(run["solo"], shared, run["profile"], run["mode"]))
     return valleys.table(rows)
 
 
+def valleys_round6_h200() -> str:
+    """The same on one H200 after the tenant's warm-up (2026-12-01): the even profile twice (first with a full
+    garbage collection at every release, then only when it can free GPU memory), fleet and longtail."""
+    import valleys
+
+    from timeslice_verl.tools import analysis
+
+    folder = RESULTS / "2026-12-01-h200-valleys-round6"
+    rows = []
+    for part, label in (("v-even-first", "even (first run: gc at every release)"), ("v-even", "even"),
+                        ("v-fleet", "fleet"), ("v-longtail", "longtail")):
+        data = json.loads((folder / part / "valleys.json").read_text())
+        for run in data["runs"]:
+            shared = analysis.summary(analysis.load(folder / part / run["profile"] / run["mode"] / "run.jsonl"))
+            shared |= {k: run["interleave"][k] for k in ("step_s_median", "batch", "worker_data_intact", "parked_gib_max",
+                                                         "steps_detail", "swaps")}
+            rows.append(valleys.row(run["solo"], shared, label, run["mode"]))
+    return valleys.table(rows)
+
+
 TABLES: dict[str, Callable[[], str]] = {
-    "valleys-h200": valleys_h200, "valleys-round5-h200": valleys_round5_h200, "ladder-cpu": ladder_cpu, "ladder-h200": ladder_h200,
+    "valleys-h200": valleys_h200, "valleys-round5-h200": valleys_round5_h200, "valleys-round6-h200": valleys_round6_h200, "ladder-cpu": ladder_cpu, "ladder-h200": ladder_h200,
     "verl-run": verl_run, "cuda-cycles": cuda_cycles, "swap-one-gpu": swap_one_gpu,
     "swap-two-gpus": swap_two_gpus, "side-by-side": side_by_side,
 }

@@ -9,7 +9,9 @@ rollouter, :mod:`timeslice_verl.demo.arrivals`) it runs ``timeslice-verl demo --
 trainer keeps its GPU) and then the demo with ``+timeslice=interleave`` once per swap mode (``auto``: the defaults,
 whatever ``auto`` picks on this node; or a mode named), plus any ``--set``, on the same schedule and seed, against
 one tenant. The batch traffic is a batch submitted to the node's batch service in each run.
-Prints one table, a row per profile and mode: the swap used, the median step time solo and shared and their ratio, the trainer's wait at acquire (median / max),
+Prints one table, a row per profile and mode: the swap used, the median step time solo and shared, the ratio of the
+runs' summed step times (the same seeded schedule: the trainer's cost) and of their medians, the trainer's wait at
+acquire (median / max),
 vLLM's share of the trainer's idle time, idle time with no owner, handoffs skipped and lent, lent valleys
 shorter than their own round trip, the way back (prepared, early / late), failed or aborted batch requests and
 whether the worker's data survived. Writes ``valleys.json`` and each run's folder (``run.jsonl``, agent log).
@@ -42,7 +44,8 @@ def row(solo: dict[str, Any], shared: dict[str, Any], profile: str = "even", mod
         "steps": shared["steps"],
         "step_s_solo": round(solo["step_s_median"], 3),
         "step_s_interleave": round(shared["step_s_median"], 3),
-        "step_ratio": round(shared["step_s_median"] / solo["step_s_median"], 4),
+        "step_ratio": _total_ratio(solo, shared),
+        "step_ratio_median": round(shared["step_s_median"] / solo["step_s_median"], 4),
         "wait_s_median": None if wait["p50"] is None else round(wait["p50"] / 1e3, 3),
         "wait_s_max": None if wait["max"] is None else round(wait["max"] / 1e3, 3),
         "vllm_of_idle": shared["harvest_of_idle"],
@@ -63,6 +66,16 @@ def row(solo: dict[str, Any], shared: dict[str, Any], profile: str = "even", mod
     }
 
 
+def _total_ratio(solo: dict[str, Any], shared: dict[str, Any]) -> float | None:
+    """The time-sliced run's steps over the solo run's, summed: both ran the same seeded schedule step by step, so
+    this is what time-slicing cost the trainer. A ratio of medians is shown beside it, but one step that moves
+    across the middle of 12 shifts it by 2 % (longtail on the H200, 2026-12-01: 1.023 against 1.001 summed)."""
+    a, b = solo.get("steps_detail") or [], shared.get("steps_detail") or []
+    if not a or len(a) != len(b):
+        return None
+    return round(sum(s["step_s"] for s in b) / sum(s["step_s"] for s in a), 4)
+
+
 def _swap(mode: str, swaps: dict[str, int]) -> str | None:
     """The swap the runs used; ``auto → resident`` where the mode left the choice to the trainer."""
     used = ", ".join(sorted(swaps)) or None
@@ -79,7 +92,8 @@ def _failed(batch: dict[str, Any]) -> int | None:
 
 
 COLUMNS = [("profile", "arrivals"), ("swap", "swap"), ("steps", "steps"), ("step_s_solo", "step s solo"), ("step_s_interleave", "step s interleave"),
-           ("step_ratio", "ratio"), ("wait_s_median", "trainer wait s median"), ("wait_s_max", "max"),
+           ("step_ratio", "ratio (total)"), ("step_ratio_median", "ratio of medians"),
+           ("wait_s_median", "trainer wait s median"), ("wait_s_max", "max"),
            ("vllm_of_idle", "vLLM / trainer idle"), ("no_owner_idle", "no-owner idle / run"), ("lent", "lent"),
            ("skipped", "skipped"), ("below_break_even", "below break-even"), ("prepared", "way back ahead"),
            ("early_ms_p50", "early ms p50"), ("late_ms_p50", "late ms p50"), ("parked_gib", "parked GiB"),

@@ -51,7 +51,7 @@ def test_forecast_reports_the_way_backs_early_and_late():
 
 
 def test_park_and_unpark_are_swapping_not_idle_time_with_no_owner():
-    """A release that parked for 0.4 s and an acquire that unparked for 0.4 s: both moves are the handoff's."""
+    """A release call of 0.5 s (0.4 s of it parking) and an acquire that unparked for 0.4 s: the handoff's, both."""
     from timeslice_verl.tools.analysis import summary
 
     records = [
@@ -62,6 +62,22 @@ def test_park_and_unpark_are_swapping_not_idle_time_with_no_owner():
         {"hook": "timeslice_stop", "time": 6.0, "job": "j"},
     ]
     s = summary(records)
-    assert s["seconds"]["swapping"] == pytest.approx(0.8)
+    assert s["seconds"]["swapping"] == pytest.approx(0.5 + 0.4)
     assert s["seconds"]["trainer"] == pytest.approx(1.0 + 1.0)
-    assert s["seconds"]["idle"] == pytest.approx(6.0 - 2.0 - 0.8)
+    assert s["seconds"]["idle"] == pytest.approx(6.0 - 2.0 - 0.9)
+
+
+def test_a_resident_release_call_is_the_handoff_not_idle_time():
+    """A resident release moves nothing, but its call (freeing caches, the agent's answer) is the handoff under way."""
+    from timeslice_verl.tools.analysis import summary
+
+    records = [
+        {"hook": "timeslice_start", "time": 0.0, "job": "j"},
+        handoff("acquire", "init_workers_begin", 0.0),
+        handoff("release", "weight_sync_end", 1.1, waited=0.1, swap="resident"),  # held until 1.0, the call till 1.1
+        handoff("acquire", "pre_train_step", 3.0),
+        {"hook": "timeslice_stop", "time": 4.0, "job": "j"},
+    ]
+    s = summary(records)
+    assert s["seconds"]["swapping"] == pytest.approx(0.1)
+    assert s["seconds"]["idle"] == pytest.approx(4.0 - 2.0 - 0.1)

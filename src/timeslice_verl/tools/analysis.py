@@ -78,6 +78,13 @@ def holding_intervals(records: list[dict[str, Any]]) -> list[tuple[float, float]
     return out
 
 
+def release_intervals(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """The trainer's release calls (freeing its caches or parking, then the agent's answer): the handoff under way,
+    never idle time with no owner."""
+    return [(r["time"] - r.get("waited_s", 0.0), r["time"]) for r in records
+            if r.get("hook") == "handoff" and r.get("action") == "release" and r.get("ok", True)]
+
+
 def park_intervals(records: list[dict[str, Any]]) -> list[tuple[float, float]]:
     """When the trainer's ranks moved their tensors (park after a release began, unpark before an acquire
     returned): part of the handoff — swapping, not idle time with no owner."""
@@ -131,7 +138,7 @@ def ownership(records: list[dict[str, Any]]) -> list[Segment]:
     t0 = min(r["time"] for r in records if "time" in r)
     t1 = max(r["time"] for r in records if "time" in r)
     trans = transitions(records)
-    swapping = _union([(t["start"], t["end"]) for t in trans] + park_intervals(records))
+    swapping = _union([(t["start"], t["end"]) for t in trans] + park_intervals(records) + release_intervals(records))
     trainer = _union(holding_intervals(records))
     vllm = _union(vllm_intervals(trans, t0, t1))
     cuts = sorted({t0, t1, *[x for iv in swapping + trainer + vllm for x in iv if t0 <= x <= t1]})
