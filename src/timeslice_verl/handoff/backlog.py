@@ -5,11 +5,18 @@ verl — a Ray actor, a lock — that may be slow or broken. :class:`Backlog` ru
 waits at most ``timeout_s``: the trainer's release and acquire never wait on it longer, and while a read is
 still out the next one is "unknown" at once (reads never pile up). An answer that is not two counts is unknown
 too.
+
+The thread is one for the trainer's life, not one per read: a source whose first call starts something bound to
+the thread that made it must keep it. ``ray.init`` is such a call (a ``ray.get`` on a process without Ray starts
+it): Ray's GCS and raylet are started with ``PR_SET_PDEATHSIG``, which Linux fires when the *thread* that forked
+them ends — with a thread per read they were SIGKILLed as the first read returned, and the trainer's process
+exited at its ``ray.shutdown`` (seen in this repo's test suite, 2026-12-01).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import queue
 import threading
 from typing import Any, Callable
 
@@ -40,6 +47,8 @@ class Backlog:
         self._lock = threading.Lock()
         self._out: concurrent.futures.Future | None = None
         self._warned: set[str] = set()
+        self._reads: queue.SimpleQueue[concurrent.futures.Future] = queue.SimpleQueue()
+        self._reader: threading.Thread | None = None
 
     def read(self) -> tuple[int, int] | None:
         """(queued, required) samples for the next step, or None when unknown (no source, slow, failing, nonsense)."""
@@ -50,7 +59,10 @@ class Backlog:
                 return None  # the last read is still out: no second one behind it
             out: concurrent.futures.Future = concurrent.futures.Future()
             self._out = out
-        threading.Thread(target=self._run, args=(out,), daemon=True, name="timeslice-backlog").start()
+            if self._reader is None:
+                self._reader = threading.Thread(target=self._serve, daemon=True, name="timeslice-backlog")
+                self._reader.start()
+        self._reads.put(out)
         bound, self._first = (max(self.timeout_s, FIRST_READ_TIMEOUT_S) if self._first else self.timeout_s), False
         try:
             value = out.result(bound)
@@ -65,11 +77,15 @@ class Backlog:
             self._warn("shape", f"the backlog source answered {value!r:.80} (not two counts): taken as unknown")
         return checked
 
-    def _run(self, out: concurrent.futures.Future) -> None:
-        try:
-            out.set_result(self.source())  # type: ignore[misc]
-        except BaseException as exc:
-            out.set_exception(exc)
+    def _serve(self) -> None:
+        """The reader: every read, one after the other, on this one thread (a daemon: a hung source never holds
+        the process's exit)."""
+        while True:
+            out = self._reads.get()
+            try:
+                out.set_result(self.source())  # type: ignore[misc]
+            except BaseException as exc:
+                out.set_exception(exc)
 
     def _warn(self, kind: str, message: str) -> None:
         if kind not in self._warned:  # once per kind: a broken source is said once, not every 0.1 s
