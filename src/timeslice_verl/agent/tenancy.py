@@ -203,8 +203,8 @@ class Tenancy:
         self.record.state, self.record.error = ASLEEP, self.tenant.note
         self.yields += 1
         self.warm_up_due = False
-        if self.yields == 1:
-            detail = f"{FIRST_SLEEP}: {detail}"
+        if self.yields == 1:  # said after the detail: what reads a ladder's step off its start still does
+            detail = f"{detail} ({FIRST_SLEEP})"
         self.journal.record("tenant_yield", self.tenant.url, start, True, self.footprint, detail, phases)
         return detail
 
@@ -374,7 +374,7 @@ class Tenancy:
         if self.record is None:
             return None
         yields = [t for _, t in reversed(self.journal.moves) if t.action == "tenant_yield" and t.ok]
-        last_yield = next((t for t in yields if not t.detail.startswith(FIRST_SLEEP)), yields[0] if yields else None)
+        last_yield = next((t for t in yields if FIRST_SLEEP not in t.detail), yields[0] if yields else None)
         last_wake = self.journal.last("tenant_reclaim")
         latest = self.journal.last("tenant_yield", ok=None)  # a ladder's kill ends a yield that failed
         return {**self.record.to_dict(), "footprint": self.footprint, "wedged": sorted(self.wedged),
