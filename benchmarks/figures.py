@@ -162,23 +162,30 @@ def valleys_h200() -> str:
     return valleys.table(valleys.row(data["solo"], shared, "even", "park"))
 
 
+def _valley_rows(folder: Path, parts: tuple[tuple[str, str | None], ...]) -> list[dict[str, Any]]:
+    """valleys.py's rows for each ``(part, label)`` of ``folder``: every time-sliced run recomputed from its timeline,
+    beside its solo run on the same schedule (``label`` replaces the profile's name when given)."""
+    import valleys
+
+    from timeslice_verl.tools import analysis
+
+    rows = []
+    for part, label in parts:
+        data = json.loads((folder / part / "valleys.json").read_text())
+        for run in data["runs"]:
+            shared = analysis.summary(analysis.load(folder / part / run["profile"] / run["mode"] / "run.jsonl"))
+            shared |= {k: run["interleave"][k] for k in ("step_s_median", "batch", "worker_data_intact", "parked_gib_max",
+                                                         "steps_detail", "swaps") if k in run["interleave"]}
+            rows.append(valleys.row(run["solo"], shared, label or run["profile"], run["mode"]))
+    return rows
+
+
 def valleys_round5_h200() -> str:
     """benchmarks/valleys.py on one H200 with a real vLLM 0.24 tenant (2026-12-01, after the resident swap):
     each time-sliced run recomputed from its timeline, beside its solo run on the same schedule."""
     import valleys
 
-    from timeslice_verl.tools import analysis
-
-    folder = RESULTS / "2026-12-01-h200-valleys-round5"
-    rows = []
-    for part in ("v-even", "v-ckpt"):
-        data = json.loads((folder / part / "valleys.json").read_text())
-        for run in data["runs"]:
-            shared = analysis.summary(analysis.load(folder / part / run["profile"] / run["mode"] / "run.jsonl"))
-            shared |= {k: run["interleave"][k] for k in ("step_s_median", "batch", "worker_data_intact", "parked_gib_max",
-                                                         "steps_detail")}
-            rows.append(valleys.row(run["solo"], shared, run["profile"], run["mode"]))
-    return valleys.table(rows)
+    return valleys.table(_valley_rows(RESULTS / "2026-12-01-h200-valleys-round5", (("v-even", None), ("v-ckpt", None))))
 
 
 def valleys_round6_h200() -> str:
@@ -186,19 +193,9 @@ def valleys_round6_h200() -> str:
     garbage collection at every release, then only when it can free GPU memory), fleet and longtail."""
     import valleys
 
-    from timeslice_verl.tools import analysis
-
-    folder = RESULTS / "2026-12-01-h200-valleys-round6"
-    rows = []
-    for part, label in (("v-even-first", "even (first run: gc at every release)"), ("v-even", "even"),
-                        ("v-fleet", "fleet"), ("v-longtail", "longtail")):
-        data = json.loads((folder / part / "valleys.json").read_text())
-        for run in data["runs"]:
-            shared = analysis.summary(analysis.load(folder / part / run["profile"] / run["mode"] / "run.jsonl"))
-            shared |= {k: run["interleave"][k] for k in ("step_s_median", "batch", "worker_data_intact", "parked_gib_max",
-                                                         "steps_detail", "swaps")}
-            rows.append(valleys.row(run["solo"], shared, label, run["mode"]))
-    return valleys.table(rows)
+    return valleys.table(_valley_rows(RESULTS / "2026-12-01-h200-valleys-round6", (
+        ("v-even-first", "even (first run: gc at every release)"), ("v-even", "even"), ("v-fleet", "fleet"),
+        ("v-longtail", "longtail"))))
 
 
 TABLES: dict[str, Callable[[], str]] = {

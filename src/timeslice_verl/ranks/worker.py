@@ -15,7 +15,7 @@ import os
 import socket
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from timeslice_verl.log import get_logger
 
@@ -45,16 +45,18 @@ _COLLECTED_AT: list[int | None] = [None]
 _NVML_HANDLES: dict[int, Any] = {}
 
 
-def collect_if_grown(live: int | None) -> bool:
-    """A full ``gc.collect`` only when it can free GPU memory: the first time, and whenever the GPU bytes live grew
-    since the last one (only then can reference cycles hold tensors). A full collection takes 120 ms in a process
-    that imported torch (2 cores, 2026-12-01) and more in a verl worker: every release paid it for nothing in a
-    steady training loop. Without CUDA there is nothing to compare: always."""
-    last = _COLLECTED_AT[0]
+def collect_if_grown(allocated: Callable[[], int] | None) -> bool:
+    """A full ``gc.collect`` only when it can free GPU memory: the first time, and whenever the GPU bytes live
+    (``allocated()``) grew since the last one (only then can reference cycles hold tensors). A full collection takes
+    120 ms in a process that imported torch (2 cores, 2026-12-01) and more in a verl worker: every release paid it
+    for nothing in a steady training loop. Without CUDA (None) there is nothing to compare: always."""
+    live, last = (allocated() if allocated else None), _COLLECTED_AT[0]
     if live is not None and last is not None and live <= last:
         _COLLECTED_AT[0] = live  # less live than after the last collection: growth counts from here
         return False
     gc.collect()
+    if allocated is not None:
+        _COLLECTED_AT[0] = allocated()
     return True
 
 
@@ -77,7 +79,7 @@ def release_caches_here() -> dict[str, Any]:
         report["reserved_before"] = int(torch.cuda.memory_reserved())
     if pool is not None:
         report["cupy_before"] = int(pool.total_bytes())
-    report["collected"] = collect_if_grown(report.get("live_before"))  # tensors only cycles keep alive go first
+    report["collected"] = collect_if_grown(torch.cuda.memory_allocated if cuda_ready else None)  # cycles' tensors go
     if cuda_ready:
         torch.cuda.empty_cache()
         clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
@@ -85,8 +87,6 @@ def release_caches_here() -> dict[str, Any]:
             clear_workspaces()
         report["live_after"] = int(torch.cuda.memory_allocated())
         report["reserved_after"] = int(torch.cuda.memory_reserved())
-        if report["collected"]:
-            _COLLECTED_AT[0] = report["live_after"]
     if pool is not None:
         pool.free_all_blocks()
         report["cupy_after"] = int(pool.total_bytes())
