@@ -131,8 +131,8 @@ class TenantLoad:
         from timeslice_verl.demo.procs import start_batch_service
 
         out.mkdir(parents=True, exist_ok=True)
-        self.service, service_url = start_batch_service(out, None, url, concurrency)
-        self.batch = DemoBatch(service_url, url, out, lines=50000, max_tokens=64).submit()
+        self.service, service_url, key = start_batch_service(out, None, url, concurrency)
+        self.batch = DemoBatch(service_url, key, url, out, lines=50000, max_tokens=64).submit()
 
     def counts(self) -> dict[str, int]:
         fig = self.batch.client.figures(self.batch.id)

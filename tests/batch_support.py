@@ -45,9 +45,11 @@ class BatchServiceProc:
     def __init__(self, tmp: Path, tenant_url: str, *, agent_socket: Path | None = None, extra: tuple[str, ...] = ()) -> None:
         self.tmp, self.port = tmp, free_port()
         self.db = tmp / "batch.sqlite"
+        self.key_file = tmp / "batch.key"
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = [PY, "-m", "timeslice_verl", "--log-level", "DEBUG", "batch", "serve",
                      "--set", f"timeslice.batch.port={self.port}", "--set", f"timeslice.batch.db={self.db}",
+                     "--set", f"timeslice.batch.key_file={self.key_file}",
                      "--set", f"timeslice.batch.tenant_url={tenant_url}", "--set", "timeslice.batch.poll_s=0.05",
                      "--set", f"timeslice.batch.follow_agent={'true' if agent_socket else 'false'}",
                      *(["--set", f"timeslice.agent.socket={agent_socket}"] if agent_socket else []),
@@ -71,11 +73,20 @@ class BatchServiceProc:
         except httpx.HTTPError:
             return False
 
+    @property
+    def key(self) -> str:
+        """The key the service made at its first start (a client's ``--api-key``)."""
+        return self.key_file.read_text().strip()
+
+    def http(self, timeout: float = 60) -> httpx.Client:
+        """A client that sends the service's key."""
+        return httpx.Client(base_url=self.url, timeout=timeout, headers={"Authorization": f"Bearer {self.key}"})
+
     def log(self) -> str:
         return "\n".join(p.read_text() for p in sorted(self.tmp.glob("batch-*.log")))
 
     def get(self, path: str) -> Any:
-        resp = httpx.get(f"{self.url}{path}", timeout=30)
+        resp = httpx.get(f"{self.url}{path}", timeout=30, headers={"Authorization": f"Bearer {self.key}"})
         resp.raise_for_status()
         return resp.json()
 

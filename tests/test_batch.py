@@ -181,7 +181,7 @@ def test_the_openai_python_client_creates_polls_and_downloads_a_batch(tmp_path, 
     service = BatchServiceProc(tmp_path, vllm.url).start()
     procs.append(service)
     ids = write_requests(tmp_path / "in.jsonl", 40, endpoint=CHAT)
-    client = openai.OpenAI(base_url=f"{service.url}/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=f"{service.url}/v1", api_key=service.key, max_retries=0)
     with (tmp_path / "in.jsonl").open("rb") as f:
         upload = client.files.create(file=f, purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint=CHAT, completion_window="24h",
@@ -201,16 +201,16 @@ def test_the_cli_submits_follows_and_downloads(tmp_path, procs, vllm):
     service = BatchServiceProc(tmp_path, vllm.url).start()
     procs.append(service)
     write_requests(tmp_path / "in.jsonl", 20)
-    submitted = run_cli("batch", "submit", str(tmp_path / "in.jsonl"), "--url", service.url)
+    submitted = run_cli("batch", "submit", str(tmp_path / "in.jsonl"), "--url", service.url, "--api-key", service.key)
     assert submitted.exit_code == 0, submitted.output
     bid = submitted.output.splitlines()[0]
     assert "completed" in submitted.output and "20/20 done" in submitted.output
-    got = run_cli("batch", "results", bid, "-o", str(tmp_path / "out.jsonl"), "--url", service.url)
+    got = run_cli("batch", "results", bid, "-o", str(tmp_path / "out.jsonl"), "--url", service.url, "--api-key", service.key)
     assert got.exit_code == 0 and "20 answer(s)" in got.output
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 20
-    missing = run_cli("batch", "status", "batch_nope", "--url", service.url)
+    missing = run_cli("batch", "status", "batch_nope", "--url", service.url, "--api-key", service.key)
     assert missing.exit_code == 1 and "no batch 'batch_nope'" in missing.output
-    down = run_cli("batch", "status", "--url", "http://127.0.0.1:9")
+    down = run_cli("batch", "status", "--url", "http://127.0.0.1:9", "--api-key", "k" * 20)
     assert down.exit_code == 1 and "no batch service answers" in down.output
 
 

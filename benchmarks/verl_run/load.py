@@ -43,9 +43,9 @@ def main() -> int:
             break
         time.sleep(1)
     out = Path(args.out).resolve().parent
-    service, service_url = start_batch_service(out, None, args.url, args.clients)
+    service, service_url, key = start_batch_service(out, None, args.url, args.clients)
     try:
-        batch = DemoBatch(service_url, args.url, out, lines=args.lines, max_tokens=64).submit()
+        batch = DemoBatch(service_url, key, args.url, out, lines=args.lines, max_tokens=64).submit()
         logging.info("tenant answers after %.0f s; batch %s submitted", time.monotonic() - t0, batch.id)
         started = time.monotonic()
         while time.monotonic() - started < args.max_s and not (args.stop_file and os.path.exists(args.stop_file)):

@@ -93,7 +93,7 @@ def test_every_line_of_a_batch_is_answered_exactly_once_through_handoffs_and_fau
     ids = write_requests(tmp_path / "in.jsonl", LINES, max_tokens=lambda i: 4 + i % 29)
     with agent.client() as trainer:
         trainer.acquire("job-a")  # the trainer computes first: nothing goes out until its first valley
-        with httpx.Client(base_url=service.url, timeout=60) as http:
+        with service.http() as http:
             fid = http.post("/v1/files", files={"file": ("in.jsonl", (tmp_path / "in.jsonl").read_bytes())},
                             data={"purpose": "batch"}).json()["id"]
             bid = http.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/completions",
@@ -112,7 +112,7 @@ def test_every_line_of_a_batch_is_answered_exactly_once_through_handoffs_and_fau
 
     summary = service.get("/timeslice/summary")
     batch = service.get(f"/v1/batches/{bid}")
-    out = httpx.get(f"{service.url}/v1/files/{batch['output_file_id']}/content", timeout=60).text.splitlines()
+    out = service.http().get(f"/v1/files/{batch['output_file_id']}/content").text.splitlines()
     answers = [json.loads(line) for line in out]
     seen = collections.Counter(a["custom_id"] for a in answers)
     assert handoffs >= 20 and batch["status"] == "completed"

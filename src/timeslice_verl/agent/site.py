@@ -13,6 +13,7 @@ import stat
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from timeslice_verl import private
 from timeslice_verl.agent import protocol
 from timeslice_verl.agent.host import BACKLOG, AgentStartError
 from timeslice_verl.log import get_logger
@@ -23,26 +24,18 @@ log = get_logger("agent")
 def private_directory(path: Path, key: str) -> None:
     """Create ``path`` (0700) or check that it is the agent's user's and not writable by others; raise
     :class:`AgentStartError` naming ``key`` otherwise."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = path.stat()
-    if st.st_uid != os.getuid():
-        raise AgentStartError(f"{key}: directory {path} belongs to uid {st.st_uid}, not to you")
-    if st.st_mode & 0o022:
-        raise AgentStartError(f"{key}: directory {path} is writable by others; use a private directory")
+    try:
+        private.private_directory(path, key)
+    except private.NotPrivate as exc:
+        raise AgentStartError(str(exc)) from None
 
 
 def private_file(path: Path, key: str) -> None:
     """An existing file the agent reads back (its state): the agent's user's and writable by nobody else."""
     try:
-        st = path.lstat()
-    except FileNotFoundError:
-        return
-    if stat.S_ISLNK(st.st_mode):
-        raise AgentStartError(f"{key}: {path} is a symbolic link; give the file's own path")
-    if st.st_uid != os.getuid():
-        raise AgentStartError(f"{key}: {path} belongs to uid {st.st_uid}, not to you: the agent will not act on it")
-    if st.st_mode & 0o022:
-        raise AgentStartError(f"{key}: {path} is writable by others: the agent will not act on it")
+        private.private_file(path, key)
+    except private.NotPrivate as exc:
+        raise AgentStartError(str(exc)) from None
 
 
 class UnixSite:

@@ -22,9 +22,9 @@ class BatchClientError(RuntimeError):
 
 
 class BatchClient:
-    def __init__(self, url: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, url: str, api_key: str, timeout_s: float = 60.0) -> None:
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        self.http = httpx.Client(base_url=self.url, timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"})
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator
 
 import httpx
 
+from timeslice_verl.batch.auth import RequireKey, service_key
 from timeslice_verl.batch.feeder import Feeder, Gate
 from timeslice_verl.batch.store import OPEN, Store
 from timeslice_verl.config.schema import TimesliceSettings, socket_path
@@ -79,11 +80,15 @@ class Service:
         self.app = make_app(self.store, models=Models(self.url), kick=self.feeder.kick, summary=self.summary,
                             metrics=self.metrics.render, max_file_bytes=int(b.max_file_mb * 2**20))
         self.app.router.lifespan_context = self._lifespan
+        key, self.key_source = service_key(b.key_file)
+        self.asgi = RequireKey(self.app, key)
+        """What uvicorn serves: the app behind its key."""
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Any) -> AsyncIterator[None]:
         task = asyncio.create_task(self.feeder.run(), name="batch-feeder")
-        log.info("batch: feeding %s (gate: %s), state in %s", self.url, self.gate.source, self.store.path)
+        log.info("batch: feeding %s (gate: %s), state in %s, key in %s", self.url, self.gate.source, self.store.path,
+                 self.key_source)
         try:
             yield
         finally:
@@ -109,7 +114,7 @@ def serve(settings: TimesliceSettings) -> None:
     import uvicorn
 
     service = Service(settings)
-    uvicorn.run(service.app, host=settings.batch.host, port=settings.batch.port, log_level="warning",
+    uvicorn.run(service.asgi, host=settings.batch.host, port=settings.batch.port, log_level="warning",
                 timeout_graceful_shutdown=10)
 
 

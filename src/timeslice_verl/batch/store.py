@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
 import sqlite3
 import threading
@@ -18,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+
+from timeslice_verl.private import NotPrivate, create_private, private_file
 
 SCHEMA_VERSION = 1
 SCHEMA = """
@@ -53,6 +56,16 @@ class Line:
     endpoint: str
 
 
+def _private_db(path: Path) -> None:
+    """The database holds every prompt and answer: in a directory only its user writes, readable by nobody else."""
+    try:
+        create_private(path, "timeslice.batch.db")  # an empty file is an empty SQLite database
+        private_file(path, "timeslice.batch.db")
+        os.chmod(path, 0o600)  # one of ours made before the service was private
+    except NotPrivate as exc:
+        raise StoreError(str(exc)) from None
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
@@ -62,7 +75,7 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _private_db(path)
         self._lock = threading.RLock()
         try:
             self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)

@@ -197,6 +197,10 @@ class BatchSettings:
     port: int = 8090
     db: str = ""
     """Its SQLite file; empty: ``$XDG_STATE_HOME/timeslice-verl/batch.sqlite`` (``~/.local/state/…``)."""
+    key_file: str = ""
+    """The service's API key (``Authorization: Bearer KEY``), made 0600 at its first start and read by ``batch
+    submit|status|results|cancel``; empty: ``batch.key`` beside the default database. ``TIMESLICE_BATCH_API_KEY``
+    in the environment takes its place (a Kubernetes Secret)."""
     tenant_url: str = ""
     """The vLLM it feeds; empty: ``timeslice.tenant.url``."""
     follow_agent: bool = True

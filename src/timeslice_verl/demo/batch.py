@@ -40,8 +40,8 @@ def write_input(path: Path, lines: int, model: str, max_tokens: int) -> Path:
 
 
 class DemoBatch:
-    def __init__(self, service_url: str, tenant_url: str, out: Path, *, lines: int, max_tokens: int) -> None:
-        self.client, self.out = BatchClient(service_url), out
+    def __init__(self, service_url: str, api_key: str, tenant_url: str, out: Path, *, lines: int, max_tokens: int) -> None:
+        self.client, self.out = BatchClient(service_url, api_key), out
         self.tenant_url, self.lines, self.max_tokens = tenant_url, lines, max_tokens
         self.id = ""
 

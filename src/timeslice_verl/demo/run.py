@@ -154,9 +154,9 @@ def _start_node(opts: DemoOptions, out: Path, backend: str, node: Node) -> None:
     else:
         node.tenant, _, node.tenant_kind = start_tenant(out, node.socket, opts.vllm_model, port, opts.vllm_args)
     wait_tenant_warm(node.socket)
-    node.service, service_url = start_batch_service(out, node.socket, node.tenant_url, opts.clients)
+    node.service, service_url, key = start_batch_service(out, node.socket, node.tenant_url, opts.clients)
     tokens = opts.max_tokens or (48 if backend == "cuda" else 24)
-    node.batch = DemoBatch(service_url, node.tenant_url, out, lines=opts.batch_lines, max_tokens=tokens).submit()
+    node.batch = DemoBatch(service_url, key, node.tenant_url, out, lines=opts.batch_lines, max_tokens=tokens).submit()
     if opts.wedge_at:
         node.stop_tenant = TenantStop(node.socket, opts.wedge_at)
 

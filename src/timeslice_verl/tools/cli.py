@@ -152,11 +152,23 @@ def _batch_summary(settings: Any) -> dict[str, Any] | None:
     """The node's batch service's summary, if one answers at timeslice.batch.host:port."""
     import httpx
 
+    from timeslice_verl.batch.auth import NoKey, client_key, key_file
+
     host = f"[{settings.batch.host}]" if ":" in settings.batch.host else settings.batch.host
     try:
-        resp = httpx.get(f"http://{host}:{settings.batch.port}/timeslice/summary", timeout=2)
-        return resp.json() if resp.is_success else None
-    except (httpx.HTTPError, ValueError):
+        key = client_key(settings.batch.key_file)
+    except NoKey as exc:
+        key, why = "", str(exc)
+    try:
+        resp = httpx.get(f"http://{host}:{settings.batch.port}/timeslice/summary", timeout=2,
+                         headers={"Authorization": f"Bearer {key}"} if key else {})
+    except httpx.HTTPError:
+        return None
+    if resp.status_code == 401:
+        return {"error": why if not key else f"the service refused the key in {key_file(settings.batch.key_file)}"}
+    try:
+        return {**resp.json(), "key_file": str(key_file(settings.batch.key_file))} if resp.is_success else None
+    except ValueError:
         return None
 
 

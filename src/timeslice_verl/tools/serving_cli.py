@@ -30,11 +30,21 @@ SET = click.option("--set", "overrides", multiple=True, metavar="timeslice.KEY=V
 URL = click.option("--url", default="", help="The batch service (default: http://timeslice.batch.host:port).")
 
 
-def _client(url: str, overrides: tuple[str, ...]):
+KEY = click.option("--api-key", default="", metavar="KEY", help="The service's key (default: TIMESLICE_BATCH_API_KEY, "
+                   "else the file timeslice.batch.key_file the service made).")
+
+
+def _client(url: str, overrides: tuple[str, ...], api_key: str = ""):
+    from timeslice_verl.batch.auth import NoKey, client_key
     from timeslice_verl.batch.client import BatchClient
 
     b = _settings(overrides).batch
-    return BatchClient(url or f"http://{b.host}:{b.port}")
+    try:
+        key = client_key(b.key_file, api_key)
+    except NoKey as exc:
+        raise click.ClickException(str(exc)) from None
+    host = f"[{b.host}]" if ":" in b.host else b.host
+    return BatchClient(url or f"http://{host}:{b.port}", key)
 
 
 def _fail(exc: Exception) -> click.ClickException:
@@ -65,12 +75,13 @@ def serve_cmd(overrides: tuple[str, ...]) -> None:
 @click.option("--endpoint", default="", help="Default: the url of the file's first request.")
 @click.option("--no-wait", is_flag=True, help="Print the batch id and return.")
 @URL
+@KEY
 @SET
-def submit_cmd(path: Path, endpoint: str, no_wait: bool, url: str, overrides: tuple[str, ...]) -> None:
+def submit_cmd(path: Path, endpoint: str, no_wait: bool, url: str, api_key: str, overrides: tuple[str, ...]) -> None:
     """Upload a JSONL file of requests and create a batch; then show its progress (lines done, rate, ETA)."""
     from timeslice_verl.batch.client import BatchClientError, describe, endpoint_of, follow
 
-    client = _client(url, overrides)
+    client = _client(url, overrides, api_key)
     try:
         batch = client.create(client.upload(path)["id"], endpoint or endpoint_of(path))
         click.echo(batch["id"])
@@ -86,12 +97,13 @@ def submit_cmd(path: Path, endpoint: str, no_wait: bool, url: str, overrides: tu
 @click.argument("batch_id", required=False)
 @click.option("--json", "as_json", is_flag=True)
 @URL
+@KEY
 @SET
-def status_cmd(batch_id: str | None, as_json: bool, url: str, overrides: tuple[str, ...]) -> None:
+def status_cmd(batch_id: str | None, as_json: bool, url: str, api_key: str, overrides: tuple[str, ...]) -> None:
     """One batch, or the latest ones."""
     from timeslice_verl.batch.client import BatchClientError, describe
 
-    client = _client(url, overrides)
+    client = _client(url, overrides, api_key)
     try:
         batches = [client.get(batch_id)] if batch_id else client.list()
     except BatchClientError as exc:
@@ -101,16 +113,19 @@ def status_cmd(batch_id: str | None, as_json: bool, url: str, overrides: tuple[s
 
 @batch_group.command("results")
 @click.argument("batch_id")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where the answers go (default: BATCH_ID.jsonl here).")
 @click.option("--errors", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the error file (default: OUTPUT with .errors.jsonl).")
 @URL
+@KEY
 @SET
-def results_cmd(batch_id: str, output: Path, errors: Path | None, url: str, overrides: tuple[str, ...]) -> None:
+def results_cmd(batch_id: str, output: Path | None, errors: Path | None, url: str, api_key: str, overrides: tuple[str, ...]) -> None:
     """Download a batch's output (and error) file."""
     from timeslice_verl.batch.client import BatchClientError
 
-    client = _client(url, overrides)
+    client = _client(url, overrides, api_key)
+    output = output or Path(f"{batch_id}.jsonl")
     try:
         batch = client.get(batch_id)
         if batch["status"] not in ("completed", "cancelled", "expired", "failed"):
@@ -127,15 +142,28 @@ def results_cmd(batch_id: str, output: Path, errors: Path | None, url: str, over
 @batch_group.command("cancel")
 @click.argument("batch_id")
 @URL
+@KEY
 @SET
-def cancel_cmd(batch_id: str, url: str, overrides: tuple[str, ...]) -> None:
+def cancel_cmd(batch_id: str, url: str, api_key: str, overrides: tuple[str, ...]) -> None:
     """Cancel a batch: what was not sent yet goes to its error file as cancelled."""
     from timeslice_verl.batch.client import BatchClientError, describe
 
     try:
-        click.echo(describe(_client(url, overrides).cancel(batch_id)))
+        click.echo(describe(_client(url, overrides, api_key).cancel(batch_id)))
     except BatchClientError as exc:
         raise _fail(exc) from None
+
+
+@batch_group.command("key")
+@SET
+def key_cmd(overrides: tuple[str, ...]) -> None:
+    """Print the service's API key (for the OpenAI client: OPENAI_API_KEY=$(timeslice-verl batch key))."""
+    from timeslice_verl.batch.auth import NoKey, client_key
+
+    try:
+        click.echo(client_key(_settings(overrides).batch.key_file))
+    except NoKey as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @click.group("tenant")

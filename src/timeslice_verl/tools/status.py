@@ -72,6 +72,8 @@ def _tenant_lines(tenant: dict[str, Any] | None, ladder: dict[str, Any]) -> list
 
 def render_batch(summary: dict[str, Any]) -> str:
     """The node's batch service (its ``/timeslice/summary``): lines by state, the open batches' progress."""
+    if summary.get("error"):
+        return f"batch service: {clean(summary['error'])}"
     lines, gate = summary.get("lines") or {}, summary.get("gate") or {}
     rate = summary.get("tokens_per_s_open")
     out = [f"batch service: feeding {clean(summary.get('tenant', '?'))} — "
@@ -79,6 +81,8 @@ def render_batch(summary: dict[str, Any]) -> str:
            f"lines queued {lines.get('queued', 0)}, in flight {lines.get('inflight', 0)}, completed {lines.get('done', 0)}, "
            f"retried {lines.get('retried', 0)}, failed {lines.get('failed', 0)}"
            + (f"; {rate:.0f} tokens/s while the tenant had the GPU" if rate else "")]
+    if summary.get("key_file"):
+        out.append(f"  API key: {clean(summary['key_file'])} (timeslice-verl batch key prints it)")
     for b in summary.get("open_batches") or []:
         done = b.get("completed", 0) + b.get("failed", 0)
         out.append(f"  {clean(b['id'])}  {b['status']:11} {done}/{b['total']} ({done / max(1, b['total']) * 100:.0f} %), "

@@ -1,0 +1,99 @@
+"""The batch service's key: every call but ``/health`` carries ``Authorization: Bearer KEY`` (as the OpenAI client
+sends it), so the prompts and answers of a batch are its user's alone — the agent's socket checks its caller the
+same way.
+
+The key is made at the service's first start into a file only its user can read (``timeslice.batch.key_file``)
+and read back by ``timeslice-verl batch …``; ``TIMESLICE_BATCH_API_KEY`` replaces the file (a Kubernetes Secret,
+another user given the key).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from timeslice_verl.private import NotPrivate, create_private, private_file
+
+KEY_ENV = "TIMESLICE_BATCH_API_KEY"
+OPEN_PATHS = frozenset({"/health"})
+"""Answered without a key: a readiness probe learns only that the service is up."""
+
+
+class NoKey(NotPrivate):
+    """No key can be had: the file is missing (the service never started here) or not private."""
+
+
+def default_key_file() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "timeslice-verl" / "batch.key"
+
+
+def key_file(setting: str) -> Path:
+    return Path(setting).expanduser() if setting else default_key_file()
+
+
+def _valid(key: str, where: str) -> str:
+    key = key.strip()
+    if len(key) < 16 or not key.isprintable() or " " in key:
+        raise NoKey(f"{where}: the key must be at least 16 printable characters without spaces")
+    return key
+
+
+def service_key(setting: str) -> tuple[str, str]:
+    """The key the service requires, and where it came from: the environment, or the file (made on first use)."""
+    if os.environ.get(KEY_ENV):
+        return _valid(os.environ[KEY_ENV], KEY_ENV), KEY_ENV
+    path = key_file(setting)
+    create_private(path, "timeslice.batch.key_file", (secrets.token_urlsafe(32) + "\n").encode())
+    private_file(path, "timeslice.batch.key_file", readable_by_others=False)
+    return _valid(path.read_text(), str(path)), str(path)
+
+
+def client_key(setting: str, given: str = "") -> str:
+    """The key a client sends: ``--api-key``, else the environment, else the service's file."""
+    if given:
+        return _valid(given, "--api-key")
+    if os.environ.get(KEY_ENV):
+        return _valid(os.environ[KEY_ENV], KEY_ENV)
+    path = key_file(setting)
+    try:
+        if not private_file(path, "timeslice.batch.key_file", readable_by_others=False):
+            raise NoKey(f"no batch service key in {path}: start `timeslice-verl batch serve` once on this machine "
+                            f"(it makes the key), or give it with --api-key or {KEY_ENV}")
+        return _valid(path.read_text(), str(path))
+    except PermissionError:
+        raise NoKey(f"{path}: not readable by you; give the key with --api-key or {KEY_ENV}") from None
+    except NoKey:
+        raise
+    except NotPrivate as exc:
+        raise NoKey(str(exc)) from None
+
+
+class RequireKey:
+    """ASGI middleware: 401 in OpenAI's error shape unless the request carries the key (compared in constant time)."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app, self._expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+        if hmac.compare_digest(given, self._expected):
+            await self.app(scope, receive, send)
+            return
+        what = "a wrong API key" if given else "no API key"
+        body = ('{"error": {"message": "%s: send Authorization: Bearer KEY (the key is in the service\'s '
+                'timeslice.batch.key_file, or TIMESLICE_BATCH_API_KEY)", "type": "invalid_request_error", '
+                '"param": null, "code": "invalid_api_key"}}' % what).encode()
+        await send({"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"www-authenticate", b"Bearer")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+__all__ = ["KEY_ENV", "NoKey", "RequireKey", "client_key", "default_key_file", "key_file", "service_key"]
