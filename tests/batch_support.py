@@ -105,14 +105,15 @@ class BatchServiceProc:
 class SupervisorProc:
     """``timeslice-verl tenant run -- <the stand-in vLLM>`` on a fixed port, registering with the agent at ``socket``."""
 
-    def __init__(self, tmp: Path, socket_path: Path, *fake_args: str) -> None:
-        self.port = free_port()
+    def __init__(self, tmp: Path, socket_path: Path, *fake_args: str, port: int | None = None,
+                 sup_args: tuple[str, ...] = (), name: str = "supervisor") -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items() if k != "TIMESLICE_TENANT"}
-        self._log = open(tmp / "supervisor.log", "w")
-        self.log_path = tmp / "supervisor.log"
+        env = {k: v for k, v in os.environ.items() if k not in ("TIMESLICE_TENANT", "TIMESLICE_TENANT_SUPERVISOR")}
+        self.log_path = tmp / f"{name}.log"
+        self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [PY, "-m", "timeslice_verl", "--log-level", "DEBUG", "tenant", "run", "--backoff-max-s", "2",
+            [PY, "-m", "timeslice_verl", "--log-level", "DEBUG", "tenant", "run", "--backoff-max-s", "2", *sup_args,
              "--set", f"timeslice.agent.socket={socket_path}", "--",
              PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", str(self.port), *fake_args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env)

@@ -7,7 +7,10 @@ it waits until the GPU has the memory vLLM will ask for (``--gpu-memory-utilizat
 while the trainer holds the GPU does not fail vLLM's check and crash-loop. Once the server answers ``/health`` it
 registers it with the node's agent, saying how often it was restarted and why, which ``timeslice-verl status``
 shows. A server that exits — a crash, the ladder's kill — is started again after a backoff (1 s doubling, at most
-``--backoff-max-s``; a run that lasted 10 minutes resets it). SIGTERM stops the server and the supervisor.
+``--backoff-max-s``; a run that lasted 10 minutes resets it), and so is one that does not answer within
+``--start-timeout-s``. The tenant's processes are one unit (:mod:`timeslice_verl.tenant.process`): stopped together
+when the server exits or the supervisor gets SIGTERM, bound to the supervisor's life, and any an earlier,
+killed supervisor left behind are stopped before the first start; a port another process serves is refused.
 
 ``--gpu auto`` starts vLLM on the GPU the agent sees the job's processes on (the Kubernetes DaemonSet's way: no GPU
 index written down); ``--gpu N`` on that one; by default where ``CUDA_VISIBLE_DEVICES`` says.
@@ -21,15 +24,19 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from timeslice_verl.log import get_logger
+from timeslice_verl.tenant import process
 
 log = get_logger("tenant")
 
 STABLE_S = 600.0
 """A server that ran this long before it exited restarts after the shortest backoff again."""
 MEMORY_MARGIN_BYTES = 512 * 2**20
+STOP_GRACE_S = 30.0
+"""How long the tenant's processes have after SIGTERM before SIGKILL."""
 
 
 @dataclass
@@ -39,6 +46,10 @@ class TenantCommand:
     argv: list[str]
     url: str
     gpu_utilization: float = 0.9
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
 
     @classmethod
     def parse(cls, argv: list[str]) -> TenantCommand:
@@ -87,6 +98,9 @@ class Supervisor:
     register_url: str = ""
     """The URL the agent reaches the server at (its own pod's loopback is not the agent's: in Kubernetes the
     node-local Service, the URL the agent was started with); empty: the command's own."""
+    lock_path: Path | None = None
+    """One supervisor per server address: a second one for the same port refuses to start (it would stop the
+    first one's server as an orphan)."""
     restarts: int = 0
     last_exit: str = ""
     exited_at: float = 0.0
@@ -95,7 +109,32 @@ class Supervisor:
     proc: subprocess.Popen | None = None
 
     def run(self) -> int:
-        """Run and bring back the server until stopped (0) or out of restarts (1)."""
+        """Run and bring back the server until stopped (0), out of restarts (1), or its port is another's (2)."""
+        try:
+            lock = process.hold_lock(self.lock_path) if self.lock_path else None
+        except process.Taken as exc:
+            log.error("tenant: %s", exc)
+            return 2
+        try:
+            return self._run()
+        finally:
+            if lock is not None:
+                lock.close()
+
+    def _run(self) -> int:
+        left = process.stop_tenant(self.command.url, STOP_GRACE_S, "left by an earlier supervisor")
+        if left:
+            log.warning("tenant: stopped %d process(es) an earlier supervisor of %s left running", left, self.command.url)
+        if self._answers():
+            log.error("tenant: %s already answers, served by %s that this supervisor did not start: stop it or give "
+                      "the server another --port", self.command.url, self._serving() or "a process not visible to you")
+            return 2
+        try:
+            return self._loop()
+        finally:
+            process.stop_tenant(self.command.url, STOP_GRACE_S, "the supervisor stops")
+
+    def _loop(self) -> int:
         backoff = 1.0
         while not self.stopping.is_set():
             gpu = self._gpu()
@@ -105,13 +144,16 @@ class Supervisor:
                 return 0
             started = time.monotonic()
             self.proc = self._start(gpu)
-            if self._healthy(self.proc):
+            why = self._healthy(self.proc)
+            if not why:
                 self._register(self.proc, time.monotonic() - started)
-            code = self.proc.wait()
+                code = self._wait(self.proc)
+                why = describe_exit(code) if code is not None else ""
             if self.stopping.is_set():
                 return 0
+            process.stop_tenant(self.command.url, STOP_GRACE_S, why)  # what it left: the engine core, its children
             self.exited_at = time.time()
-            self.last_exit = f"{describe_exit(code)} at {time.strftime('%H:%M:%S')}"
+            self.last_exit = f"{why} at {time.strftime('%H:%M:%S')}"
             self.restarts += 1
             log.error("tenant: the server %s (%s restart(s) so far)", self.last_exit, self.restarts)
             if self.max_restarts and self.restarts > self.max_restarts:
@@ -123,19 +165,20 @@ class Supervisor:
         return 0
 
     def stop(self, *_: Any) -> None:
-        """SIGTERM: stop the server (SIGTERM, then SIGKILL after 30 s) and do not start it again."""
+        """SIGTERM: stop every process of the tenant (SIGTERM, SIGKILL after 30 s) and do not start it again."""
         self.stopping.set()
         proc = self.proc
         if proc is not None and proc.poll() is None:
-            proc.terminate()
-            threading.Thread(target=self._kill_later, args=(proc,), daemon=True).start()
+            proc.terminate()  # the rest of the tenant is stopped by ``run`` as it returns
 
-    @staticmethod
-    def _kill_later(proc: subprocess.Popen) -> None:
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    def _wait(self, proc: subprocess.Popen) -> int | None:
+        """The server's exit status; None when the supervisor was stopped first."""
+        while not self.stopping.is_set():
+            try:
+                return proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                continue
+        return None
 
     # ------------------------------------------------------------------ one start
 
@@ -143,26 +186,43 @@ class Supervisor:
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", TIMESLICE_TENANT="1")
         if gpu:
             env["CUDA_VISIBLE_DEVICES"] = gpu
-        proc = subprocess.Popen(self.command.argv, env=env)
+        proc = process.spawn(self.command.argv, env, self.command.url)
         log.info("tenant: started %s (pid %d%s) for %s", self.command.argv[0], proc.pid, f", GPU {gpu}" if gpu else "",
                  self.command.url)
         return proc
 
-    def _healthy(self, proc: subprocess.Popen) -> bool:
-        import httpx
-
+    def _healthy(self, proc: subprocess.Popen) -> str:
+        """Wait until this start's own server answers ``/health``: "" then, else why not (it exited, it did not
+        answer within ``start_timeout_s``, another process answers on its port)."""
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline and not self.stopping.is_set():
             if proc.poll() is not None:
-                return False
-            try:
-                if httpx.get(f"{self.command.url}/health", timeout=2).is_success:
-                    log.info("tenant: %s answers", self.command.url)
-                    return True
-            except httpx.HTTPError:
-                pass
+                return describe_exit(proc.returncode)
+            if self._answers():
+                serving = self._serving()
+                if serving and not serving & process.tree(proc.pid):  # empty: not visible to us, trusted
+                    log.error("tenant: %s answers, but from pid %s, not this supervisor's server (pid %d)",
+                              self.command.url, ", ".join(map(str, sorted(serving))), proc.pid)
+                    return "another process answered on its port"
+                log.info("tenant: %s answers", self.command.url)
+                return ""
             self.stopping.wait(0.5)
-        return False
+        if self.stopping.is_set():
+            return ""
+        log.error("tenant: %s did not answer /health within %.0f s (--start-timeout-s): stopping it to start again",
+                  self.command.url, self.start_timeout_s)
+        return f"not healthy within {self.start_timeout_s:.0f} s"
+
+    def _answers(self) -> bool:
+        import httpx
+
+        try:
+            return httpx.get(f"{self.command.url}/health", timeout=2).is_success
+        except httpx.HTTPError:
+            return False
+
+    def _serving(self) -> set[int]:
+        return process.listeners(self.command.port)
 
     def _register(self, proc: subprocess.Popen, start_s: float) -> None:
         """Tell the agent the server is back (it takes it as its tenant at once, and puts it to sleep if a trainer

@@ -175,12 +175,14 @@ def tenant_group() -> None:
 @click.option("--gpu", default="", help="'auto' (the GPU the agent sees the trainer on), an index or a UUID.")
 @click.option("--max-restarts", default=0, show_default=True, help="Give up after this many restarts (0: never).")
 @click.option("--backoff-max-s", default=60.0, show_default=True)
+@click.option("--start-timeout-s", default=1800.0, show_default=True,
+              help="A server that does not answer /health this long after its start is stopped and started again.")
 @click.option("--no-wait-for-memory", is_flag=True, help="Start at once, even if the GPU has less free than vLLM asks.")
 @click.option("--register-url", default="", metavar="URL",
               help="The URL the agent reaches the server at (Kubernetes: the node-local Service); default: its own.")
 @SET
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def tenant_run(gpu: str, max_restarts: int, backoff_max_s: float, no_wait_for_memory: bool, register_url: str,
+def tenant_run(gpu: str, max_restarts: int, backoff_max_s: float, start_timeout_s: float, no_wait_for_memory: bool, register_url: str,
                overrides: tuple[str, ...], command: tuple[str, ...]) -> None:
     """Start the tenant (after --: vllm serve MODEL …) and bring it back when it dies; the agent takes it back."""
     from timeslice_verl.tenant.supervisor import Supervisor, TenantCommand
@@ -189,12 +191,14 @@ def tenant_run(gpu: str, max_restarts: int, backoff_max_s: float, no_wait_for_me
         cmd = TenantCommand.parse(list(command))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    if max_restarts < 0 or backoff_max_s <= 0:
-        raise click.UsageError("--max-restarts must be >= 0 and --backoff-max-s > 0")
+    if max_restarts < 0 or not 0 < backoff_max_s <= 86400 or not 0 < start_timeout_s <= 86400:
+        raise click.UsageError("--max-restarts must be >= 0; --backoff-max-s and --start-timeout-s in (0, 86400]")
     if register_url and not register_url.startswith(("http://", "https://")):
         raise click.UsageError(f"--register-url {register_url!r} is not an http(s) URL")
-    sup = Supervisor(cmd, agent_socket=str(socket_path(_settings(overrides))), gpu=gpu, max_restarts=max_restarts,
-                     backoff_max_s=backoff_max_s, wait_for_memory=not no_wait_for_memory, register_url=register_url)
+    sock = socket_path(_settings(overrides))
+    sup = Supervisor(cmd, agent_socket=str(sock), gpu=gpu, max_restarts=max_restarts, backoff_max_s=backoff_max_s,
+                     start_timeout_s=start_timeout_s, wait_for_memory=not no_wait_for_memory, register_url=register_url,
+                     lock_path=sock.parent / f"tenant-{cmd.port}.lock")
     signal.signal(signal.SIGTERM, sup.stop)
     signal.signal(signal.SIGINT, sup.stop)
     sys.exit(sup.run())
