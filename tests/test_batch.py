@@ -46,7 +46,7 @@ def _line(cid, url=CHAT, model="m", **extra) -> str:
 ])
 def test_a_bad_line_fails_alone_with_its_line_number_and_why(raw, message):
     lines = parse(f"{_line('ok')}\n{raw}\n".encode(), CHAT, models={"m"})
-    assert lines[0] == ("ok", {"model": "m", "messages": []}, None)
+    assert lines[0] == ("ok", '{"model":"m","messages":[]}', None)
     cid, body, error = lines[1]
     assert body is None and message in error["message"] and error["message"].startswith("line 2: ")
 
@@ -114,7 +114,7 @@ def test_a_state_file_of_another_schema_is_refused_not_overwritten(tmp_path):
     db = sqlite3.connect(tmp_path / "b.sqlite")
     db.execute("PRAGMA user_version=7")
     db.close()
-    with pytest.raises(StoreError, match="has schema 7; this version reads 1"):
+    with pytest.raises(StoreError, match="has schema 7; this version reads 2"):
         Store(tmp_path / "b.sqlite")
 
 

@@ -23,8 +23,9 @@ from batch_support import BatchServiceProc, SupervisorProc, write_requests
 pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
 
 LINES = 5000
-PER_VALLEY = 200
-"""Lines a plain valley lets through before the trainer takes the GPU back (≈ 25 handoffs for the batch)."""
+PER_VALLEY = 100
+"""Lines a plain valley lets through before the trainer takes the GPU back (≈ 50 handoffs for the batch, fewer
+when the feeder overshoots: every fault is injected by handoff 15)."""
 FAULTS = {3: "abort", 7: "ladder kill", 11: "tenant crash", 15: "service kill -9"}
 
 
@@ -79,7 +80,7 @@ def test_every_line_of_a_batch_is_answered_exactly_once_through_handoffs_and_fau
     worker = spawn_worker("job-a")
     procs.append(worker)
     agent_sock = tmp_path / "run" / "agent.sock"
-    tenant = SupervisorProc(tmp_path, agent_sock, "--token-s", "0.004")
+    tenant = SupervisorProc(tmp_path, agent_sock, "--token-s", "0.004", "--max-num-seqs", "16")
     procs.append(tenant)
     agent = AgentProc(tmp_path, tenant_url=tenant.url, extra=(
         "timeslice.tenant.reclaim_deadline_s=4", "timeslice.tenant.probe_interval_s=0.2",
@@ -115,7 +116,7 @@ def test_every_line_of_a_batch_is_answered_exactly_once_through_handoffs_and_fau
     out = service.http().get(f"/v1/files/{batch['output_file_id']}/content").text.splitlines()
     answers = [json.loads(line) for line in out]
     seen = collections.Counter(a["custom_id"] for a in answers)
-    assert handoffs >= 20 and batch["status"] == "completed"
+    assert handoffs > max(FAULTS) and batch["status"] == "completed"
     assert batch["error_file_id"] is None and batch["request_counts"] == {"total": LINES, "completed": LINES, "failed": 0}
     assert set(seen) == set(ids) and max(seen.values()) == 1, "a custom_id is missing or answered twice"
     assert all(a["response"]["body"]["choices"][0]["text"].startswith(f"echo:{a['custom_id']}|") for a in answers)

@@ -116,3 +116,130 @@ def test_a_database_another_user_made_is_refused(tmp_path):
     os.chown(planted, 12345, 12345)
     with pytest.raises(StoreError, match="belongs to uid 12345"):
         Store(planted)
+
+
+# --------------------------------------------------------------------------- items 4-8
+
+
+def test_a_full_database_is_a_json_error_naming_the_cause_and_the_feeder_holds_then_resumes(tmp_path):
+    """Item 4: SQLite's own page limit stands in for a full disk (the same error: database or disk is full)."""
+    import asyncio
+    import sqlite3
+
+    from timeslice_verl.batch.concurrency import Policy
+    from timeslice_verl.batch.feeder import Feeder
+    from timeslice_verl.batch.gate import Gate
+
+    store = Store(tmp_path / "b.sqlite")
+    pages = store.query("PRAGMA page_count")[0][0]
+    store.db.execute(f"PRAGMA max_page_count={pages + 1}")
+    app = make_app(store, models=lambda: {"m"}, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
+                   max_file_bytes=2**20)
+    with TestClient(app) as client:
+        resp = client.post("/v1/files", files={"file": ("in.jsonl", b"x" * 200_000)}, data={"purpose": "batch"})
+    assert resp.status_code == 503 and resp.json()["error"]["code"] == "storage_unavailable"
+    assert "disk is full" in resp.json()["error"]["message"] and str(tmp_path) in resp.json()["error"]["message"]
+
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise sqlite3.OperationalError("database or disk is full")
+        return "written"
+
+    feeder = Feeder(store, "http://127.0.0.1:9", Gate(None), policy=Policy())
+    seen = []
+
+    async def watch() -> str:
+        task = asyncio.ensure_future(feeder._db(flaky))
+        while not task.done():
+            seen.append((feeder.healthy, feeder.problem))
+            await asyncio.sleep(0)
+        return task.result()
+
+    assert asyncio.run(watch()) == "written" and len(calls) == 3
+    assert (False, f"the database {store.path} cannot be written: database or disk is full") in seen
+    assert feeder.healthy and feeder.problem == ""
+    problem = make_app(store, models=lambda: None, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
+                       max_file_bytes=1, problem=lambda: "the database cannot be written: disk full")
+    with TestClient(problem) as client:
+        assert client.get("/health").status_code == 503
+    store.close()
+
+
+@pytest.mark.parametrize("damage", ["header", "truncate", "page"])
+def test_a_damaged_database_is_refused_at_start_naming_its_path(tmp_path, damage):
+    """Item 5: header garbage, a truncated file, a bad page in the middle."""
+    from timeslice_verl.batch.lines import parse
+
+    path = tmp_path / "b.sqlite"
+    store = Store(path)
+    body = "\n".join(f'{{"custom_id": "c{i}", "url": "/v1/completions", "body": {{"model": "m", "prompt": "{"x" * 400}"}}}}'
+                     for i in range(400))
+    store.create_batch("/v1/completions", "f", 86400, "24h", None, parse(body.encode(), "/v1/completions"))
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    data = bytearray(path.read_bytes())
+    if damage == "header":
+        data[:16] = b"not a database!!"
+    elif damage == "truncate":
+        data = data[: len(data) // 3]
+    else:
+        page = 4096
+        middle = (len(data) // page // 2) * page
+        data[middle:middle + page] = bytes(range(256)) * (page // 256)
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=f"timeslice.batch.db: {path} cannot be used"):
+        Store(path)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ('{"custom_id": "a\\ud800", "url": "/v1/completions", "body": {"model": "m"}}', "custom_id holds a lone surrogate"),
+    ('{"custom_id": "a", "url": "/v1/completions", "body": {"model": "m", "prompt": "\\udfff"}}', "body holds a lone"),
+    ('{"custom_id": "a", "url": "/v1/completions", "body": {"model": "m", "temperature": NaN}}', "NaN is not a JSON"),
+    ('{"custom_id": "a", "url": "/v1/completions", "body": {"model": "m", "top_p": Infinity}}', "Infinity is not a JSON"),
+])
+def test_a_line_no_server_could_read_fails_at_upload_alone_and_the_batch_ends(tmp_path, raw, message):
+    """Item 6: accepted but never sendable, it used to stay in flight for ever."""
+    store = Store(tmp_path / "b.sqlite")
+    app = make_app(store, models=lambda: {"m"}, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
+                   max_file_bytes=2**20)
+    good = '{"custom_id": "ok", "url": "/v1/completions", "body": {"model": "m"}}'
+    with TestClient(app) as client:
+        fid = client.post("/v1/files", files={"file": ("in.jsonl", f"{raw}\n{good}\n".encode())},
+                          data={"purpose": "batch"}).json()["id"]
+        batch = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/completions",
+                                                 "completion_window": "24h"}).json()
+        assert batch["request_counts"] == {"total": 2, "completed": 0, "failed": 1}, batch
+        [line] = store.claim(10, now=1e12)
+        store.done(line, {"status_code": 200, "body": {}}, 1)
+        batch = client.get(f"/v1/batches/{batch['id']}").json()
+        assert batch["status"] == "completed"
+        errors = client.get(f"/v1/files/{batch['error_file_id']}/content").text
+    assert message in errors and "line 1: " in errors
+    store.close()
+
+
+def test_with_the_agent_down_no_line_goes_out_and_a_cancel_still_ends_the_batch(tmp_path, procs, vllm):
+    """Items 7 and 8: the gate fails closed without the agent (a sleeping vLLM answers /health too), and settling
+    does not wait for the gate."""
+    from agent_support import eventually
+    from batch_support import BatchServiceProc, write_requests
+
+    service = BatchServiceProc(tmp_path, vllm.url, agent_socket=tmp_path / "run" / "no-agent.sock").start()
+    procs.append(service)
+    eventually(lambda: service.get("/timeslice/summary")["gate"]["source"] == "agent (not answering)",
+               what="the gate sees no agent")
+    write_requests(tmp_path / "in.jsonl", 50)
+    with service.http() as http:
+        fid = http.post("/v1/files", files={"file": ("in.jsonl", (tmp_path / "in.jsonl").read_bytes())},
+                        data={"purpose": "batch"}).json()["id"]
+        bid = http.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/completions",
+                                             "completion_window": "24h"}).json()["id"]
+        assert http.post(f"/v1/batches/{bid}/cancel").status_code == 200
+        batch = eventually(lambda: (b := http.get(f"/v1/batches/{bid}").json())["status"] == "cancelled" and b,
+                           what="the cancel ends the batch")
+    assert batch["request_counts"] == {"total": 50, "completed": 0, "failed": 50}
+    stats = vllm.stats()
+    assert stats["completed"] == 0 and stats["running"] == 0 and stats["waiting"] == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from typing import Any, Callable
 
 from fastapi import FastAPI, File, Form, Request, UploadFile
@@ -47,15 +48,22 @@ def batch_object(store: Store, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_app(store: Store, *, models: Callable[[], set[str] | None], kick: Callable[[], None], summary: Callable[[], dict],
-             metrics: Callable[[], bytes], max_file_bytes: int) -> FastAPI:
-    """The service's app over ``store`` (``models``: what the tenant serves, if known; ``kick``: new lines to send)."""
+             metrics: Callable[[], bytes], max_file_bytes: int, problem: Callable[[], str] = lambda: "") -> FastAPI:
+    """The service's app over ``store`` (``models``: what the tenant serves, if known; ``kick``: new lines to send;
+    ``problem``: why the service cannot do its work now, if it cannot)."""
     app = FastAPI(title="timeslice-verl batch", version="1")
     _files(app, store, max_file_bytes)
     _batches(app, store, models, kick)
 
+    @app.exception_handler(sqlite3.OperationalError)
+    async def storage(request: Request, exc: sqlite3.OperationalError) -> JSONResponse:
+        return refuse(503, f"the batch service's database {store.path} cannot be written: {exc}", None,
+                      "storage_unavailable")
+
     @app.get("/health")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
+    def health() -> Any:
+        why = problem()
+        return refuse(503, why, None, "unhealthy") if why else {"status": "ok"}
 
     @app.get("/timeslice/summary")
     def get_summary() -> dict[str, Any]:

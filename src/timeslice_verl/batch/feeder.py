@@ -1,9 +1,12 @@
-"""The batch service's feeder: sends queued lines to the node's tenant, as many at a time as ``concurrency``, while the
-tenant has the GPU, and decides each answer's fate.
+"""The batch service's feeder: keeps the tenant full while it has the GPU, and decides each answer's fate.
 
-* **The gate.** :class:`Gate` asks the node's agent who owns the GPU (``status``, every ``poll_s``): lines go out while
-  the tenant does. Requests already out when a trainer takes the GPU back are held by vLLM (pause ``keep``) and
-  finish after the wake-up. Without an agent the gate follows the tenant's ``/health``.
+* **Slots.** A line holds a slot from its claim until its answer arrives; the answer's write happens behind it (one
+  writer, many outcomes a transaction), so the tenant never waits on the database. Lines are claimed many at a
+  time, when a tenth of the limit is free.
+* **How many.** The limit follows the tenant (:mod:`timeslice_verl.batch.concurrency`): sampled from vLLM's
+  ``/metrics`` while the gate is open, from ``timeslice.batch.concurrency`` up to ``max_concurrency``.
+* **HTTP.** One aiohttp session, connections kept alive: its CPU per request does not grow with the number in
+  flight (httpx's pool bookkeeping did; ``benchmarks/harvest_cpu.py`` measures both).
 * **Retries.** A line whose request failed for a reason that is not the request's — the ladder's abort (an answer
   with ``finish_reason: abort``), a killed or restarting server (the connection refused, reset or cut), a time-out,
   a 5xx — is queued again after a backoff (0.5 s doubling, at most 30 s), at most ``max_attempts`` times; then it
@@ -13,110 +16,28 @@ tenant has the GPU, and decides each answer's fate.
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
-from timeslice_verl.agent.client import AgentClient, AgentError
-from timeslice_verl.batch.store import Line, Store
+from timeslice_verl.batch.concurrency import Policy, next_limit, parse_metrics
+from timeslice_verl.batch.gate import Gate
+from timeslice_verl.batch.store import Line, Outcome, Store
 from timeslice_verl.log import get_logger
 
 log = get_logger("batch")
 
 BACKOFF_S, BACKOFF_MAX_S = 0.5, 30.0
-WATCH_S = 10.0
-"""How long one ``watch_owner`` waits for a change before it is asked again."""
-
-
-class Gate:
-    """Whether the tenant has the GPU now, and for how long it has had it in all (``open_s``)."""
-
-    def __init__(self, tenant_url: str, agent_socket: str | None, poll_s: float = 0.5) -> None:
-        self.tenant_url, self.agent_socket, self.poll_s = tenant_url, agent_socket, poll_s
-        self.open = False
-        self.open_s = 0.0
-        self.source = "agent" if agent_socket else "tenant health"
-        self.unreachable = ""
-        """Why the tenant refused a connection; until its ``/health`` answers again, no line goes out (a server being
-        restarted costs the lines sent meanwhile one try, not all of theirs)."""
-        self._since = 0.0
-        self._owner = ""
-        self._watch = True
-        self._changed = asyncio.Event()
-        self._agent: AgentClient | None = AgentClient(agent_socket, connect_timeout_s=1.0, client="batch") if agent_socket else None
-
-    def seconds_open(self) -> float:
-        return self.open_s + (time.monotonic() - self._since if self.open else 0.0)
-
-    def _set(self, value: bool, why: str) -> None:
-        if value == self.open:
-            return
-        now = time.monotonic()
-        if self.open:
-            self.open_s += now - self._since
-        self.open, self._since = value, now
-        log.info("batch: %s (%s)", "sending to the tenant" if value else "holding lines", why)
-        self._changed.set()
-
-    def lost(self, why: str) -> None:
-        """A request found the tenant unreachable: close until it answers."""
-        if not self.unreachable:
-            self.unreachable = why
-            self._set(False, f"the tenant is unreachable: {why}")
-
-    async def wait_open(self) -> None:
-        while not self.open:
-            self._changed.clear()
-            await self._changed.wait()
-
-    async def run(self, client: httpx.AsyncClient) -> None:
-        while True:
-            value, why = await self._look(client)
-            if value and self.unreachable:
-                value, why = await self._health(client)
-                if value:
-                    log.info("batch: the tenant answers again (it was unreachable: %s)", self.unreachable)
-                    self.unreachable = ""
-            self._set(value, why)
-            if self.source != "agent" or self.unreachable:
-                await asyncio.sleep(self.poll_s)
-
-    async def _look(self, client: httpx.AsyncClient) -> tuple[bool, str]:
-        """Who has the GPU: the agent's answer once the owner changes (``watch_owner``: at once, no polling; an
-        older agent's status every ``poll_s``), else the tenant's health."""
-        if self._agent is not None:
-            try:
-                if self._watch:
-                    seen = "tenant" if self.open else self._owner
-                    answer = await asyncio.to_thread(self._agent.watch_owner, seen, WATCH_S)
-                else:
-                    answer = await asyncio.to_thread(self._agent.status)
-            except AgentError as exc:
-                if exc.code == "unknown_op" and self._watch:
-                    self._watch = False  # an agent from before watch_owner
-                    return self.open, "the agent cannot be watched: asking its status"
-                if self.source == "agent":
-                    log.warning("batch: the agent does not answer (%s): following the tenant's health instead", exc)
-                self.source = "tenant health"
-                self._watch = True
-            else:
-                self.source = "agent"
-                self._owner = str(answer.get("owner", ""))
-                return self._owner == "tenant", f"the GPU's owner: {self._owner}"
-        return await self._health(client)
-
-    @staticmethod
-    async def _health(client: httpx.AsyncClient) -> tuple[bool, str]:
-        try:
-            ok = (await client.get("/health", timeout=5)).is_success
-        except httpx.HTTPError as exc:
-            return False, f"the tenant does not answer ({type(exc).__name__})"
-        return ok, "the tenant answers" if ok else "the tenant is not healthy"
-
-    def close(self) -> None:
-        if self._agent is not None:
-            self._agent.close()
+SAMPLE_S = 0.5
+"""How often the tenant's ``/metrics`` are read while the gate is open."""
+SETTLE_S = 5.0
+"""How often open batches are checked for their window and cancels (also while the trainer holds the GPU)."""
+WRITE_MAX = 1024
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 def classify(status: int, body: Any) -> tuple[str, str]:
@@ -133,98 +54,180 @@ def classify(status: int, body: Any) -> tuple[str, str]:
     return "failed", f"HTTP {status}"
 
 
+@dataclass
+class FeederStats:
+    """What the feeder did, for ``/timeslice/summary`` and ``/metrics``."""
+
+    limit: int = 0
+    inflight: int = 0
+    sent: int = 0
+    answered: int = 0
+    written: int = 0
+    writes: int = 0
+    samples: list[tuple[float, float, float]] = field(default_factory=list)
+    """The last (time, vLLM running, vLLM waiting) samples, newest last (at most 600)."""
+
+
 class Feeder:
-    def __init__(self, store: Store, tenant_url: str, gate: Gate, *, concurrency: int = 32, max_attempts: int = 5,
-                 request_timeout_s: float = 600.0, metrics: Any = None) -> None:
+    def __init__(self, store: Store, tenant_url: str, gate: Gate, *, policy: Policy, adapt: bool = True,
+                 max_attempts: int = 5, request_timeout_s: float = 600.0) -> None:
         self.store, self.tenant_url, self.gate = store, tenant_url.rstrip("/"), gate
-        self.concurrency, self.max_attempts, self.request_timeout_s = concurrency, max_attempts, request_timeout_s
-        self.metrics = metrics
-        self._inflight: set[asyncio.Task] = set()
-        self._kick = asyncio.Event()
+        self.policy, self.adapt = policy, adapt
+        self.max_attempts, self.request_timeout_s = max_attempts, request_timeout_s
+        self.stats = FeederStats(limit=policy.start)
+        self.healthy = True
+        """False once one of the feeder's tasks died (the database full, a bug): ``/health`` says so."""
+        self.problem = ""
+        self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
+        self._room = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
 
     def kick(self) -> None:
         """New lines (a batch was created): look for work now."""
-        self._kick.set()
+        self._room.set()
 
     async def run(self) -> None:
-        recovered = await asyncio.to_thread(self.store.recover)
+        recovered = await self._db(self.store.recover)
         if recovered:
             log.warning("batch: %d line(s) were in flight when the service stopped: queued again", recovered)
-        limits = httpx.Limits(max_connections=self.concurrency + 4, max_keepalive_connections=self.concurrency)
-        async with httpx.AsyncClient(base_url=self.tenant_url, timeout=self.request_timeout_s, limits=limits) as client:
-            gate = asyncio.create_task(self.gate.run(client), name="batch-gate")
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
+        async with aiohttp.ClientSession(self.tenant_url, connector=connector, timeout=timeout) as session:
+            parts = {"gate": self.gate.run(session), "writer": self._writer(), "settler": self._settler(),
+                     "feed": self._feed(session)}
+            if self.adapt:
+                parts["limit"] = self._follow(session)
+            self._tasks = [asyncio.create_task(c, name=f"batch-{n}") for n, c in parts.items()]
             try:
-                await self._feed(client)
+                done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    if not task.cancelled() and task.exception() is not None:
+                        self._died(task)
+                await asyncio.Event().wait()  # keep the session for the lines in flight until cancelled
             finally:
-                gate.cancel()
-                for task in list(self._inflight):
+                for task in self._tasks:
                     task.cancel()
 
-    async def _feed(self, client: httpx.AsyncClient) -> None:
-        last_settle = 0.0
+    def _died(self, task: asyncio.Task) -> None:
+        exc = task.exception()
+        self.healthy = False
+        self.problem = f"the feeder's {task.get_name()} task stopped: {type(exc).__name__}: {exc}"
+        log.error("batch: %s; lines are held until the service is restarted", self.problem, exc_info=exc)
+
+    async def _feed(self, session: aiohttp.ClientSession) -> None:
         while True:
             await self.gate.wait_open()
-            free = self.concurrency - len(self._inflight)
-            lines = await asyncio.to_thread(self.store.claim, free, time.time()) if free > 0 else []
+            free = self.stats.limit - self.stats.inflight
+            lines: list[Line] = []
+            if free > 0 and (free * 10 >= self.stats.limit or self.stats.inflight == 0):
+                lines = await self._db(self.store.claim, free, time.time())
             for line in lines:
-                task = asyncio.create_task(self._send(client, line))
-                self._inflight.add(task)
-                task.add_done_callback(self._inflight.discard)
-            if time.monotonic() - last_settle > 5:  # batches past their window expire even when idle
-                last_settle = time.monotonic()
-                await asyncio.to_thread(self._settle_open)
-            if self.metrics is not None:
-                self.metrics.update(self)
-            if not lines or free <= len(lines):
-                await self._idle()
+                self.stats.inflight += 1
+                self.stats.sent += 1
+                asyncio.create_task(self._send(session, line))
+            if not lines:
+                self._room.clear()
+                try:
+                    await asyncio.wait_for(self._room.wait(), timeout=0.2)  # a slot, a new batch, or a backoff's end
+                except asyncio.TimeoutError:
+                    pass
 
-    async def _idle(self) -> None:
-        """Until a line ends, a batch comes, or a moment passes (lines waiting out a backoff)."""
-        self._kick.clear()
-        waiters = [asyncio.ensure_future(self._kick.wait())]
-        waiters += [asyncio.ensure_future(asyncio.wait(set(self._inflight), return_when=asyncio.FIRST_COMPLETED))] if self._inflight else []
-        done, pending = await asyncio.wait(waiters, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
-        for w in pending:
-            w.cancel()
-
-    def _settle_open(self) -> None:
-        for row in self.store.query("SELECT id FROM batches WHERE status IN ('in_progress', 'cancelling')"):
-            self.store.settle(row["id"])
-
-    async def _send(self, client: httpx.AsyncClient, line: Line) -> None:
+    async def _send(self, session: aiohttp.ClientSession, line: Line) -> None:
         try:
-            resp = await client.post(line.endpoint, json=line.body)
-        except httpx.HTTPError as exc:  # refused, reset, cut, timed out: the server's trouble, not the request's
+            outcome = await self._try(session, line)
+        finally:
+            self.stats.inflight -= 1
+            self.stats.answered += 1
+            self._room.set()
+        self._outcomes.put_nowait(outcome)
+
+    async def _try(self, session: aiohttp.ClientSession, line: Line) -> Outcome:
+        try:
+            async with session.post(line.endpoint, data=line.body.encode(), headers=JSON_HEADERS) as resp:
+                status, raw, rid = resp.status, await resp.read(), resp.headers.get("x-request-id", "")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            if isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)):
-                self.gate.lost(why)
-            await self._again(line, why)
-            return
+            if isinstance(exc, (aiohttp.ClientConnectionError, OSError)) and not isinstance(exc, asyncio.TimeoutError):
+                self.gate.suspect(session, why)
+            return self._again(line, why)
+        text = raw.decode("utf-8", "replace")
         try:
-            body: Any = resp.json()
+            body: Any = json.loads(text)
         except ValueError:
-            body = {"text": resp.text[:2000]}
-        fate, why = classify(resp.status_code, body)
-        response = {"status_code": resp.status_code, "request_id": resp.headers.get("x-request-id", ""), "body": body}
+            body, text = {"text": text[:2000]}, json.dumps({"text": text[:2000]})
+        fate, why = classify(status, body)
+        response = f'{{"status_code": {status}, "request_id": {json.dumps(rid)}, "body": {text}}}'
         if fate == "done":
-            tokens = int(((body.get("usage") or {}).get("completion_tokens")) or 0)
-            await asyncio.to_thread(self.store.done, line, response, tokens)
-        elif fate == "again":
-            await self._again(line, why)
-        else:
-            message = (body.get("message") or (body.get("error") or {}).get("message")) if isinstance(body, dict) else ""
-            error = {"code": "model_not_found" if resp.status_code == 404 else "request_failed",
-                     "message": f"{why}: {message or resp.text[:300]}"}
-            await asyncio.to_thread(self.store.failed, line, error, response)
+            return Outcome(line, "done", response=response, tokens=int((body.get("usage") or {}).get("completion_tokens") or 0))
+        if fate == "again":
+            return self._again(line, why)
+        message = (body.get("message") or (body.get("error") or {}).get("message")) if isinstance(body, dict) else ""
+        error = {"code": "model_not_found" if status == 404 else "request_failed",
+                 "message": f"{why}: {message or text[:300]}"}
+        return Outcome(line, "failed", response=response, error=json.dumps(error))
 
-    async def _again(self, line: Line, why: str) -> None:
+    def _again(self, line: Line, why: str) -> Outcome:
         if line.attempts >= self.max_attempts:
             error = {"code": "attempts_exhausted", "message": f"{line.attempts} attempt(s), the last: {why}"}
-            await asyncio.to_thread(self.store.failed, line, error)
-            return
+            return Outcome(line, "failed", error=json.dumps(error))
         delay = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (line.attempts - 1))
         log.debug("batch: line %s of %s again in %.1f s (%s)", line.custom_id, line.batch_id, delay, why)
-        await asyncio.to_thread(self.store.again, line, delay)
+        return Outcome(line, "queued", next_at=time.time() + delay)
+
+    async def _db(self, fn: Any, *args: Any) -> Any:
+        """Run a store call off the loop; while the database cannot be written (the disk full, locked) retry with a
+        backoff and report unhealthy, so ``/health`` says why and the work resumes once it can be written."""
+        delay = 0.5
+        while True:
+            try:
+                result = await asyncio.to_thread(fn, *args)
+            except sqlite3.OperationalError as exc:
+                if self.healthy:
+                    log.error("batch: the database %s cannot be written (%s): holding, trying again", self.store.path, exc)
+                self.healthy, self.problem = False, f"the database {self.store.path} cannot be written: {exc}"
+                await asyncio.sleep(delay)
+                delay = min(10.0, delay * 2)
+                continue
+            if not self.healthy:
+                log.info("batch: the database can be written again")
+                self.healthy, self.problem = True, ""
+            return result
+
+    async def _writer(self) -> None:
+        """The one writer: what arrived while the last transaction ran goes in the next one."""
+        while True:
+            batch = [await self._outcomes.get()]
+            while len(batch) < WRITE_MAX and not self._outcomes.empty():
+                batch.append(self._outcomes.get_nowait())
+            await self._db(self.store.record, batch)
+            self.stats.written += len(batch)
+            self.stats.writes += 1
+            if any(o.state == "queued" for o in batch):
+                self._room.set()
+
+    async def _settler(self) -> None:
+        while True:
+            await self._db(self.store.settle_open)
+            await asyncio.sleep(SETTLE_S)
+
+    async def _follow(self, session: aiohttp.ClientSession) -> None:
+        """Sample the tenant's ``/metrics`` while the gate is open; move the limit by the policy."""
+        while True:
+            await self.gate.wait_open()
+            try:
+                async with session.get("/metrics", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    sample = parse_metrics(await resp.text()) if resp.status == 200 else None
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError):
+                sample = None
+            if sample is not None and self.gate.open:
+                before = self.stats.limit
+                self.stats.limit = next_limit(before, self.stats.inflight, sample, self.policy)
+                self.stats.samples = [*self.stats.samples[-599:], (time.time(), sample.running, sample.waiting)]
+                if self.stats.limit != before:
+                    log.debug("batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f)", before, self.stats.limit,
+                              sample.running, sample.waiting)
+                    self._room.set()
+            await asyncio.sleep(SAMPLE_S)
 
 
-__all__ = ["Feeder", "Gate", "classify"]
+__all__ = ["Feeder", "FeederStats", "classify"]

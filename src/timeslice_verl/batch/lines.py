@@ -30,9 +30,23 @@ def _line_error(n: int, message: str, code: str = "invalid_request") -> dict[str
     return {"code": code, "message": f"line {n}: {message}", "line": n}
 
 
-def _one(n: int, raw: str, endpoint: str, models: set[str] | None) -> tuple[str | None, dict[str, Any] | None, dict[str, Any] | None]:
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _text(value: Any) -> str | None:
+    """``value`` as JSON text that any server reads (UTF-8, no NaN); None when it cannot be (a lone surrogate)."""
     try:
-        item = json.loads(raw)
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        text.encode("utf-8")
+    except (UnicodeEncodeError, ValueError):
+        return None
+    return text
+
+
+def _one(n: int, raw: str, endpoint: str, models: set[str] | None) -> tuple[str | None, str | None, dict[str, Any] | None]:
+    try:
+        item = json.loads(raw, parse_constant=_no_constant)
     except ValueError as exc:
         return None, None, _line_error(n, f"not JSON ({exc})")
     if not isinstance(item, dict):
@@ -40,6 +54,8 @@ def _one(n: int, raw: str, endpoint: str, models: set[str] | None) -> tuple[str 
     cid = item.get("custom_id")
     if not isinstance(cid, str) or not cid or len(cid) > MAX_CUSTOM_ID:
         return None, None, _line_error(n, f"custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters")
+    if _text(cid) is None:
+        return None, None, _line_error(n, "custom_id holds a lone surrogate (\\ud800-\\udfff): not valid Unicode")
     if item.get("method", "POST") != "POST":
         return cid, None, _line_error(n, f"method {item.get('method')!r} is not POST")
     if item.get("url") != endpoint:
@@ -51,11 +67,15 @@ def _one(n: int, raw: str, endpoint: str, models: set[str] | None) -> tuple[str 
         served = ", ".join(sorted(models)) or "none"
         return cid, None, _line_error(n, f"model {body['model']!r} is not served by the tenant (served: {served})",
                                       "model_not_found")
-    return cid, body, None
+    text = _text(body)
+    if text is None:
+        return cid, None, _line_error(n, "body holds a lone surrogate (\\ud800-\\udfff): not valid Unicode")
+    return cid, text, None
 
 
-def parse(content: bytes, endpoint: str, models: set[str] | None = None) -> list[tuple[str | None, dict[str, Any] | None, dict[str, Any] | None]]:
-    """``(custom_id, body, error)`` per request line of an input file (``models``: what the tenant serves, if known)."""
+def parse(content: bytes, endpoint: str, models: set[str] | None = None) -> list[tuple[str | None, str | None, dict[str, Any] | None]]:
+    """``(custom_id, body as JSON text, error)`` per request line of an input file (``models``: what the tenant
+    serves, if known). A line whose text no server could read — NaN, a lone surrogate — fails alone, here."""
     if endpoint not in ENDPOINTS:
         raise BatchRefused(f"endpoint {endpoint!r} is not supported (supported: {', '.join(ENDPOINTS)})", "endpoint")
     try:
@@ -87,18 +107,17 @@ def _request_id(batch_id: str, idx: int) -> str:
 
 
 def output_lines(batch_id: str, rows: Iterable[Any]) -> Iterator[bytes]:
-    """The output file: one line per request that was answered."""
+    """The output file: one line per request that was answered (the stored response is JSON text, written as is)."""
     for r in rows:
-        yield (json.dumps({"id": _request_id(batch_id, r['idx']), "custom_id": r["custom_id"],
-                           "response": json.loads(r["response"]), "error": None}) + "\n").encode()
+        yield (f'{{"id": {json.dumps(_request_id(batch_id, r["idx"]))}, "custom_id": {json.dumps(r["custom_id"])}, '
+               f'"response": {r["response"]}, "error": null}}\n').encode()
 
 
 def error_lines(batch_id: str, rows: Iterable[Any]) -> Iterator[bytes]:
     """The error file: one line per request that failed (for good), with why."""
     for r in rows:
-        yield (json.dumps({"id": _request_id(batch_id, r['idx']), "custom_id": r["custom_id"],
-                           "response": json.loads(r["response"]) if r["response"] else None,
-                           "error": json.loads(r["error"])}) + "\n").encode()
+        yield (f'{{"id": {json.dumps(_request_id(batch_id, r["idx"]))}, "custom_id": {json.dumps(r["custom_id"])}, '
+               f'"response": {r["response"] or "null"}, "error": {r["error"]}}}\n').encode()
 
 
 __all__ = ["ENDPOINTS", "MAX_LINES", "BatchRefused", "error_lines", "output_lines", "parse"]

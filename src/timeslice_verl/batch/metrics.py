@@ -25,6 +25,11 @@ class BatchMetrics:
                                  ("retried", "retried", "Tries beyond a line's first (pause aborts, kills, restarts)")):
             yield CounterMetricFamily(f"timeslice_batch_lines_{name}", help_, value=totals[key])
         yield CounterMetricFamily("timeslice_batch_tokens", "Completion tokens the tenant generated", value=totals["tokens"])
+        stats = self.service.feeder.stats
+        yield GaugeMetricFamily("timeslice_batch_concurrency_limit", "Lines the feeder keeps in flight at most now "
+                                "(follows the tenant's running batch and queue)", value=stats.limit)
+        yield GaugeMetricFamily("timeslice_batch_requests_out", "Requests sent to the tenant and not answered yet",
+                                value=stats.inflight)
         gate = self.service.gate
         yield GaugeMetricFamily("timeslice_batch_tenant_has_gpu", "1 while lines are sent (the tenant owns the GPU)",
                                 value=1.0 if gate.open else 0.0)

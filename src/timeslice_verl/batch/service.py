@@ -17,7 +17,9 @@ from typing import Any, AsyncIterator
 import httpx
 
 from timeslice_verl.batch.auth import RequireKey, service_key
-from timeslice_verl.batch.feeder import Feeder, Gate
+from timeslice_verl.batch.concurrency import Policy
+from timeslice_verl.batch.feeder import Feeder
+from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.store import OPEN, Store
 from timeslice_verl.config.schema import TimesliceSettings, socket_path
 from timeslice_verl.log import get_logger
@@ -73,12 +75,14 @@ class Service:
         self.settings, self.url = settings, tenant_url(settings)
         self.store = Store(db_path(settings))
         sock = socket_path(settings)
-        self.gate = Gate(self.url, str(sock) if b.follow_agent else None, poll_s=b.poll_s)
-        self.feeder = Feeder(self.store, self.url, self.gate, concurrency=b.concurrency, max_attempts=b.max_attempts,
-                             request_timeout_s=b.request_timeout_s)
+        self.gate = Gate(str(sock) if b.follow_agent else None, poll_s=b.poll_s)
+        policy = Policy(start=min(b.concurrency, b.max_concurrency), ceiling=b.max_concurrency)
+        self.feeder = Feeder(self.store, self.url, self.gate, policy=policy, adapt=b.adapt_concurrency,
+                             max_attempts=b.max_attempts, request_timeout_s=b.request_timeout_s)
         self.metrics = BatchMetrics(self)
         self.app = make_app(self.store, models=Models(self.url), kick=self.feeder.kick, summary=self.summary,
-                            metrics=self.metrics.render, max_file_bytes=int(b.max_file_mb * 2**20))
+                            metrics=self.metrics.render, max_file_bytes=int(b.max_file_mb * 2**20),
+                            problem=lambda: self.feeder.problem)
         self.app.router.lifespan_context = self._lifespan
         key, self.key_source = service_key(b.key_file)
         self.asgi = RequireKey(self.app, key)
@@ -104,7 +108,11 @@ class Service:
         open_s = self.gate.seconds_open()
         batches = [{"id": r["id"], "status": r["status"], "total": r["total"], **self.store.counts(r["id"])}
                    for r in self.store.batches(limit=10) if r["status"] in OPEN]
+        st = self.feeder.stats
         return {"tenant": self.url, "gate": {"open": self.gate.open, "source": self.gate.source, "open_s": round(open_s, 3)},
+                "feeder": {"limit": st.limit, "inflight": st.inflight, "sent": st.sent, "answered": st.answered,
+                           "written": st.written, "writes": st.writes, "healthy": self.feeder.healthy,
+                           "problem": self.feeder.problem, "samples": st.samples[-50:]},
                 "lines": totals, "open_batches": batches,
                 "tokens_per_s_open": round(totals["tokens"] / open_s, 3) if open_s > 0 else None}
 

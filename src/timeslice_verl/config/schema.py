@@ -198,22 +198,21 @@ class BatchSettings:
     db: str = ""
     """Its SQLite file; empty: ``$XDG_STATE_HOME/timeslice-verl/batch.sqlite`` (``~/.local/state/…``)."""
     key_file: str = ""
-    """The service's API key (``Authorization: Bearer KEY``), made 0600 at its first start and read by ``batch
-    submit|status|results|cancel``; empty: ``batch.key`` beside the default database. ``TIMESLICE_BATCH_API_KEY``
-    in the environment takes its place (a Kubernetes Secret)."""
+    """Its API key, made 0600 at first start, read by the ``batch`` commands; empty: ``batch.key`` beside the default
+    database. ``TIMESLICE_BATCH_API_KEY`` replaces it."""
     tenant_url: str = ""
     """The vLLM it feeds; empty: ``timeslice.tenant.url``."""
     follow_agent: bool = True
     """Send lines only while the node's agent says the tenant owns the GPU (off: whenever the tenant answers)."""
-    concurrency: int = 32
-    """Lines in flight at once."""
+    concurrency: int = 32  # lines in flight at the start; then the number follows the tenant
+    max_concurrency: int = 1024
+    adapt_concurrency: bool = True
+    """Follow vLLM's ``/metrics``: its running batch full, a short queue inside it (off: always ``concurrency``)."""
     max_attempts: int = 5
     """Tries of a line whose request failed for a reason not its own (an abort, a kill, a restart), then it fails."""
-    max_file_mb: float = 200.0
-    """The largest input file accepted."""
+    max_file_mb: float = 200.0  # the largest input file accepted
     request_timeout_s: float = 600.0
-    poll_s: float = 0.5
-    """How often the service asks the agent who owns the GPU."""
+    poll_s: float = 0.5  # how often an agent without watch_owner is asked who owns the GPU
 
 
 @dataclass
@@ -329,7 +328,7 @@ def _check_values(settings: TimesliceSettings) -> None:
     for key in ("agent.metrics_port", "batch.port"):
         if not 0 <= _get(settings, key) <= 65535:
             raise ConfigError(_full_key(key), f"not a TCP port: {_get(settings, key)}")
-    for key, low in (("batch.concurrency", 1), ("batch.max_attempts", 1)):
+    for key, low in (("batch.concurrency", 1), ("batch.max_concurrency", 1), ("batch.max_attempts", 1)):
         if not low <= _get(settings, key) <= 100_000:
             raise ConfigError(_full_key(key), f"must be between {low} and 100000, got {_get(settings, key)}")
     if settings.batch.tenant_url and not valid_url(settings.batch.tenant_url):

@@ -41,7 +41,7 @@ class Faults:
 class FakeVllm:
     def __init__(self, *, version: str = "0.24.0", dev_mode: bool = True, sleep_in_flight: str = "crash",
                  token_s: float = 0.01, fail_wake_up: bool = False, model: str = "m", faults: Faults | None = None,
-                 **fault_kwargs: Any) -> None:
+                 max_num_seqs: int = 0, knee: int = 0, **fault_kwargs: Any) -> None:
         self.version = version
         self.faults = faults or Faults(**fault_kwargs)
         self.fail_wake_up = fail_wake_up
@@ -50,6 +50,11 @@ class FakeVllm:
         self.dev_mode = dev_mode
         self.sleep_in_flight = sleep_in_flight
         self.token_s = token_s
+        self.max_num_seqs = max_num_seqs
+        """At most this many requests run (the rest wait, as ``num_requests_waiting``); 0: no bound."""
+        self.knee = knee
+        """Past this many running, a step takes ``token_s × running / knee`` (a GPU past its compute bound): the
+        server's tokens/s stop growing there. 0: a step is ``token_s`` at any batch."""
         self.has_pause = tuple(int(x) for x in version.split(".")[:2]) >= (0, 17)
         self.cond = threading.Condition()
         self.sleeping = self.paused = False
@@ -75,7 +80,8 @@ class FakeVllm:
         with self.cond:
             self.waiting += 1
             epoch = self.abort_epoch
-            while (self.paused or self.sleeping) and epoch == self.abort_epoch:
+            while ((self.paused or self.sleeping or (self.max_num_seqs and len(self.running) >= self.max_num_seqs))
+                   and epoch == self.abort_epoch):
                 self.cond.wait()
             self.waiting -= 1
             if epoch != self.abort_epoch:
@@ -86,15 +92,17 @@ class FakeVllm:
             rid = self._ids
             self.running.add(rid)
         tokens, reason = 0, "length"
-        for _ in range(max_tokens):
-            time.sleep(self.token_s)
+        while tokens < max_tokens:
+            step = self.token_s * max(1.0, len(self.running) / self.knee) if self.knee else self.token_s
+            chunk = min(max_tokens - tokens, max(1, int(0.02 / step)) if step > 0 else max_tokens)
+            time.sleep(step * chunk)  # a tick of at least 20 ms: the stand-in's own CPU stays small at any batch
             with self.cond:
                 while self.frozen and rid not in self.aborting:
                     self.cond.wait()
                 if rid in self.aborting:
                     reason = "abort"
                     break
-            tokens += 1
+            tokens += chunk
         with self.cond:
             self.running.discard(rid)
             self.aborting.discard(rid)

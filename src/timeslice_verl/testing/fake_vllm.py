@@ -184,7 +184,11 @@ def make_handler(engine: FakeVllm, server: FakeVllmServer | None = None) -> type
     return type("Handler", (_Handler,), {"engine": engine, "gets": _get_routes(engine), "server_owner": server})
 
 
-class _V6Server(ThreadingHTTPServer):
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # vLLM's listen backlog is large: hundreds of clients connect at once
+
+
+class _V6Server(_Server):
     address_family = socket.AF_INET6
 
 
@@ -193,7 +197,7 @@ class FakeVllmServer:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, **engine_kwargs: Any) -> None:
         self.engine = FakeVllm(**engine_kwargs)
-        server_cls = _V6Server if ":" in host else ThreadingHTTPServer
+        server_cls = _V6Server if ":" in host else _Server
         self.httpd = server_cls((host, port), make_handler(self.engine, self))
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="fake-vllm", daemon=True)
@@ -234,6 +238,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-dev-mode", action="store_true")
     ap.add_argument("--sleep-in-flight", choices=("crash", "abort"), default="crash")
     ap.add_argument("--token-s", type=float, default=0.01)
+    ap.add_argument("--max-num-seqs", type=int, default=0, help="at most this many requests run; the rest wait (0: any)")
+    ap.add_argument("--knee", type=int, default=0,
+                    help="past this many running, a step slows in proportion (the server's tokens/s stop growing)")
     ap.add_argument("--fail-wake-up", action="store_true", help="answer every /wake_up with 500 (a broken engine)")
     ap.add_argument("--hang", default="", help="an endpoint that never answers, e.g. wake_up, health, pause or pause:keep")
     ap.add_argument("--slow-s", type=float, default=0.0, help="answer control calls this many seconds late")
@@ -262,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     faults = Faults(hang=a.hang, slow_s=a.slow_s, slow_on=a.slow_on, fail=_fail_spec(a.fail), die_on=a.die_on)
     server = FakeVllmServer(a.host, a.port, version=a.vllm_version, dev_mode=not a.no_dev_mode, model=a.model,
-                            sleep_in_flight=a.sleep_in_flight, token_s=a.token_s, fail_wake_up=a.fail_wake_up, faults=faults)
+                            sleep_in_flight=a.sleep_in_flight, token_s=a.token_s, fail_wake_up=a.fail_wake_up, faults=faults,
+                            max_num_seqs=a.max_num_seqs, knee=a.knee)
     if a.asleep:
         server.engine.sleeping = server.engine.paused = server.engine.frozen = True
     if a.engine_child:

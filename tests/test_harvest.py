@@ -1,0 +1,164 @@
+"""The batch service at a dedicated GPU's pace (issue 36): a store whose counters never drift and whose grouped
+writes keep every line exactly once through a ``kill -9`` between an answer and its commit; the in-flight limit's
+policy on synthetic vLLM metrics; the stand-in's capacity bounded as a GPU's is."""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from timeslice_verl.batch.concurrency import Policy, Sample, next_limit, parse_metrics
+from timeslice_verl.batch.lines import parse
+from timeslice_verl.batch.schema import V1
+from timeslice_verl.batch.store import Outcome, Store
+
+CHAT = "/v1/chat/completions"
+
+
+def _file(n: int) -> bytes:
+    return "\n".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": CHAT,
+                                 "body": {"model": "m", "messages": []}}) for i in range(n)).encode()
+
+
+def _counted(store: Store, bid: str) -> dict[str, int]:
+    rows = store.query("SELECT state, COUNT(*) AS n FROM lines WHERE batch_id = ? GROUP BY state", (bid,))
+    by = {r["state"]: r["n"] for r in rows}
+    return {"queued": by.get("queued", 0), "inflight": by.get("inflight", 0), "completed": by.get("done", 0),
+            "failed": by.get("failed", 0)}
+
+
+def test_the_counters_agree_with_the_lines_through_random_claims_results_cancels_and_restarts(tmp_path):
+    rng = random.Random(7)
+    store = Store(tmp_path / "b.sqlite")
+    bids = [store.create_batch(CHAT, "f", 86400, "24h", None, parse(_file(300), CHAT)) for _ in range(3)]
+    for step in range(400):
+        lines = store.claim(rng.randint(0, 20), now=1e12)
+        outcomes = [Outcome(ln, rng.choice(["done", "queued", "failed"]), response='{"status_code": 200}',
+                            error='{"code": "x"}', tokens=3) for ln in lines if rng.random() < 0.8]
+        store.record(outcomes + outcomes[:2])  # a line answered twice is recorded once
+        if step == 150:
+            store.cancel(bids[1])
+        if step % 97 == 0:
+            store.close()
+            store = Store(tmp_path / "b.sqlite")
+            store.recover()
+        for bid in bids:
+            assert store.counts(bid) == _counted(store, bid), (step, bid)
+    totals = store.totals()
+    assert totals["done"] == sum(_counted(store, b)["completed"] for b in bids)
+
+
+_KILLED_MID_COMMIT = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    from timeslice_verl.batch.store import Outcome, Store
+    store = Store(Path(sys.argv[1]))
+    lines = store.claim(40, now=1e12)
+    store.record([Outcome(ln, "done", response='{"first": true}', tokens=1) for ln in lines[:20]])  # committed
+    store._settle = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # dies inside the next grouped write
+    store.record([Outcome(ln, "done", response='{"lost": true}', tokens=1) for ln in lines[20:]])
+""")
+
+
+def test_a_kill_between_the_answers_and_their_grouped_commit_sends_those_lines_again_and_records_each_once(tmp_path):
+    db = tmp_path / "b.sqlite"
+    store = Store(db)
+    bid = store.create_batch(CHAT, "f", 86400, "24h", None, parse(_file(40), CHAT))
+    store.close()
+    child = subprocess.run([sys.executable, "-c", _KILLED_MID_COMMIT, str(db)], capture_output=True, text=True)
+    assert child.returncode == -9, child.stderr
+
+    store = Store(db)
+    assert store.counts(bid) == {"queued": 0, "inflight": 20, "completed": 20, "failed": 0}
+    assert store.recover() == 20
+    again = store.claim(100, now=1e12)
+    assert sorted(ln.custom_id for ln in again) == sorted(f"c{i}" for i in range(20, 40))
+    assert all(ln.attempts == 2 for ln in again)
+    store.record([Outcome(ln, "done", response='{"second": true}', tokens=1) for ln in again])
+    rows = list(store.results(bid, "done"))
+    assert sorted(r["custom_id"] for r in rows) == sorted(f"c{i}" for i in range(40))
+    assert not any("lost" in r["response"] for r in rows)
+    assert store.batch(bid)["status"] == "completed" and store.figures(bid)["retried"] == 20
+
+
+def test_a_version_1_database_is_brought_forward_with_its_counters(tmp_path):
+    db = sqlite3.connect(tmp_path / "b.sqlite")
+    db.executescript(V1 + ";")
+    db.execute("INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
+               "total) VALUES ('batch_a', ?, 'f', '24h', 'in_progress', 0, 9999999999, 4)", (CHAT,))
+    for idx, state, attempts in ((0, "done", 1), (1, "failed", 3), (2, "inflight", 1), (3, "queued", 0)):
+        db.execute("INSERT INTO lines (batch_id, idx, custom_id, body, state, attempts, tokens) VALUES "
+                   "('batch_a', ?, ?, '{}', ?, ?, 5)", (idx, f"c{idx}", state, attempts))
+    db.execute("PRAGMA user_version=1")
+    db.commit()
+    db.close()
+    store = Store(tmp_path / "b.sqlite")
+    assert store.counts("batch_a") == {"queued": 1, "inflight": 1, "completed": 1, "failed": 1}
+    assert store.batch("batch_a")["retried"] == 2 and store.query("PRAGMA user_version")[0][0] == 2
+    assert store.recover() == 1 and [ln.custom_id for ln in store.claim(5, now=1e12)] == ["c2", "c3"]
+
+
+def test_lines_go_out_oldest_batch_first_in_input_order_also_within_one_second(tmp_path):
+    store = Store(tmp_path / "b.sqlite")
+    first = store.create_batch(CHAT, "f", 86400, "24h", None, parse(_file(3), CHAT))
+    second = store.create_batch(CHAT, "f", 86400, "24h", None, parse(_file(3), CHAT))
+    got = store.claim(5, now=1e12)
+    assert [(ln.batch_id, ln.idx) for ln in got] == [(first, 0), (first, 1), (first, 2), (second, 0), (second, 1)]
+    assert [b["id"] for b in store.batches()] == [second, first]
+    assert [b["id"] for b in store.batches(after=second)] == [first]
+
+
+# --------------------------------------------------------------------------- the in-flight limit
+
+
+def _metrics(running: float, waiting: float, kv: float | None = None) -> str:
+    text = (f"# HELP vllm:num_requests_running x\nvllm:num_requests_running{{engine=\"0\",model_name=\"m\"}} {running}\n"
+            f"vllm:num_requests_waiting{{engine=\"0\",model_name=\"m\"}} {waiting}\n"
+            'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 9.0\n')
+    return text + (f'vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv}\n' if kv is not None else "")
+
+
+@pytest.mark.parametrize("text, sample", [
+    (_metrics(12, 3, 0.5), Sample(12, 3, 0.5)),
+    (_metrics(12, 3), Sample(12, 3, None)),
+    (_metrics(5, 1) + _metrics(7, 2).replace('engine="0"', 'engine="1"'), Sample(12, 3, None)),  # engines summed
+    ("vllm:gpu_cache_usage_perc 0.25\nvllm:num_requests_running 1\nvllm:num_requests_waiting 0\n", Sample(1, 0, 0.25)),
+    ("# nothing of vLLM here\nprocess_cpu_seconds_total 3\n", None),
+    ("vllm:num_requests_running{} NaN\n", None),
+    ("vllm:num_requests_running garbage\n", None),
+])
+def test_vllms_metrics_read_as_a_sample(text, sample):
+    assert parse_metrics(text) == sample
+
+
+P = Policy(start=32, ceiling=1024, min_queue=4, queue_fraction=0.1)
+
+
+@pytest.mark.parametrize("limit, inflight, sample, expected, why", [
+    (32, 32, Sample(32, 0), 48, "no queue inside vLLM and our limit used: grow by half"),
+    (32, 10, Sample(10, 0), 32, "our limit is not what holds vLLM back: hold"),
+    (512, 512, Sample(256, 256), 282, "vLLM full at 256: what it runs plus the wanted queue (26)"),
+    (300, 300, Sample(256, 30), 300, "a queue near the wanted one: hold"),
+    (300, 300, Sample(200, 10, 0.99), 300, "KV cache full with requests waiting: hold"),
+    (1000, 1000, Sample(1000, 0), 1024, "never past the ceiling"),
+    (2, 2, Sample(0, 40), 4, "at least the wanted queue"),
+    (77, 77, None, 77, "no metrics: as it is"),
+])
+def test_the_in_flight_limit_follows_the_tenant(limit, inflight, sample, expected, why):
+    assert next_limit(limit, inflight, sample, P) == expected, why
+
+
+def test_a_series_converges_to_the_servers_batch_plus_a_short_queue():
+    """A server that runs at most 256 at once: we send what it runs and a queue of about a tenth of that."""
+    limit, seen = 32, []
+    for _ in range(30):
+        running = min(limit, 256)
+        limit = next_limit(limit, limit, Sample(running, limit - running), P)
+        seen.append(limit)
+    assert seen[-1] == seen[-2] and 256 + 4 <= seen[-1] <= 256 + 2 * 26
