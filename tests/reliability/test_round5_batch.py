@@ -243,3 +243,25 @@ def test_with_the_agent_down_no_line_goes_out_and_a_cancel_still_ends_the_batch(
     assert batch["request_counts"] == {"total": 50, "completed": 0, "failed": 50}
     stats = vllm.stats()
     assert stats["completed"] == 0 and stats["running"] == 0 and stats["waiting"] == 0
+
+
+# --------------------------------------------------------------------------- the newcomer's path
+
+
+def test_batch_commands_take_bare_settings_like_agent_and_status(tmp_path, procs, vllm):
+    from click.testing import CliRunner
+
+    from batch_support import BatchServiceProc
+    from timeslice_verl.tools.cli import main
+
+    service = BatchServiceProc(tmp_path, vllm.url).start()
+    procs.append(service)
+    settings = [f"timeslice.batch.port={service.port}", f"timeslice.batch.key_file={service.key_file}"]
+    listed = CliRunner().invoke(main, ["batch", "status", *settings])
+    assert listed.exit_code == 0 and listed.output.strip() == "no batch", listed.output
+    key = CliRunner().invoke(main, ["batch", "key", settings[1]])
+    assert key.exit_code == 0 and key.output.strip() == service.key
+    mixed = CliRunner().invoke(main, ["batch", "status", settings[0], "--set", settings[1]])
+    assert mixed.exit_code == 0, mixed.output
+    wrong = CliRunner().invoke(main, ["batch", "status", "timeslice.batch.nope=1"])
+    assert wrong.exit_code == 2 and "timeslice.batch.nope" in wrong.output

@@ -138,7 +138,8 @@ class Feeder:
         finally:
             self.stats.inflight -= 1
             self.stats.answered += 1
-            self._room.set()
+            if (self.stats.limit - self.stats.inflight) * 10 >= self.stats.limit or not self.stats.inflight:
+                self._room.set()  # a tenth of the limit is free: worth a claim (not a wake-up per answer)
         self._outcomes.put_nowait(outcome)
 
     async def _try(self, session: aiohttp.ClientSession, line: Line) -> Outcome:

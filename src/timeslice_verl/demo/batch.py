@@ -34,7 +34,7 @@ def write_input(path: Path, lines: int, model: str, max_tokens: int) -> Path:
     with path.open("w") as f:
         for i in range(lines):
             body = {"model": model, "prompt": f"{PROMPTS[i % len(PROMPTS)]} #{i}", "max_tokens": max_tokens,
-                    "temperature": 0.0}
+                    "temperature": 0.0, "ignore_eos": True}  # every line its max_tokens: a mix of known length
             f.write(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions", "body": body}) + "\n")
     return path
 

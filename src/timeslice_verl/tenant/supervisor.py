@@ -263,7 +263,8 @@ class Supervisor:
                     return str(job["gpu_uuids"][0])
             if time.monotonic() - said > 30:
                 said = time.monotonic()
-                log.info("tenant: --gpu auto: waiting for the trainer's GPU (%s)", why)
+                log.warning("tenant: --gpu auto: waiting until the agent on %s sees a trainer's tagged processes on a "
+                            "GPU (%s); start the trainer, or give --gpu N to start on GPU N now", self.agent_socket, why)
             self.stopping.wait(2.0)
         return None
 

@@ -3,10 +3,12 @@ under its supervisor."""
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import click
 
@@ -25,8 +27,20 @@ def _settings(overrides: tuple[str, ...]) -> TimesliceSettings:
         raise click.UsageError(str(exc)) from None
 
 
-SET = click.option("--set", "overrides", multiple=True, metavar="timeslice.KEY=VALUE",
-                   help="A setting (repeatable), e.g. --set timeslice.batch.port=8091.")
+SET_OPTION = click.option("--set", "overrides", multiple=True, metavar="timeslice.KEY=VALUE",
+                          help="A setting (repeatable), e.g. --set timeslice.batch.port=8091.")
+
+
+def SET(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Settings as every command takes them: bare ``timeslice.KEY=VALUE`` arguments (as ``agent`` and ``status``) or
+    ``--set timeslice.KEY=VALUE``."""
+    @functools.wraps(f)
+    def wrapper(*args: Any, overrides: tuple[str, ...] = (), settings: tuple[str, ...] = (), **kw: Any) -> Any:
+        return f(*args, overrides=(*settings, *overrides), **kw)
+
+    return click.argument("settings", nargs=-1, metavar="[timeslice.KEY=VALUE]...")(SET_OPTION(wrapper))
+
+
 URL = click.option("--url", default="", help="The batch service (default: http://timeslice.batch.host:port).")
 
 
@@ -103,6 +117,8 @@ def status_cmd(batch_id: str | None, as_json: bool, url: str, api_key: str, over
     """One batch, or the latest ones."""
     from timeslice_verl.batch.client import BatchClientError, describe
 
+    if batch_id and batch_id.startswith("timeslice.") and "=" in batch_id:  # a setting, not a batch
+        batch_id, overrides = None, (batch_id, *overrides)
     client = _client(url, overrides, api_key)
     try:
         batches = [client.get(batch_id)] if batch_id else client.list()
@@ -171,6 +187,16 @@ def tenant_group() -> None:
     """The node's tenant (vLLM) under a supervisor."""
 
 
+@tenant_group.command("standin", context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def standin_cmd(args: tuple[str, ...]) -> None:
+    """A stand-in vLLM on the CPU (no GPU, no model) for trying the agent, the supervisor and the batch service:
+    vLLM's endpoints, simulated generation. Never a real tenant. Its options: timeslice-verl tenant standin --help."""
+    from timeslice_verl.testing.fake_vllm import main as standin
+
+    sys.exit(standin(list(args)))
+
+
 @tenant_group.command("run", context_settings={"ignore_unknown_options": True})
 @click.option("--gpu", default="", help="'auto' (the GPU the agent sees the trainer on), an index or a UUID.")
 @click.option("--max-restarts", default=0, show_default=True, help="Give up after this many restarts (0: never).")
@@ -180,13 +206,17 @@ def tenant_group() -> None:
 @click.option("--no-wait-for-memory", is_flag=True, help="Start at once, even if the GPU has less free than vLLM asks.")
 @click.option("--register-url", default="", metavar="URL",
               help="The URL the agent reaches the server at (Kubernetes: the node-local Service); default: its own.")
-@SET
+@SET_OPTION
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def tenant_run(gpu: str, max_restarts: int, backoff_max_s: float, start_timeout_s: float, no_wait_for_memory: bool, register_url: str,
                overrides: tuple[str, ...], command: tuple[str, ...]) -> None:
     """Start the tenant (after --: vllm serve MODEL …) and bring it back when it dies; the agent takes it back."""
     from timeslice_verl.tenant.supervisor import Supervisor, TenantCommand
 
+    lead = 0
+    while lead < len(command) and command[lead].startswith("timeslice.") and "=" in command[lead]:
+        lead += 1  # bare settings before the server's command, as every other command takes them
+    overrides, command = (*command[:lead], *overrides), command[lead:]
     try:
         cmd = TenantCommand.parse(list(command))
     except ValueError as exc:

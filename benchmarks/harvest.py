@@ -1,0 +1,246 @@
+"""Harvest benchmark (issue 36): how much of a dedicated GPU's work the valleys do, side by side in one run.
+
+For each completion length (``--mixes 48,512``), against one vLLM and one batch input file (the demo's prompts,
+``ignore_eos``, so every line is exactly that long):
+
+* **(a) capacity** — an async client keeps 32 / 128 / 256 / 512 requests in flight (``--capacity-lines`` each):
+  the server's tokens/s, dedicated; the best is the reference;
+* **(b) the service alone** — ``timeslice-verl batch serve`` feeds the whole batch (``--lines``), no trainer:
+  tokens per second of the run;
+* **(c) time-sliced** — the demo's trainer on the ``fleet`` and ``longtail`` schedules (``--profiles``), solo and
+  under the defaults (``auto``), the same batch submitted to the service in the time-sliced run: tokens per second
+  the tenant had the GPU (**serving_vs_capacity**) and per second the trainer was idle (**idle_vs_capacity**), each
+  over (a)'s best, beside the trainer's figures (summed-step ratio, wait median and max).
+
+vLLM's ``num_requests_running`` / ``waiting`` are sampled every 100 ms throughout (``inflight.jsonl``). Each
+time-sliced row is written as ``row-<mix>-<profile>.json`` with the keys the issue names; ``harvest.json`` holds
+everything; the table is printed last.
+
+    python benchmarks/harvest.py --out benchmarks/results/DATE-h200-harvest --vllm-url http://127.0.0.1:8000 \
+        --gib 18 --steps 12 --rollout-s 4 --train-s 1.0     # a GPU machine with a vLLM tenant up
+    python benchmarks/harvest.py --out /tmp/harvest --lines 2000 --steps 4 --mixes 24   # CPU, the stand-in
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from valleys import row as valley_row  # noqa: E402
+
+from timeslice_verl.batch.client import BatchClient  # noqa: E402
+from timeslice_verl.batch.concurrency import parse_metrics  # noqa: E402
+from timeslice_verl.demo.batch import served_model, write_input  # noqa: E402
+from timeslice_verl.demo.procs import free_port, start_batch_service  # noqa: E402
+from timeslice_verl.demo.run import DemoOptions, run_demo  # noqa: E402
+
+
+class Sampler:
+    """vLLM's running and waiting requests every ``every_s``, labelled with the phase of the benchmark."""
+
+    def __init__(self, url: str, path: Path, every_s: float = 0.1) -> None:
+        self.url, self.path, self.every_s, self.phase = url, path, every_s, "start"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with self.path.open("a") as f, httpx.Client(timeout=2) as http:
+            while not self._stop.wait(self.every_s):
+                try:
+                    s = parse_metrics(http.get(f"{self.url}/metrics").text)
+                except httpx.HTTPError:
+                    s = None
+                if s is not None:
+                    f.write(json.dumps({"t": round(time.time(), 3), "phase": self.phase, "running": s.running,
+                                        "waiting": s.waiting, "kv": s.kv_usage}) + "\n")
+
+
+async def _capacity(url: str, bodies: list[bytes], inflight: int) -> dict[str, Any]:
+    sem, tokens = asyncio.Semaphore(inflight), []
+    async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=3600)) as session:
+        async def one(body: bytes) -> None:
+            async with sem, session.post("/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"}) as resp:
+                data = await resp.json()
+                tokens.append(int(data["usage"]["completion_tokens"]))
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(one(b) for b in bodies))
+        wall = time.monotonic() - t0
+    return {"inflight": inflight, "lines": len(bodies), "wall_s": round(wall, 3), "tokens": sum(tokens),
+            "tokens_per_s": round(sum(tokens) / wall, 1), "lines_per_s": round(len(bodies) / wall, 1)}
+
+
+def capacity(url: str, path: Path, per_level: int, levels: list[int], sampler: Sampler) -> list[dict[str, Any]]:
+    """Each level sends ``per_level`` × its requests in flight (at least 256): long enough for a steady state."""
+    bodies = [json.dumps(json.loads(line)["body"]).encode() for line in path.read_text().splitlines()]
+    asyncio.run(_capacity(url, bodies[: min(64, len(bodies))], 32))  # warm: compiled graphs, connections
+    out = []
+    for level in levels:
+        sampler.phase = f"capacity-{level}"
+        out.append(asyncio.run(_capacity(url, bodies[: max(256, per_level * level)], level)))
+        print(json.dumps({"capacity": out[-1]}), flush=True)
+    return out
+
+
+def service_alone(url: str, path: Path, out: Path, lines: int, sampler: Sampler) -> dict[str, Any]:
+    sampler.phase = "service-alone"
+    out.mkdir(parents=True, exist_ok=True)
+    service, service_url, key = start_batch_service(out, None, url, 32)
+    client = BatchClient(service_url, key, timeout_s=600)
+    try:
+        t0 = time.monotonic()
+        bid = client.create(client.upload(path)["id"], "/v1/completions")["id"]
+        while (b := client.get(bid))["status"] not in ("completed", "failed", "cancelled", "expired"):
+            time.sleep(0.5)
+        wall = time.monotonic() - t0
+        fig, summary = client.figures(bid), client.summary()
+    finally:
+        client.close()
+        service.stop()
+    return {"lines": lines, "status": b["status"], "completed": fig["completed"], "failed": sum(fig["failed"].values()),
+            "retried": fig["retried"], "wall_s": round(wall, 2), "tokens": fig["tokens"],
+            "tokens_per_s": round(fig["tokens"] / wall, 1), "tokens_per_open_s": summary.get("tokens_per_s_open"),
+            "limit_at_end": (summary.get("feeder") or {}).get("limit")}
+
+
+def timesliced(args: argparse.Namespace, url: str, mix: int, profile: str, best: float, sampler: Sampler) -> dict[str, Any]:
+    base = DemoOptions(steps=args.steps, rollout_s=args.rollout_s, train_s=args.train_s, device=args.device, gib=args.gib,
+                       vllm_url=url, clients=32, seed=args.seed, batch_lines=args.lines, max_tokens=mix, profile=profile)
+    folder = args.out / f"mix-{mix}" / profile
+    sampler.phase = f"solo-{mix}-{profile}"
+    solo = run_demo(replace(base, out=folder / "solo", solo=True))
+    sampler.phase = f"timesliced-{mix}-{profile}"
+    shared = run_demo(replace(base, out=folder / "auto"))
+    r = valley_row(solo, shared, profile, "auto")
+    batch = shared.get("batch") or {}
+    valley_s = shared["wall_s"] * shared.get("trainer_idle_fraction", 0.0) if "trainer_idle_fraction" in shared else None
+    tokens = batch.get("tokens") or 0
+    r.update({"mix_tokens": mix, "tokens": tokens, "tenant_gpu_s": batch.get("tenant_gpu_s"), "trainer_idle_s": valley_s,
+              "capacity_tokens_per_s": best,
+              "serving_vs_capacity": round(batch["tokens_per_gpu_s"] / best, 4) if batch.get("tokens_per_gpu_s") else None,
+              "idle_vs_capacity": round(tokens / valley_s / best, 4) if valley_s else None,
+              "lost": batch.get("lost"), "twice": batch.get("twice")})
+    (args.out / f"row-{mix}-{profile}.json").write_text(json.dumps(r, indent=1) + "\n")
+    return r
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--vllm-url", default="", help="the tenant (default: a stand-in started here, CPU)")
+    ap.add_argument("--mixes", default="48,512")
+    ap.add_argument("--lines", type=int, default=20000, help="the batch of (b) and (c)")
+    ap.add_argument("--alone-lines", type=int, default=0, help="(b)'s lines (0: --lines)")
+    ap.add_argument("--capacity-per-level", type=int, default=4, help="lines per request in flight, at each level")
+    ap.add_argument("--levels", default="32,128,256,512")
+    ap.add_argument("--profiles", default="fleet,longtail")
+    ap.add_argument("--parts", default="a,b,c", help="which of (a) capacity, (b) service alone, (c) time-sliced")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--gib", type=float, default=8.0)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--rollout-s", type=float, default=4.0)
+    ap.add_argument("--train-s", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    fake = None
+    url = args.vllm_url.rstrip("/")
+    if not url:
+        port = free_port()
+        fake = subprocess.Popen([sys.executable, "-m", "timeslice_verl.testing.fake_vllm", "--port", str(port),
+                                 "--token-s", "0.004", "--knee", "64", "--max-num-seqs", "256"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        _wait(url)
+    result: dict[str, Any] = {"options": vars(args) | {"out": str(args.out)}, "tenant": url, "mixes": {}}
+    parts = set(args.parts.split(","))
+    try:
+        with Sampler(url, args.out / "inflight.jsonl") as sampler:
+            for mix in (int(m) for m in args.mixes.split(",")):
+                path = write_input(args.out / f"input-{mix}.jsonl", args.lines, served_model(url), mix)
+                got: dict[str, Any] = {}
+                result["mixes"][str(mix)] = got
+                if "a" in parts:
+                    got["capacity"] = capacity(url, path, args.capacity_per_level, [int(x) for x in args.levels.split(",")], sampler)
+                best = max((c["tokens_per_s"] for c in got.get("capacity", [])), default=0.0)
+                if "b" in parts:
+                    got["service_alone"] = service_alone(url, _head(path, args.alone_lines), args.out / f"mix-{mix}" / "service",
+                                                         args.alone_lines or args.lines, sampler)
+                    got["service_alone"]["vs_capacity"] = round(got["service_alone"]["tokens_per_s"] / best, 4) if best else None
+                    print(json.dumps({"service_alone": got["service_alone"]}), flush=True)
+                if "c" in parts and best:
+                    got["timesliced"] = [timesliced(args, url, mix, p, best, sampler) for p in args.profiles.split(",")]
+                path.unlink()
+                (args.out / "harvest.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    finally:
+        if fake is not None:
+            fake.terminate()
+            fake.wait(30)
+    print(table(result))
+    return 0
+
+
+def _head(path: Path, n: int) -> Path:
+    """The first ``n`` lines of ``path`` as a file of their own (0: ``path`` itself)."""
+    if not n:
+        return path
+    head = path.with_name(f"head-{n}-{path.name}")
+    with path.open() as src, head.open("w") as dst:
+        for i, line in enumerate(src):
+            if i >= n:
+                break
+            dst.write(line)
+    return head
+
+
+def _wait(url: str) -> None:
+    for _ in range(300):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).is_success:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"no tenant answers at {url}")
+
+
+def table(result: dict[str, Any]) -> str:
+    out = []
+    for mix, got in result["mixes"].items():
+        caps = ", ".join(f"{c['inflight']}: {c['tokens_per_s']:.0f}" for c in got.get("capacity", []))
+        out.append(f"{mix}-token completions — capacity tokens/s by requests in flight: {caps or '–'}")
+        if "service_alone" in got:
+            s = got["service_alone"]
+            out.append(f"  service alone: {s['tokens_per_s']:.0f} tokens/s ({s['vs_capacity']} of capacity), "
+                       f"{s['completed']}/{s['lines']} lines, limit at end {s['limit_at_end']}")
+        for r in got.get("timesliced", []):
+            out.append(f"  {r['profile']:9} serving/capacity {r['serving_vs_capacity']}  idle/capacity {r['idle_vs_capacity']}  "
+                       f"step ratio {r['step_ratio']}  wait median {r['wait_s_median']} s max {r['wait_s_max']} s  "
+                       f"vLLM of idle {r['vllm_of_idle']}  lost {r['lost']} twice {r['twice']}")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The harvest benchmark on one H200 (issue 36), from the repo root there, in calls made back to back:
+#   bash benchmarks/harvest_h200.sh setup   stash vLLM's payload part0, build the test model
+#   bash benchmarks/harvest_h200.sh start   part1: unpack vLLM 0.24, start it (0.35 of the GPU), tagged
+#   bash benchmarks/harvest_h200.sh run ARGS…   benchmarks/harvest.py --vllm-url … ARGS (vLLM stays up between calls)
+# Here, beforehand: the vLLM recipe copied to .gpu/vllm and its build_payload.sh run into .gpu/parts; the project's
+# pure-Python needs the GPU image lacks (hydra-core, omegaconf, antlr4 4.9.3, python-multipart) in .gpu/pydeps.tar.xz.
+set -uo pipefail
+OUT=${OUT:-harvest-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+case "$1" in
+  setup) bash .gpu/vllm/gpu_setup.sh 0 .gpu/parts ;;
+  start)
+    bash .gpu/vllm/gpu_setup.sh 1 .gpu/parts || exit
+    tar -xJf .gpu/pydeps.tar.xz -C /root
+    source .gpu/vllm/vllm_env.sh
+    export TIMESLICE_TENANT=1  # the reclaim ladder may stop it
+    bash .gpu/vllm/start_vllm.sh 8000 0.35 ;;
+  run)
+    shift
+    source .gpu/vllm/vllm_env.sh
+    export PYTHONPATH=$PWD/src:/root/pydeps:$PYTHONPATH NCCL_CUMEM_ENABLE=0 NCCL_NVLS_ENABLE=0
+    nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+    WORK=/root/harvest/$(date +%H%M%S); mkdir -p "$WORK"
+    python3 benchmarks/harvest.py --out "$WORK" --vllm-url http://127.0.0.1:8000 --device cuda "$@" > "$WORK/harvest.log" 2>&1
+    rc=$?
+    tail -c 20000 /root/vllm.log > "$WORK/vllm-tail.log"
+    grep -v " INFO " "$WORK/harvest.log" | tail -40
+    tar -czf "$OUT/$(basename "$WORK").tgz" -C "$WORK" --exclude='input-*.jsonl' --exclude='head-*.jsonl' .  # $OUT takes 8 files
+    exit $rc ;;
+esac
