@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from timeslice_verl.batch.concurrency import Policy, Sample, next_limit, parse_metrics
+from timeslice_verl.batch.concurrency import Climb, Policy, Sample, next_limit, parse_metrics
 from timeslice_verl.batch.lines import parse
 from timeslice_verl.batch.schema import V1
 from timeslice_verl.batch.store import Outcome, Store
@@ -129,6 +129,7 @@ def _metrics(running: float, waiting: float, kv: float | None = None) -> str:
     (_metrics(12, 3), Sample(12, 3, None)),
     (_metrics(5, 1) + _metrics(7, 2).replace('engine="0"', 'engine="1"'), Sample(12, 3, None)),  # engines summed
     ("vllm:gpu_cache_usage_perc 0.25\nvllm:num_requests_running 1\nvllm:num_requests_waiting 0\n", Sample(1, 0, 0.25)),
+    (_metrics(2, 0) + 'vllm:generation_tokens_total{engine="0",model_name="m"} 1234.0\n', Sample(2, 0, None, 1234.0)),
     ("# nothing of vLLM here\nprocess_cpu_seconds_total 3\n", None),
     ("vllm:num_requests_running{} NaN\n", None),
     ("vllm:num_requests_running garbage\n", None),
@@ -151,14 +152,39 @@ P = Policy(start=32, ceiling=1024, min_queue=4, queue_fraction=0.1)
     (77, 77, None, 77, "no metrics: as it is"),
 ])
 def test_the_in_flight_limit_follows_the_tenant(limit, inflight, sample, expected, why):
-    assert next_limit(limit, inflight, sample, P) == expected, why
+    assert next_limit(limit, inflight, sample, P)[0] == expected, why
+
+
+@pytest.mark.parametrize("limit, rate, climb, now, expected, why", [
+    (48, 900.0, Climb(600.0, 32), 5.0, (72, Climb(900.0, 48)), "the growth paid: the best so far, grow on"),
+    (72, 910.0, Climb(900.0, 48), 6.0, (48, Climb(900.0, 48, 36.0)), "it bought nothing: back to 48, hold 30 s"),
+    (48, 905.0, Climb(900.0, 48, 36.0), 20.0, (48, Climb(900.0, 48, 36.0)), "holding"),
+    (48, 880.0, Climb(900.0, 48, 36.0), 37.0, (72, Climb(880.0, 48)), "the hold is over: probe again from here"),
+    (48, None, Climb(), 1.0, (72, Climb()), "no rate yet (the gate just opened): grow"),
+])
+def test_growing_stops_where_it_buys_no_more_tokens(limit, rate, climb, now, expected, why):
+    sample = Sample(limit, 0)
+    assert next_limit(limit, limit, sample, P, rate, climb, now) == expected, why
+
+
+def _series(server_max: int, knee: int, steps: int = 60) -> list[int]:
+    """A server that runs at most ``server_max`` at once and generates in proportion to what runs up to ``knee``."""
+    limit, climb, seen = 32, Climb(), []
+    for t in range(steps):
+        running = min(limit, server_max)
+        rate = 1000.0 * min(running, knee) if t else None
+        limit, climb = next_limit(limit, limit, Sample(running, limit - running), P, rate, climb, float(t))
+        seen.append(limit)
+    return seen
 
 
 def test_a_series_converges_to_the_servers_batch_plus_a_short_queue():
-    """A server that runs at most 256 at once: we send what it runs and a queue of about a tenth of that."""
-    limit, seen = 32, []
-    for _ in range(30):
-        running = min(limit, 256)
-        limit = next_limit(limit, limit, Sample(running, limit - running), P)
-        seen.append(limit)
+    """The knee past the server's bound: we send what it runs and a queue of about a tenth of that."""
+    seen = _series(server_max=256, knee=10_000)
     assert seen[-1] == seen[-2] and 256 + 4 <= seen[-1] <= 256 + 2 * 26
+
+
+def test_a_series_stops_at_the_compute_knee_when_the_server_would_take_more():
+    """vLLM takes 1 024 at once but generates no faster past 200: the limit settles near the knee, not at 1 024."""
+    seen = _series(server_max=1024, knee=200)
+    assert max(seen[-20:]) <= 1.5 * 243 and min(seen[-20:]) >= 162

@@ -1,9 +1,13 @@
-"""How many lines the feeder keeps in flight: enough that vLLM's running batch is full and a short queue waits inside
-vLLM (so a wake-up starts at full batch), never more than the ceiling. Pure: vLLM's ``/metrics`` text in, a number
-out; the feeder samples and applies it.
+"""How many lines the feeder keeps in flight: enough that vLLM generates as fast as it can, with a short queue waiting
+inside vLLM where its ``max_num_seqs`` is reached (so a freed slot is refilled at once, and a wake-up starts at full
+batch), never more than the ceiling. Pure: vLLM's ``/metrics`` in, a number out; the feeder samples and applies it.
 
 * **No queue inside vLLM** while we use our whole limit: the server could take more — grow by half (a slow start
-  that reaches 512 from 32 in seven samples).
+  that reaches 512 from 32 in seven samples) …
+* … **unless growing bought nothing**: vLLM's generation rate (``vllm:generation_tokens_total`` per second) rose
+  by less than ``gain`` since the limit that gave the best rate: back to that limit and hold it for ``hold_s``
+  (past the GPU's compute knee more requests in flight only make every one slower and the refills burstier);
+  then probe again.
 * **A queue longer than wanted**: the server is full (``max_num_seqs`` or its KV cache): shrink to what it runs plus
   the wanted queue.
 * **KV cache nearly full** with requests waiting: hold (more would only wait or be preempted).
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 RUNNING = ("vllm:num_requests_running",)
 WAITING = ("vllm:num_requests_waiting",)
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+GENERATED = ("vllm:generation_tokens_total",)
 """vLLM's names (the second: releases before 0.10)."""
 
 
@@ -29,6 +34,18 @@ class Sample:
     waiting: float
     kv_usage: float | None = None
     """0..1; None: not reported."""
+    generated: float | None = None
+    """Tokens generated since the server started (a counter); None: not reported."""
+
+
+@dataclass(frozen=True)
+class Climb:
+    """What growing the limit has bought: the best generation rate seen, the smallest limit that gave it, and until
+    when the limit holds after a growth that bought nothing."""
+
+    best_rate: float = 0.0
+    best_limit: int = 0
+    hold_until: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -40,6 +57,9 @@ class Policy:
     queue_fraction: float = 0.1
     kv_full: float = 0.98
     growth: float = 1.5
+    gain: float = 0.05
+    """A growth must raise the generation rate by this share to count."""
+    hold_s: float = 30.0
     busy: float = 0.9
     """We use our limit when at least this share of it is in flight: only then can the limit be what holds vLLM back."""
 
@@ -48,11 +68,11 @@ class Policy:
 
 
 def parse_metrics(text: str) -> Sample | None:
-    """Running and waiting requests (summed over the server's engines and models) and KV-cache usage (their mean)
-    from vLLM's Prometheus text; None when the text has no request gauges."""
-    sums = {"running": 0.0, "waiting": 0.0}
+    """Running and waiting requests and tokens generated (summed over the server's engines and models) and
+    KV-cache usage (their mean) from vLLM's Prometheus text; None when the text has no request gauges."""
+    sums = {"running": 0.0, "waiting": 0.0, "generated": 0.0}
     kv: list[float] = []
-    seen = False
+    seen, counted = False, False
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -63,33 +83,45 @@ def parse_metrics(text: str) -> Sample | None:
             continue
         if not math.isfinite(value):
             continue
-        if name in RUNNING:
-            sums["running"] += value
-            seen = True
-        elif name in WAITING:
-            sums["waiting"] += value
+        if name in RUNNING or name in WAITING:
+            sums["running" if name in RUNNING else "waiting"] += value
             seen = True
         elif name in KV_USAGE:
             kv.append(value)
+        elif name in GENERATED:
+            sums["generated"] += value
+            counted = True
     if not seen:
         return None
-    return Sample(sums["running"], sums["waiting"], sum(kv) / len(kv) if kv else None)
+    return Sample(sums["running"], sums["waiting"], sum(kv) / len(kv) if kv else None,
+                  sums["generated"] if counted else None)
 
 
-def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy) -> int:
-    """The limit after one sample (``inflight``: our lines out now)."""
+def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy, rate: float | None = None,
+               climb: Climb = Climb(), now: float = 0.0) -> tuple[int, Climb]:
+    """The limit after one sample (``inflight``: our lines out now; ``rate``: tokens/s generated since the last
+    sample, None when unknown — the gate was closed meanwhile), and the climb's new state."""
+    def clamp(n: int) -> int:
+        return max(policy.floor, min(policy.ceiling, n))
+
     if sample is None:
-        return max(policy.floor, min(policy.ceiling, limit))
+        return clamp(limit), climb
     want = policy.wanted_queue(sample.running)
     if sample.waiting > 2 * want:
-        new = int(sample.running) + want
-    elif sample.kv_usage is not None and sample.kv_usage >= policy.kv_full and sample.waiting > 0:
-        new = limit
-    elif sample.waiting < want and inflight >= policy.busy * limit:
-        new = max(limit + 1, math.ceil(limit * policy.growth))
-    else:
-        new = limit
-    return max(policy.floor, min(policy.ceiling, new))
+        return clamp(int(sample.running) + want), climb
+    if sample.kv_usage is not None and sample.kv_usage >= policy.kv_full and sample.waiting > 0:
+        return clamp(limit), climb
+    if rate is not None and rate > climb.best_rate * (1 + policy.gain):
+        climb = Climb(rate, limit, climb.hold_until)
+    if not (sample.waiting < want and inflight >= policy.busy * limit):
+        return clamp(limit), climb
+    if now < climb.hold_until:
+        return clamp(limit), climb
+    if climb.hold_until and now >= climb.hold_until:
+        climb = Climb(rate or 0.0, limit)  # the hold is over: probe again from here
+    elif rate is not None and climb.best_limit and limit > climb.best_limit:
+        return clamp(climb.best_limit), Climb(climb.best_rate, climb.best_limit, now + policy.hold_s)
+    return clamp(max(limit + 1, math.ceil(limit * policy.growth))), climb
 
 
-__all__ = ["Policy", "Sample", "next_limit", "parse_metrics"]
+__all__ = ["Climb", "Policy", "Sample", "next_limit", "parse_metrics"]

@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from timeslice_verl.batch.concurrency import Policy, next_limit, parse_metrics
+from timeslice_verl.batch.concurrency import Climb, Policy, Sample, next_limit, parse_metrics
 from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.store import Line, Outcome, Store
 from timeslice_verl.log import get_logger
@@ -32,8 +32,8 @@ from timeslice_verl.log import get_logger
 log = get_logger("batch")
 
 BACKOFF_S, BACKOFF_MAX_S = 0.5, 30.0
-SAMPLE_S = 0.5
-"""How often the tenant's ``/metrics`` are read while the gate is open."""
+SAMPLE_S = 1.0
+"""How often the tenant's ``/metrics`` are read while the gate is open (the generation rate is taken over it)."""
 SETTLE_S = 5.0
 """How often open batches are checked for their window and cancels (also while the trainer holds the GPU)."""
 WRITE_MAX = 1024
@@ -212,23 +212,38 @@ class Feeder:
             await asyncio.sleep(SETTLE_S)
 
     async def _follow(self, session: aiohttp.ClientSession) -> None:
-        """Sample the tenant's ``/metrics`` while the gate is open; move the limit by the policy."""
+        """Sample the tenant's ``/metrics`` while the gate is open; move the limit by the policy. The generation rate
+        is taken only over an interval the gate stayed open through (a sleeping tenant generates nothing)."""
+        climb, last = Climb(), None
         while True:
-            await self.gate.wait_open()
-            try:
-                async with session.get("/metrics", timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                    sample = parse_metrics(await resp.text()) if resp.status == 200 else None
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError):
-                sample = None
-            if sample is not None and self.gate.open:
+            if not self.gate.open:
+                last = None
+                await self.gate.wait_open()
+            sample = await self._sample(session)
+            now, opened = time.monotonic(), self.gate.open
+            if sample is None or not opened:
+                last = None
+            else:
+                rate = None
+                if last is not None and sample.generated is not None and last[1] is not None and now > last[0]:
+                    rate = max(0.0, (sample.generated - last[1]) / (now - last[0]))
+                last = (now, sample.generated)
                 before = self.stats.limit
-                self.stats.limit = next_limit(before, self.stats.inflight, sample, self.policy)
+                self.stats.limit, climb = next_limit(before, self.stats.inflight, sample, self.policy, rate, climb, now)
                 self.stats.samples = [*self.stats.samples[-599:], (time.time(), sample.running, sample.waiting)]
                 if self.stats.limit != before:
-                    log.debug("batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f)", before, self.stats.limit,
-                              sample.running, sample.waiting)
+                    log.debug("batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f, %s tokens/s)", before,
+                              self.stats.limit, sample.running, sample.waiting, f"{rate:.0f}" if rate else "?")
                     self._room.set()
             await asyncio.sleep(SAMPLE_S)
+
+    @staticmethod
+    async def _sample(session: aiohttp.ClientSession) -> Sample | None:
+        try:
+            async with session.get("/metrics", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                return parse_metrics(await resp.text()) if resp.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError):
+            return None
 
 
 __all__ = ["Feeder", "FeederStats", "classify"]

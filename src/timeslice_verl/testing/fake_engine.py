@@ -63,6 +63,7 @@ class FakeVllm:
         self.frozen = False  # pause mode=keep or asleep: running requests make no progress
         self.abort_epoch = 0  # bumped by an aborting sleep: fails the requests queued before it
         self.waiting = self.completed = self.aborted = self.sleeps = 0
+        self.generated = 0
         self.pauses: dict[str, int] = {}
         self.child_pid = 0
         self._ids = 0
@@ -73,6 +74,7 @@ class FakeVllm:
                 "sleeping": self.sleeping, "paused": self.paused, "running": len(self.running), "waiting": self.waiting,
                 "completed": self.completed, "aborted": self.aborted, "sleeps": self.sleeps, "version": self.version,
                 "wake_up_calls": self.wake_up_calls, "pauses": dict(self.pauses), "child_pid": self.child_pid,
+                "generated": self.generated,
                 "pid": os.getpid(),
             }
 
@@ -103,6 +105,8 @@ class FakeVllm:
                     reason = "abort"
                     break
             tokens += chunk
+            with self.cond:
+                self.generated += chunk
         with self.cond:
             self.running.discard(rid)
             self.aborting.discard(rid)

@@ -47,7 +47,8 @@ def _get_routes(engine: FakeVllm) -> dict[str, Any]:
     def metrics() -> tuple[int, str, str]:
         s = engine.stats()
         return 200, (f'vllm:num_requests_running{{model_name="{engine.model}"}} {float(s["running"])}\n'
-                     f'vllm:num_requests_waiting{{model_name="{engine.model}"}} {float(s["waiting"])}\n'), "text/plain"
+                     f'vllm:num_requests_waiting{{model_name="{engine.model}"}} {float(s["waiting"])}\n'
+                 f'vllm:generation_tokens_total{{model_name="{engine.model}"}} {float(s["generated"])}\n'), "text/plain"
 
     return {
         "/health": lambda: (200, {}),
