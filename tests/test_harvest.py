@@ -188,3 +188,17 @@ def test_a_series_stops_at_the_compute_knee_when_the_server_would_take_more():
     """vLLM takes 1 024 at once but generates no faster past 200: the limit settles near the knee, not at 1 024."""
     seen = _series(server_max=1024, knee=200)
     assert max(seen[-20:]) <= 1.5 * 243 and min(seen[-20:]) >= 162
+
+
+def test_lines_claimed_ahead_and_never_sent_go_back_without_counting_a_try(tmp_path):
+    store = Store(tmp_path / "b.sqlite")
+    bid = store.create_batch(CHAT, "f", 86400, "24h", None, parse(_file(10), CHAT))
+    ahead = store.claim(6, now=1e12)
+    assert store.release(ahead[2:]) == 4 and store.counts(bid) == {"queued": 8, "inflight": 2, "completed": 0, "failed": 0}
+    again = store.claim(10, now=1e12)
+    assert [ln.idx for ln in again] == [2, 3, 4, 5, 6, 7, 8, 9] and all(ln.attempts == 1 for ln in again)
+    store.cancel(bid)
+    assert store.release(again) == 8  # a cancel while they were held: they fail as never sent
+    assert store.counts(bid) == {"queued": 0, "inflight": 2, "completed": 0, "failed": 8}
+    assert store.figures(bid)["retried"] == 0
+    store.checkpoint()

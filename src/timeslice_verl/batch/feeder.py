@@ -1,8 +1,8 @@
 """The batch service's feeder: keeps the tenant full while it has the GPU, and decides each answer's fate.
 
-* **Slots.** A line holds a slot from its claim until its answer arrives; the answer's write happens behind it (one
-  writer, many outcomes a transaction), so the tenant never waits on the database. Lines are claimed many at a
-  time, when a tenth of the limit is free.
+* **Slots.** A line holds a slot from its send until its answer arrives; the answer's write happens behind it (one
+  writer, many outcomes a transaction), and the next lines are claimed ahead, in the background (up to the
+  limit), so the tenant never waits on the database.
 * **How many.** The limit follows the tenant (:mod:`timeslice_verl.batch.concurrency`): sampled from vLLM's
   ``/metrics`` while the gate is open, from ``timeslice.batch.concurrency`` up to ``max_concurrency``.
 * **HTTP.** One aiohttp session, connections kept alive: its CPU per request does not grow with the number in
@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import sqlite3
 import time
@@ -80,6 +81,9 @@ class Feeder:
         self.problem = ""
         self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
         self._room = asyncio.Event()
+        self._ready: collections.deque[Line] = collections.deque()
+        """Lines claimed (in flight in the store) and not sent yet."""
+        self._claiming = False
         self._tasks: list[asyncio.Task] = []
 
     def kick(self) -> None:
@@ -115,22 +119,41 @@ class Feeder:
         log.error("batch: %s; lines are held until the service is restarted", self.problem, exc_info=exc)
 
     async def _feed(self, session: aiohttp.ClientSession) -> None:
+        """Send from the lines claimed ahead whenever a slot is free; claim the next ones in the background, so a
+        slow database moment (a checkpoint, a large write) never leaves the tenant without work. Lines claimed but
+        not sent go back to the queue when the gate closes (a cancel meanwhile can end their batch)."""
         while True:
-            await self.gate.wait_open()
+            if not self.gate.open:
+                if self._ready:
+                    held, self._ready = list(self._ready), collections.deque()
+                    await self._db(self.store.release, held)
+                await self.gate.wait_open()
             free = self.stats.limit - self.stats.inflight
-            lines: list[Line] = []
-            if free > 0 and (free * 10 >= self.stats.limit or self.stats.inflight == 0):
-                lines = await self._db(self.store.claim, free, time.time())
-            for line in lines:
-                self.stats.inflight += 1
-                self.stats.sent += 1
-                asyncio.create_task(self._send(session, line))
-            if not lines:
-                self._room.clear()
-                try:
-                    await asyncio.wait_for(self._room.wait(), timeout=0.2)  # a slot, a new batch, or a backoff's end
-                except asyncio.TimeoutError:
-                    pass
+            while free > 0 and self._ready:
+                self._launch(session, self._ready.popleft())
+                free -= 1
+            if len(self._ready) < self.stats.limit and not self._claiming:
+                self._claiming = True
+                asyncio.create_task(self._claim(self.stats.limit - len(self._ready) + max(0, free)))
+            self._room.clear()
+            try:
+                await asyncio.wait_for(self._room.wait(), timeout=0.2)  # a slot, claimed lines, a new batch, a backoff
+            except asyncio.TimeoutError:
+                pass
+
+    async def _claim(self, n: int) -> None:
+        try:
+            lines = await self._db(self.store.claim, n, time.time())
+            self._ready.extend(lines)
+        finally:
+            self._claiming = False
+        if lines:
+            self._room.set()
+
+    def _launch(self, session: aiohttp.ClientSession, line: Line) -> None:
+        self.stats.inflight += 1
+        self.stats.sent += 1
+        asyncio.create_task(self._send(session, line))
 
     async def _send(self, session: aiohttp.ClientSession, line: Line) -> None:
         try:
@@ -138,8 +161,10 @@ class Feeder:
         finally:
             self.stats.inflight -= 1
             self.stats.answered += 1
-            if (self.stats.limit - self.stats.inflight) * 10 >= self.stats.limit or not self.stats.inflight:
-                self._room.set()  # a tenth of the limit is free: worth a claim (not a wake-up per answer)
+            if self.gate.open and self._ready and self.stats.inflight < self.stats.limit:
+                self._launch(session, self._ready.popleft())  # the freed slot's next line, without a wake-up
+            if len(self._ready) * 2 < self.stats.limit:
+                self._room.set()  # time to claim ahead
         self._outcomes.put_nowait(outcome)
 
     async def _try(self, session: aiohttp.ClientSession, line: Line) -> Outcome:
@@ -209,6 +234,7 @@ class Feeder:
     async def _settler(self) -> None:
         while True:
             await self._db(self.store.settle_open)
+            await self._db(self.store.checkpoint)
             await asyncio.sleep(SETTLE_S)
 
     async def _follow(self, session: aiohttp.ClientSession) -> None:

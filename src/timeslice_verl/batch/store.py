@@ -89,6 +89,7 @@ class Store:
             with self._lock:
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=NORMAL")  # WAL: a committed line survives a kill of the service
+                self.db.execute("PRAGMA wal_autocheckpoint=0")  # :meth:`checkpoint`, off the hot path
                 migrate(self.db, str(path))
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"timeslice.batch.db: {path} cannot be used: {exc}") from None
@@ -264,6 +265,30 @@ class Store:
                 if len(out) >= n:
                     break
         return out
+
+    def release(self, lines: list[Line]) -> int:
+        """Lines claimed and never sent go back to the queue, their try not counted."""
+        moved: dict[str, int] = {}
+        with self.transaction() as db:
+            for ln in lines:
+                if db.execute("UPDATE lines SET state = 'queued', attempts = attempts - 1 WHERE batch_id = ? AND idx = ? "
+                              "AND state = 'inflight'", (ln.batch_id, ln.idx)).rowcount:
+                    moved[ln.batch_id] = moved.get(ln.batch_id, 0) + 1
+            for bid, n in moved.items():
+                again = sum(1 for ln in lines if ln.batch_id == bid and ln.attempts > 1)
+                db.execute("UPDATE batches SET inflight = inflight - ?, queued = queued + ?, retried = retried - ? "
+                           "WHERE id = ?", (n, n, again, bid))
+                self._settle(db, bid, int(time.time()))
+        return sum(moved.values())
+
+    def checkpoint(self) -> None:
+        """Copy the WAL into the database file on a connection of its own (PASSIVE: no writer waits for it); the
+        service's connection never checkpoints in its commits, so a slow disk never stalls a claim or a write."""
+        db = sqlite3.connect(str(self.path), timeout=30)
+        try:
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            db.close()
 
     def record(self, outcomes: list[Outcome]) -> int:
         """Write many lines' outcomes in one transaction; how many took effect (a line no longer in flight — answered
