@@ -23,7 +23,8 @@ case "$1" in
     export PYTHONPATH=$PWD/src:/root/pydeps:$PYTHONPATH NCCL_CUMEM_ENABLE=0 NCCL_NVLS_ENABLE=0
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
     WORK=/root/harvest/$(date +%H%M%S); mkdir -p "$WORK"
-    python3 benchmarks/harvest.py --out "$WORK" --vllm-url http://127.0.0.1:8000 --device cuda "$@" > "$WORK/harvest.log" 2>&1
+    timeout "${LIMIT_S:-520}" python3 benchmarks/harvest.py --out "$WORK" --vllm-url http://127.0.0.1:8000 --device cuda "$@" \
+      > "$WORK/harvest.log" 2>&1  # ends before the call does, so what it wrote still comes back
     rc=$?
     tail -c 20000 /root/vllm.log > "$WORK/vllm-tail.log"
     grep -v " INFO " "$WORK/harvest.log" | tail -40
