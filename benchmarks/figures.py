@@ -198,7 +198,55 @@ def valleys_round6_h200() -> str:
         ("v-longtail", "longtail"))))
 
 
+def _harvest_log(run: Path) -> dict[str, Any]:
+    """harvest.py's JSON lines of one run: the capacity levels and the service alone."""
+    out: dict[str, Any] = {"capacity": []}
+    for line in (run / "harvest.log").read_text().splitlines():
+        if line.startswith('{"capacity"'):
+            out["capacity"].append(json.loads(line)["capacity"])
+        elif line.startswith('{"service_alone"'):
+            out["alone"] = json.loads(line)["service_alone"]
+    return out
+
+
+def harvest_h200() -> str:
+    """benchmarks/harvest.py on one H200 (2026-12-01), 48-token completions, 20 000 lines: each run's capacity, the
+    service alone, and the fleet schedule time-sliced, as ratios within the run."""
+    folder = RESULTS / "2026-12-01-h200-harvest"
+    lines = ["| run | capacity best, tokens/s | service alone / capacity | fleet: serving / capacity | idle / capacity | "
+             "step ratio | wait median / max s | tokens per tenant-GPU s |", "|---|---|---|---|---|---|---|---|"]
+    for run in ("run1", "run2", "run3"):
+        got = _harvest_log(folder / run)
+        best = max(c["tokens_per_s"] for c in got["capacity"])
+        row_path = folder / run / "row-48-fleet.json"
+        r = json.loads(row_path.read_text()) if row_path.exists() else {}
+        fleet = (f"{_f(r['serving_vs_capacity'], 3)} | {_f(r['idle_vs_capacity'], 3)} | {_f(r['step_ratio'], 4)} | "
+                 f"{_f(r['wait_s_median'], 3)} / {_f(r['wait_s_max'], 3)} | {r['tokens_per_gpu_s']:.0f}") if r else "– | – | – | – | –"
+        lines.append(f"| {run[-1]} | {best:.0f} | {_f(got['alone']['tokens_per_s'] / best, 3)} | {fleet} |")
+    return "\n".join(lines)
+
+
+def harvest_cpu() -> str:
+    """benchmarks/harvest_cpu.py on this 2-core CPU machine: the service alone against the stand-in of known capacity,
+    this tree and the tree before the change (38d0fd7) one after the other."""
+    folder = RESULTS / "2026-12-01-cpu-harvest"
+    rows = [json.loads(x) for x in (folder / "rows.jsonl").read_text().splitlines()]
+    meta = json.loads((folder / "meta.json").read_text())
+    lines = ["| service | lines | lines/s (stand-in: %.0f) | CPU ms/line | first tenth | last tenth | peak RSS MiB |"
+             % meta["standin_capacity_lines_per_s"], "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        label = "before (38d0fd7)" if r["label"] == "baseline" else "this change"
+        lines.append(f"| {label} | {r['lines']} | {r['lines_per_s']:.0f} | {r['cpu_ms_per_line']:.3f} | "
+                     f"{r['cpu_ms_per_line_first_tenth']:.3f} | {r['cpu_ms_per_line_last_tenth']:.3f} | {r['peak_rss_mib']:.0f} |")
+    if "upload" in meta:
+        u = meta["upload"]
+        lines.append(f"\nA {u['file_mb']:.0f} MB upload (50 000 lines) and its batch: the service's RSS "
+                     f"{u['rss_before_mib']:.0f} → peak {u['rss_peak_mib']:.0f} → after {u['rss_after_mib']:.0f} MiB.")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "harvest-h200": harvest_h200, "harvest-cpu": harvest_cpu,
     "valleys-h200": valleys_h200, "valleys-round5-h200": valleys_round5_h200, "valleys-round6-h200": valleys_round6_h200, "ladder-cpu": ladder_cpu, "ladder-h200": ladder_h200,
     "verl-run": verl_run, "cuda-cycles": cuda_cycles, "swap-one-gpu": swap_one_gpu,
     "swap-two-gpus": swap_two_gpus, "side-by-side": side_by_side,

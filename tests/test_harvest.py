@@ -201,4 +201,3 @@ def test_lines_claimed_ahead_and_never_sent_go_back_without_counting_a_try(tmp_p
     assert store.release(again) == 8  # a cancel while they were held: they fail as never sent
     assert store.counts(bid) == {"queued": 0, "inflight": 2, "completed": 0, "failed": 8}
     assert store.figures(bid)["retried"] == 0
-    store.checkpoint()

@@ -234,7 +234,6 @@ class Feeder:
     async def _settler(self) -> None:
         while True:
             await self._db(self.store.settle_open)
-            await self._db(self.store.checkpoint)
             await asyncio.sleep(SETTLE_S)
 
     async def _follow(self, session: aiohttp.ClientSession) -> None:

@@ -89,7 +89,6 @@ class Store:
             with self._lock:
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=NORMAL")  # WAL: a committed line survives a kill of the service
-                self.db.execute("PRAGMA wal_autocheckpoint=0")  # :meth:`checkpoint`, off the hot path
                 migrate(self.db, str(path))
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"timeslice.batch.db: {path} cannot be used: {exc}") from None
@@ -280,15 +279,6 @@ class Store:
                            "WHERE id = ?", (n, n, again, bid))
                 self._settle(db, bid, int(time.time()))
         return sum(moved.values())
-
-    def checkpoint(self) -> None:
-        """Copy the WAL into the database file on a connection of its own (PASSIVE: no writer waits for it); the
-        service's connection never checkpoints in its commits, so a slow disk never stalls a claim or a write."""
-        db = sqlite3.connect(str(self.path), timeout=30)
-        try:
-            db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        finally:
-            db.close()
 
     def record(self, outcomes: list[Outcome]) -> int:
         """Write many lines' outcomes in one transaction; how many took effect (a line no longer in flight — answered
