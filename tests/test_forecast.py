@@ -206,3 +206,28 @@ def test_a_checkpoint_swap_never_gambles_a_valley_it_cannot_time():
     long = replay("fleet", way_back_s=7.0, round_trip_s=14.0, valley_s=40.0, seed=1)
     assert long.lent > 0 and long.below_break_even == 0
     assert all(math.isfinite(v) for v in long.valleys)
+
+
+# --------------------------------------------------------------------------- round 5, item 10
+
+
+@pytest.mark.parametrize("k, rate, p, expected, within", [
+    (1024, 10.0, 0.1, 98.3, 0.01),     # saturated at 74.5 s before (exp(-lx) underflowed)
+    (4096, 10.0, 0.1, 401.4, 0.01),
+    (10**18, 10.0, 0.1, 1e17, 0.01),   # a backlog read of (0, 10**18): bounded work, a finite answer
+    (200, 5.0, 0.5, 39.93, 0.01),      # the last exact k and the first approximated one agree
+    (201, 5.0, 0.5, 40.13, 0.01),
+    (1, 2.0, 0.5, math.log(2) / 2, 1e-6),
+])
+def test_the_erlang_quantile_is_right_at_any_size(k, rate, p, expected, within):
+    from timeslice_verl.handoff.forecast import erlang_quantile
+
+    assert erlang_quantile(p, k, rate) == pytest.approx(expected, rel=within)
+
+
+@pytest.mark.parametrize("x, k, rate", [(1e300, 5, 1e300), (float("nan"), 5, 1.0), (1.0, 5, float("nan")),
+                                        (1e-300, 10**18, 1e-300), (745.2, 3, 1.0), (1e6, 150, 1.0)])
+def test_the_erlang_cdf_is_a_probability_for_any_input(x, k, rate):
+    from timeslice_verl.handoff.forecast import erlang_cdf
+
+    assert 0.0 <= erlang_cdf(x, k, rate) <= 1.0
