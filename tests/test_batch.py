@@ -161,13 +161,14 @@ def test_a_batch_the_service_cannot_run_is_a_4xx_and_nothing_else_changes(api, b
     resp = client.post("/v1/batches", json=body)
     assert resp.status_code == status and message in resp.json()["error"]["message"], resp.json()
     assert store.batches() == [] and kicks == []
-    assert client.post("/v1/batches", json={"input_file_id": good, "endpoint": CHAT}).status_code == 200
+    assert client.post("/v1/batches", json={"input_file_id": good, "endpoint": CHAT,
+                                            "completion_window": "24h"}).status_code == 200
 
 
 def test_bad_lines_go_to_the_error_file_and_the_good_ones_run(api):
     client, store, kicks = api
     fid = _upload(client, f"{_line('a')}\n{{oops\n{_line('b', model='zz')}\n".encode()).json()["id"]
-    batch = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": CHAT}).json()
+    batch = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h"}).json()
     assert batch["request_counts"] == {"total": 3, "completed": 0, "failed": 2} and kicks == [1]
     assert client.get("/v1/batches/batch_nope").status_code == 404
     assert client.post("/v1/batches", content=b"[").status_code == 400

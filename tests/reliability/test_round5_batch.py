@@ -265,3 +265,45 @@ def test_batch_commands_take_bare_settings_like_agent_and_status(tmp_path, procs
     assert mixed.exit_code == 0, mixed.output
     wrong = CliRunner().invoke(main, ["batch", "status", "timeslice.batch.nope=1"])
     assert wrong.exit_code == 2 and "timeslice.batch.nope" in wrong.output
+
+
+# --------------------------------------------------------------------------- OpenAI conformance (the round's low items)
+
+
+@pytest.mark.parametrize("call, status, param", [
+    (("get", "/v1/batches?limit=0"), 400, "limit"),
+    (("get", "/v1/batches?limit=101"), 400, "limit"),
+    (("get", "/v1/batches?limit=abc"), 400, "limit"),
+    (("post", "/v1/batches", {"input_file_id": "f", "endpoint": "/v1/completions"}), 400, "completion_window"),
+    (("post", "/v1/batches", {"input_file_id": "f", "endpoint": "/v1/completions", "completion_window": "24h",
+                              "metadata": {f"k{i}": "v" for i in range(17)}}), 400, "metadata"),
+    (("post", "/v1/batches", {"input_file_id": "f", "endpoint": "/v1/completions", "completion_window": "24h",
+                              "metadata": {"k" * 65: "v"}}), 400, "metadata"),
+    (("post", "/v1/batches", {"input_file_id": "f", "endpoint": "/v1/completions", "completion_window": "24h",
+                              "metadata": {"k": "v" * 513}}), 400, "metadata"),
+    (("post", "/v1/files", None), 400, "file"),
+])
+def test_requests_openai_refuses_are_refused_in_its_error_shape(guarded, call, status, param):
+    method, path, *body = call
+    kw = {"json": body[0]} if body and body[0] is not None else {}
+    resp = getattr(guarded, method)(path, headers={"Authorization": f"Bearer {KEY}"}, **kw)
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error" and param in (error["param"] or "") + error["message"]
+
+
+def test_has_more_is_exact(tmp_path):
+    from timeslice_verl.batch.lines import parse
+
+    store = Store(tmp_path / "b.sqlite")
+    line = b'{"custom_id": "a", "url": "/v1/completions", "body": {"model": "m"}}'
+    for _ in range(3):
+        store.create_batch("/v1/completions", "f", 86400, "24h", None, parse(line, "/v1/completions"))
+    app = make_app(store, models=lambda: None, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
+                   max_file_bytes=1)
+    with TestClient(app) as client:
+        assert client.get("/v1/batches?limit=3").json()["has_more"] is False
+        page = client.get("/v1/batches?limit=2").json()
+        assert page["has_more"] is True
+        assert client.get(f"/v1/batches?limit=2&after={page['last_id']}").json()["has_more"] is False
+    store.close()

@@ -14,6 +14,7 @@ import sqlite3
 from typing import Any, Callable
 
 from fastapi import FastAPI, File, Form, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from timeslice_verl.batch.lines import ENDPOINTS, BatchRefused, error_lines, output_lines, parse
@@ -25,6 +26,22 @@ OUT, ERR = "file-out-", "file-err-"
 def refuse(status: int, message: str, param: str | None = None, code: str = "invalid_request") -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}},
                         status_code=status)
+
+
+def metadata_problem(metadata: Any) -> str:
+    """What is wrong with a batch's metadata by OpenAI's rules (16 string pairs, keys ≤ 64, values ≤ 512), or ""."""
+    if metadata is None:
+        return ""
+    if not isinstance(metadata, dict):
+        return "metadata must be an object of strings"
+    if len(metadata) > 16:
+        return f"metadata has {len(metadata)} keys; at most 16"
+    for key, value in metadata.items():
+        if len(key) > 64:
+            return f"metadata key {key[:20]!r}… is longer than 64 characters"
+        if not isinstance(value, str) or len(value) > 512:
+            return f"metadata[{key!r}] must be a string of at most 512 characters"
+    return ""
 
 
 def file_object(row: dict[str, Any]) -> dict[str, Any]:
@@ -54,6 +71,12 @@ def make_app(store: Store, *, models: Callable[[], set[str] | None], kick: Calla
     app = FastAPI(title="timeslice-verl batch", version="1")
     _files(app, store, max_file_bytes)
     _batches(app, store, models, kick)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = (exc.errors() or [{}])[0]
+        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+        return refuse(400, f"{where or 'the request'}: {first.get('msg', 'is not valid')}", where)
 
     @app.exception_handler(sqlite3.OperationalError)
     async def storage(request: Request, exc: sqlite3.OperationalError) -> JSONResponse:
@@ -149,9 +172,12 @@ def _batches(app: FastAPI, store: Store, models: Callable[[], set[str] | None], 
         endpoint, fid = body.get("endpoint"), body.get("input_file_id")
         if endpoint not in ENDPOINTS:
             return refuse(400, f"endpoint {endpoint!r} is not supported (supported: {', '.join(ENDPOINTS)})", "endpoint")
-        if body.get("completion_window", "24h") != "24h":
+        if body.get("completion_window") != "24h":
             return refuse(400, f"completion_window {body.get('completion_window')!r} is not supported: use '24h'",
                           "completion_window")
+        bad = metadata_problem(body.get("metadata"))
+        if bad:
+            return refuse(400, bad, "metadata")
         data = await asyncio.to_thread(store.content, fid) if isinstance(fid, str) else None
         if data is None:
             return refuse(404, f"no input file {fid!r}", "input_file_id", "not_found")
@@ -164,11 +190,13 @@ def _batches(app: FastAPI, store: Store, models: Callable[[], set[str] | None], 
         return batch_object(store, store.batch(bid))  # type: ignore[arg-type]
 
     @app.get("/v1/batches")
-    def list_batches(limit: int = 20, after: str | None = None) -> dict[str, Any]:
-        rows = store.batches(max(1, min(limit, 100)), after)
-        data = [batch_object(store, r) for r in rows]
+    def list_batches(limit: int = 20, after: str | None = None) -> Any:
+        if not 1 <= limit <= 100:
+            return refuse(400, f"limit {limit} is not between 1 and 100", "limit")
+        rows = store.batches(limit + 1, after)
+        data = [batch_object(store, r) for r in rows[:limit]]
         return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None, "has_more": len(data) == max(1, min(limit, 100))}
+                "last_id": data[-1]["id"] if data else None, "has_more": len(rows) > limit}
 
     @app.get("/v1/batches/{bid}")
     def get_batch(bid: str) -> Any:
