@@ -15,6 +15,14 @@ class NotPrivate(ValueError):
     """A directory or file another user owns or may write (or a link where a file should be): named, refused."""
 
 
+def _owned(st: os.stat_result, what: str, then: str) -> None:
+    """This user's, and writable by nobody else."""
+    if st.st_uid != os.getuid():
+        raise NotPrivate(f"{what} belongs to uid {st.st_uid}, not to you: {then}")
+    if st.st_mode & 0o022:
+        raise NotPrivate(f"{what} is writable by others: {then}")
+
+
 def private_directory(path: Path, key: str) -> None:
     """Create ``path`` (0700) or check that it is this user's and not writable by others."""
     try:
@@ -24,10 +32,7 @@ def private_directory(path: Path, key: str) -> None:
         raise NotPrivate(f"{key}: cannot create or read directory {path}: {exc.strerror or exc}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise NotPrivate(f"{key}: {path} is not a directory")
-    if st.st_uid != os.getuid():
-        raise NotPrivate(f"{key}: directory {path} belongs to uid {st.st_uid}, not to you")
-    if st.st_mode & 0o022:
-        raise NotPrivate(f"{key}: directory {path} is writable by others; use a private directory")
+    _owned(st, f"{key}: directory {path}", "use a private directory")
 
 
 def private_file(path: Path, key: str, *, readable_by_others: bool = True) -> bool:
@@ -41,10 +46,7 @@ def private_file(path: Path, key: str, *, readable_by_others: bool = True) -> bo
         raise NotPrivate(f"{key}: {path} is a symbolic link; give the file's own path")
     if not stat.S_ISREG(st.st_mode):
         raise NotPrivate(f"{key}: {path} is not a regular file")
-    if st.st_uid != os.getuid():
-        raise NotPrivate(f"{key}: {path} belongs to uid {st.st_uid}, not to you: it will not be used")
-    if st.st_mode & 0o022:
-        raise NotPrivate(f"{key}: {path} is writable by others: it will not be used")
+    _owned(st, f"{key}: {path}", "it will not be used")
     if not readable_by_others and st.st_mode & 0o044:
         raise NotPrivate(f"{key}: {path} is readable by others (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it")
     return True
