@@ -236,10 +236,11 @@ def timeline_plot(path: str, output: str | None, json_out: str | None) -> None:
 @click.option("--vllm-arg", "vllm_args", multiple=True, metavar="ARG",
               help="An argument for the vLLM --vllm-model starts, e.g. --vllm-arg=--max-model-len=2048 (repeatable).")
 @click.option("--clients", default=4, show_default=True, help="Batch requests kept in flight at the tenant.")
-@click.option("--batch-lines", default=20000, show_default=True, help="Lines of the batch submitted at the start.")
+@click.option("--batch-lines", default=0, help="Lines of the batch submitted at the start (default: 20 000 on a GPU; "
+              "1 000 dry, about what the valleys answer, the rest finished after the last step).")
 @click.option("--max-tokens", default=0, help="Tokens per batch line (default: 48 on a GPU, 24 dry).")
-@click.option("--finish-batch-s", default=0.0, help="After the last step, let the batch complete for up to this many "
-              "seconds before what is left is cancelled.")
+@click.option("--finish-batch-s", default=-1.0, help="After the last step, let the batch complete for up to this many "
+              "seconds before what is left is cancelled (default: 0 on a GPU, 120 dry).")
 @click.option("--burst-every", default=0, show_default=True,
               help="Every k-th batch comes 20x faster (already queued at the release: a skipped handoff); 0: none.")
 @click.option("--wedge-at", default=0, help="Stop the tenant (SIGSTOP) in this step's valley: the ladder kills it and "
@@ -275,9 +276,9 @@ def demo_cmd(out: str, overrides: tuple[str, ...], **kw: Any) -> None:
 
 def _check_demo(kw: dict[str, Any], overrides: tuple[str, ...]) -> None:
     if kw["steps"] < 1 or kw["rollout_s"] < 0 or kw["train_s"] < 0 or kw["gib"] <= 0 or kw["clients"] < 1 \
-            or kw["burst_every"] < 0 or kw["required"] < 0 or kw["batch_lines"] < 1 or kw["max_tokens"] < 0 \
-            or not 0 <= kw["finish_batch_s"] <= 86400:
-        raise click.UsageError("--steps, --clients and --batch-lines must be >= 1; --rollout-s, --train-s, --burst-every, "
+            or kw["burst_every"] < 0 or kw["required"] < 0 or kw["batch_lines"] < 0 or kw["max_tokens"] < 0 \
+            or not (0 <= kw["finish_batch_s"] <= 86400 or kw["finish_batch_s"] == -1):
+        raise click.UsageError("--steps and --clients must be >= 1; --batch-lines, --rollout-s, --train-s, --burst-every, "
                                "--required, --max-tokens >= 0; --gib > 0; --finish-batch-s in [0, 86400]")
     bad = [o for o in overrides if not o.startswith("timeslice.") or "=" not in o]
     if bad:
