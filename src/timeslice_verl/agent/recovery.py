@@ -56,7 +56,9 @@ class Recovery:
                 await asyncio.wait_for(t.register(url, level, persist=False), START_REGISTER_S)
             except (TenantError, ProtocolError, asyncio.TimeoutError) as exc:
                 why = f"no answer within {START_REGISTER_S:g} s" if isinstance(exc, asyncio.TimeoutError) else str(exc)
-                log.error("tenant %s: %s (will retry)", url, why)
+                # expected when the agent starts first (the quick start's order): not an error until it lasts
+                log.warning("tenant %s is not up yet: %s; the agent takes it when it answers (or its supervisor "
+                            "registers it)", url, why)
                 t.adopt_dead(url, level, why)
         a.persist()
         a.store.start_writer()  # from now on the state file is written off the event loop
