@@ -18,6 +18,9 @@ REPO = Path(__file__).resolve().parent.parent
 # `ray start`, another test run), which auto-initialising Ray would otherwise do. Tests that build a cluster
 # pass its address explicitly.
 os.environ["RAY_ADDRESS"] = "local"
+# This run's agents take only this run's workers: a second copy of the suite on the same host (same user, same job
+# names) is another scope. Every process a test starts inherits it.
+os.environ["TIMESLICE_SCOPE"] = f"tests-{os.getpid()}"
 
 
 def _gpu_available() -> tuple[bool, str]:

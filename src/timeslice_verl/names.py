@@ -14,6 +14,10 @@ SWAP_MODES = ("checkpoint", "park", "park+checkpoint", "resident")
 it stays, beside the tenant."""
 JOB_TAG_ENV = "TIMESLICE_JOB"
 """Environment variable that tags a job's GPU worker processes (its value is the job name)."""
+SCOPE_ENV = "TIMESLICE_SCOPE"
+"""Optional: an agent takes only the tagged processes of its own scope (the same value in both environments, or unset
+in both), so independent deployments on one host — two copies of the test suite, say — never take each other's
+workers for a job of the same name."""
 JOB_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 URL_RE = re.compile(r"https?://[^/\s]+(/\S*)?")
 

@@ -100,3 +100,22 @@ def _tagged_for(p: psutil.Process, url: str) -> bool:
         return p.environ().get("TIMESLICE_TENANT_SUPERVISOR") == url and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def test_an_agent_takes_only_the_workers_of_its_own_scope(procs):
+    """The suite beside a second copy of itself: the same job name in another scope is not this run's worker."""
+    import os
+
+    from agent_support import spawn_worker
+    from timeslice_verl.agent import procfs
+
+    ours = spawn_worker("scope-probe")
+    procs.append(ours)
+    saved = os.environ["TIMESLICE_SCOPE"]
+    os.environ["TIMESLICE_SCOPE"] = "another-copy-of-the-suite"
+    try:
+        theirs = spawn_worker("scope-probe")
+        procs.append(theirs)
+    finally:
+        os.environ["TIMESLICE_SCOPE"] = saved
+    assert procfs.tagged_processes("scope-probe") == [ours.pid]

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from timeslice_verl.names import JOB_TAG_ENV
+from timeslice_verl.names import JOB_TAG_ENV, SCOPE_ENV
 
 PROC = Path("/proc")
 
@@ -151,7 +151,8 @@ def nccl_p2p_hazard(pid: int) -> str | None:
 
 
 def tagged_processes(job: str) -> list[int]:
-    """Thread-group leaders (every process we can read) tagged ``job``."""
+    """Thread-group leaders (every process we can read) tagged ``job`` in this process's scope (``TIMESLICE_SCOPE``)."""
     candidates = [int(p.name) for p in PROC.iterdir() if p.name.isdigit()]
-    me = os.getpid()
-    return sorted(p for p in set(candidates) if p != me and is_thread_group_leader(p) and job_tag(p) == job)
+    me, scope = os.getpid(), os.environ.get(SCOPE_ENV)
+    return sorted(p for p in set(candidates) if p != me and is_thread_group_leader(p) and job_tag(p) == job
+                  and (environ(p) or {}).get(SCOPE_ENV) == scope)
