@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 import httpx
 import pytest

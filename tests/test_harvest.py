@@ -156,7 +156,8 @@ def test_the_in_flight_limit_follows_the_tenant(limit, inflight, sample, expecte
 
 
 @pytest.mark.parametrize("limit, rate, climb, now, expected, why", [
-    (48, 900.0, Climb(600.0, 32), 5.0, (72, Climb(900.0, 48)), "the growth paid: the best so far, grow on"),
+    (48, 900.0, Climb(600.0, 32), 5.0, (96, Climb(900.0, 48)), "the growth paid by half: far from the knee, double"),
+    (48, 700.0, Climb(600.0, 32), 5.0, (72, Climb(700.0, 48)), "the growth paid a sixth: grow on by half"),
     (72, 910.0, Climb(900.0, 48), 6.0, (48, Climb(900.0, 48, 36.0)), "it bought nothing: back to 48, hold 30 s"),
     (48, 905.0, Climb(900.0, 48, 36.0), 20.0, (48, Climb(900.0, 48, 36.0)), "holding"),
     (48, 880.0, Climb(900.0, 48, 36.0), 37.0, (72, Climb(880.0, 48)), "the hold is over: probe again from here"),
@@ -165,6 +166,15 @@ def test_the_in_flight_limit_follows_the_tenant(limit, inflight, sample, expecte
 def test_growing_stops_where_it_buys_no_more_tokens(limit, rate, climb, now, expected, why):
     sample = Sample(limit, 0)
     assert next_limit(limit, limit, sample, P, rate, climb, now) == expected, why
+
+
+@pytest.mark.parametrize("sample, expected, why", [
+    (Sample(48, 0), 48, "no queue and our limit used, but the window at 48 is too short to judge: hold"),
+    (Sample(48, 40), 48 + 5, "a queue far past the wanted one: shrink at once, settled or not"),
+    (Sample(48, 0, 0.99), 48, "KV cache full: hold"),
+])
+def test_an_unsettled_limit_only_shrinks_or_holds(sample, expected, why):
+    assert next_limit(48, 48, sample, P, None, Climb(900.0, 32), 5.0, settled=False)[0] == expected, why
 
 
 def _series(server_max: int, knee: int, steps: int = 60) -> list[int]:

@@ -6,12 +6,27 @@ Hydra or OmegaConf to know them.
 
 from __future__ import annotations
 
+import enum
 import re
 import urllib.parse
 
 SWAP_MODES = ("checkpoint", "park", "park+checkpoint", "resident")
 """How a released job's memory leaves the GPU (``timeslice.handoff.swap``; the agent's ``release``); ``resident``:
 it stays, beside the tenant."""
+
+
+class YieldBy(str, enum.Enum):
+    """How the tenant gives the GPU back (``timeslice.tenant.yield_by``; :mod:`timeslice_verl.agent.hold`)."""
+
+    auto = "auto"
+    """A pause alone when the trainer's measured peak and the tenant's awake memory fit the GPU with a margin."""
+    sleep = "sleep"
+    """Always pause, then sleep (the tenant's memory freed at every yield)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 JOB_TAG_ENV = "TIMESLICE_JOB"
 """Environment variable that tags a job's GPU worker processes (its value is the job name)."""
 SCOPE_ENV = "TIMESLICE_SCOPE"

@@ -12,7 +12,6 @@ import re
 import signal
 import socket
 import sys
-import threading
 import tomllib
 from pathlib import Path
 

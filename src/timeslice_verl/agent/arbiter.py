@@ -22,9 +22,11 @@ from typing import Any
 from timeslice_verl.agent.executor import Executor
 from timeslice_verl.agent.freeze.base import FreezeBackend, ThawError
 from timeslice_verl.agent.gpu import NvmlProbe
+from timeslice_verl.agent.hold import HoldPolicy
 from timeslice_verl.agent.jobs import JobBook
 from timeslice_verl.agent.journal import Journal
-from timeslice_verl.agent.policy import TENANT_FAULTED, JobView, World, next_move
+from timeslice_verl.agent.peaks import Peaks
+from timeslice_verl.agent.policy import FAULTED, FROZEN, TENANT_FAULTED, JobView, World, desired, next_move
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.recovery import Recovery
 from timeslice_verl.agent.state import RUNNING, Job, StateStore
@@ -51,8 +53,10 @@ class Arbiter:
         reclaim_deadline_s: float = 10.0, prepare_ttl_s: float = MAX_PREPARE_TTL_S, watch_interval_s: float = 0.2,
         reattach_grace_s: float = 60.0, park_overhead_bytes: int = 3 * 2**30, probe_interval_s: float = 0.5,
         probe_timeout_s: float = 0.75, shutdown_timeout_s: float = 10.0, tenant_warm_up: bool = True,
+        hold: HoldPolicy = HoldPolicy(),
     ) -> None:
         self.store, self.probe = store, probe
+        self.peaks = Peaks(probe, hold)
         self.prepare_ttl_s = min(prepare_ttl_s, MAX_PREPARE_TTL_S)
         self.step_lock = asyncio.Lock()
         self.journal = Journal()
@@ -165,6 +169,8 @@ class Arbiter:
             job.swap = swap
             job.parked = {int(r["pid"]): int(r["kept"]) for r in parked or []}
             job.parked_bytes = sum(int(r["parked"]) for r in parked or [])
+        if job.holding:
+            self.peaks.sample([job], held=False)  # what it holds as it lets go (a resident trainer's allocator cache)
         was_holding, job.holding = job.holding, False
         job.ending = job.ending or done
         job.refused = ""  # a new valley: try the freeze again
@@ -251,22 +257,33 @@ class Arbiter:
         tenant = self.tenancy.state
         jobs = tuple(JobView(name=j.name, state=j.state, holding=j.holding, queued=j.name in self.book.queue,
                              prepared_until=j.prepared_until, refused=bool(j.refused), ending=j.ending,
-                             has_pids=bool(j.pids())) for j in self.book.jobs.values())
-        room = self._room(self.tenancy.footprint) if tenant in (ASLEEP, TENANT_FAULTED) else True
+                             has_pids=bool(j.pids()), needs_room=bool(j.frozen_bytes or j.parked_bytes))
+                     for j in self.book.jobs.values())
+        held = self.tenancy.held
+        room = self._room(self.tenancy.footprint) if tenant in (ASLEEP, TENANT_FAULTED) and not held else True
         return World(jobs=jobs, queue_head=self.book.queue[0] if self.book.queue else None, tenant=tenant,
                      room_for_tenant=room, now=time.monotonic(), tenant_retry_at=self.tenancy.retry_at,
-                     tenant_warm_up=self.tenancy.warm_up_due)
+                     tenant_warm_up=self.tenancy.warm_up_due, tenant_held=held, tenant_tight=held and self.peaks.tight)
 
     async def _step(self) -> bool:
         """Make the policy's next move; False when there is none."""
-        move = next_move(self._world())
+        world = self._world()
+        move = next_move(world)
         if move is None:
             return False
         job = self.book.jobs.get(move.job) if move.job else None
         if move.kind in ("forget", "thaw_ended") and job is not None:
             return await self._end(job, thaw=move.kind == "thaw_ended")
+        free = self._free if self.probe else None
         if move.kind == "tenant_yield":
-            await self._tenant("tenant yield", self.tenancy.yield_gpu(self._free if self.probe else None))
+            target = desired(world)
+            fit = self.peaks.fit(self.book.jobs.get(target.name) if target is not None else None)
+            needs_room = target is not None and target.needs_room and target.state in (FROZEN, FAULTED)
+            pause_only = fit.pause_only and not needs_room
+            await self._tenant("tenant yield", self.tenancy.yield_gpu(free, sleep=not pause_only, why=fit.why))
+        elif move.kind == "tenant_sleep":
+            why = self.peaks.why if world.tenant_tight else "a thaw brings the trainer's memory back"
+            await self._tenant("tenant sleep", self.tenancy.sleep_held(free, why))
         elif move.kind == "tenant_warm_up":
             await self._tenant("tenant warm-up", warm_up(self.tenancy, self._free if self.probe else None))
         elif move.kind == "tenant_reclaim":
@@ -294,6 +311,7 @@ class Arbiter:
             self.current = ""
 
     async def _end(self, job: Job, *, thaw: bool) -> bool:
+        self.peaks.forget(job.name)
         if thaw:
             try:
                 await self.executor.thaw(job, reason="job ended")  # never leave an ended job's processes frozen
@@ -352,6 +370,9 @@ class Arbiter:
             "waiting_for": t.tenant.waiting_for() if t.tenant is not None else "",
             "queue": list(self.book.queue), "jobs": self.book.describe(time.monotonic()), "tenant": t.describe(),
             "ladder": {"deadline_s": self.reclaim_deadline_s, **t.ladder_counts, "last": t.ladder_last},
+            "yield_by": {"setting": str(self.peaks.policy.by), "held": t.held,
+                         "pause_only": bool(self.peaks.last_fit and self.peaks.last_fit.pause_only),
+                         "why": self.peaks.last_fit.why if self.peaks.last_fit else "no yield yet"},
             "transitions": self.journal.seq,
             "bandwidth": {"checkpoint_gbps": self.journal.median_rate("freeze", "checkpoint"),
                           "restore_gbps": self.journal.median_rate("thaw", "restore")},

@@ -4,7 +4,7 @@ by :func:`~timeslice_verl.agent.protocol.parse_request`)."""
 from __future__ import annotations
 
 import inspect
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from timeslice_verl.agent.arbiter import Arbiter
 from timeslice_verl.agent.protocol import OPS

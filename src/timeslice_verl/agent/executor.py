@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from timeslice_verl.agent import procfs
 from timeslice_verl.agent.freeze.base import FreezeBackend, FreezeError, ProcState, ThawError

@@ -101,9 +101,9 @@ async def _step(climb: Climb, name: str, move: Callable[[], Awaitable[Any]], bud
         climb.phases[name] = time.monotonic() - t0
 
 
-async def yield_member(tenant: Any, deadline_s: float, *, wedged: bool = False,
+async def yield_member(tenant: Any, deadline_s: float, *, wedged: bool = False, sleep: bool = True,
                        kill: Callable[[Any, float], Awaitable[str]] | None = None) -> Climb:
-    """Yield one server within ``deadline_s``. Raises :class:`TenantDead` (a dead server, or one the ladder had
+    """Yield one server within ``deadline_s`` (``sleep=False``: the polite step only pauses it). Raises :class:`TenantDead` (a dead server, or one the ladder had
     to kill) or :class:`TenantError` (without a deadline, as the polite step failed)."""
     b = budgets(deadline_s)
     climb = Climb()
@@ -118,7 +118,7 @@ async def yield_member(tenant: Any, deadline_s: float, *, wedged: bool = False,
             outcome = await _kill(climb, tenant, b.kill_s, kill)
             raise TenantKilled(f"ladder: kill of a wedged tenant (it stopped answering while it had the GPU): {outcome}")
         climb.step = "polite"
-    why = await _step(climb, "polite", tenant.yield_gpu, b.polite_s)
+    why = await _step(climb, "polite", lambda: tenant.yield_gpu(sleep), b.polite_s)
     if not why:
         return climb
     climb.step = "abort"
@@ -148,15 +148,15 @@ async def kill_tenant(tenant: Any, timeout_s: float) -> str:
     return await asyncio.to_thread(tenant_proc.kill, tenant.process, timeout_s, tenant.process_note)
 
 
-async def yield_within(tenant: Any, deadline_s: float, *, wedged: set[str] | None = None,
+async def yield_within(tenant: Any, deadline_s: float, *, wedged: set[str] | None = None, sleep: bool = True,
                        kill: Callable[[Any, float], Awaitable[str]] | None = None) -> Climb:
     """Yield ``tenant`` (one server, or a group server by server) within ``deadline_s``; ``wedged``: the URLs the
-    agent's probe found not answering."""
+    agent's probe found not answering; ``sleep=False``: a pause alone (the abort and kill steps still sleep)."""
     members = getattr(tenant, "live_members", None)
     if members is None:
-        return await yield_member(tenant, deadline_s, wedged=bool(wedged and tenant.url in wedged), kill=kill)
+        return await yield_member(tenant, deadline_s, wedged=bool(wedged and tenant.url in wedged), sleep=sleep, kill=kill)
     return await tenant.each_climb(lambda m: yield_member(m, deadline_s, wedged=bool(wedged and m.url in wedged),
-                                                          kill=kill))
+                                                          sleep=sleep, kill=kill))
 
 
 __all__ = ["SHORT_DEADLINE_S", "Budgets", "Climb", "STEPS", "TENANT_TAG_ENV", "TenantKilled", "budgets", "kill_tenant",

@@ -5,8 +5,10 @@ Rules (docs/architecture.md §5), in the order they are applied:
 1. a job whose run ended and that holds nothing is forgotten, thawed first if it is frozen;
 2. the GPU's desired owner is the job that holds it, else the head of the FIFO queue, else the job
    whose ``prepare`` expires first; with none, the tenant;
-3. for a desired job: the tenant yields, then any other idle running job is frozen, then the job is
-   thawed (or recovered from a fault), then — if it is waiting — granted;
+3. for a desired job: the tenant yields (a pause alone where memory allows: :mod:`~timeslice_verl.agent.hold`; a
+   tenant so held is put to sleep when the trainer eats into the margin, or before a thaw that brings memory back),
+   then any other idle running job is frozen, then the job is thawed (or recovered from a fault), then — if it is
+   waiting — granted;
 4. with no desired job: idle running jobs are frozen; a job whose freeze was refused keeps the GPU
    (the tenant sleeps on); an awake tenant that was just registered is warmed up (put to sleep and woken:
    :mod:`~timeslice_verl.agent.warmup`); otherwise a sleeping or faulted tenant is woken when there is room.
@@ -36,6 +38,8 @@ class JobView:
     """Its last freeze was refused: it keeps the GPU until its next release."""
     ending: bool = False
     has_pids: bool = True
+    needs_room: bool = False
+    """Its thaw brings memory back to the GPU (checkpointed or parked): a tenant held awake must sleep first."""
 
 
 @dataclass(frozen=True)
@@ -50,12 +54,16 @@ class World:
     """After a failed tenant move: not before this time (backoff)."""
     tenant_warm_up: bool = False
     """The tenant was registered and has not slept since: its warm-up is due."""
+    tenant_held: bool = False
+    """The tenant is paused but awake (a pause-only yield): its memory is on the GPU."""
+    tenant_tight: bool = False
+    """While it is held awake, the trainer ate into the margin beside it (:mod:`~timeslice_verl.agent.hold`)."""
 
 
 @dataclass(frozen=True)
 class Move:
     kind: str
-    """``forget``, ``thaw_ended``, ``tenant_yield``, ``freeze``, ``thaw``, ``recover``, ``grant``,
+    """``forget``, ``thaw_ended``, ``tenant_yield``, ``tenant_sleep``, ``freeze``, ``thaw``, ``recover``, ``grant``,
     ``tenant_warm_up`` or ``tenant_reclaim``."""
     job: str = ""
     waiting: bool = False
@@ -87,6 +95,8 @@ def next_move(world: World) -> Move | None:
     if target is not None:
         if world.tenant == AWAKE:  # a faulted or dead tenant never makes the trainer wait
             return Move("tenant_yield")
+        if world.tenant_held and (world.tenant_tight or (target.needs_room and target.state in (FROZEN, FAULTED))):
+            return Move("tenant_sleep")
         for other in world.jobs:
             if other.name != target.name and _idle_running(other):
                 return Move("freeze", other.name)

@@ -27,12 +27,14 @@ from timeslice_verl.agent.connections import Connections
 from timeslice_verl.agent.dispatch import Dispatcher
 from timeslice_verl.agent.freeze import BackendUnavailable, make_backend
 from timeslice_verl.agent.gpu import node_gpus, open_probe
+from timeslice_verl.agent.hold import HoldPolicy
 from timeslice_verl.agent.host import MAX_CONNECTIONS, AgentStartError, _QuietAccept, connection_limit  # noqa: F401
 from timeslice_verl.agent.host import take_gpu_locks, take_instance_lock
 from timeslice_verl.agent.ladder import SHORT_DEADLINE_S, budgets
 from timeslice_verl.agent.site import UnixSite, private_directory, private_file
 from timeslice_verl.agent.state import StateStore
 from timeslice_verl.config.schema import TimesliceSettings, socket_path, state_path
+from timeslice_verl.names import YieldBy
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent")
@@ -123,7 +125,8 @@ def _arbiter(settings: TimesliceSettings, backend: Any, probe: Any, state: Path)
                    tenant_drain_timeout_s=t.drain_timeout_s, tenant_pause_mode=str(t.pause_mode),
                    reclaim_deadline_s=t.reclaim_deadline_s, reattach_grace_s=a.reattach_grace_s,
                    park_overhead_bytes=int(a.park_overhead_gib * 2**30), probe_interval_s=t.probe_interval_s,
-                   probe_timeout_s=t.probe_timeout_s, shutdown_timeout_s=a.shutdown_timeout_s, tenant_warm_up=t.warm_up)
+                   probe_timeout_s=t.probe_timeout_s, shutdown_timeout_s=a.shutdown_timeout_s, tenant_warm_up=t.warm_up,
+                   hold=HoldPolicy(YieldBy(str(t.yield_by)), int(t.awake_margin_gib * 2**30)))
 
 
 def _backend(settings: TimesliceSettings, probe: Any) -> Any:

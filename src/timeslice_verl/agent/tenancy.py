@@ -22,7 +22,6 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 
-from timeslice_verl.agent import tenant_proc
 from timeslice_verl.agent.journal import Journal
 from timeslice_verl.agent.ladder import TenantKilled, yield_within
 from timeslice_verl.agent.policy import TENANT_FAULTED
@@ -174,29 +173,53 @@ class Tenancy:
 
     # ------------------------------------------------------------------ moves
 
-    async def yield_gpu(self, probe_free: Callable[[], int] | None = None) -> None:
-        """Yield the tenant within ``reclaim_deadline_s``, down the ladder if it must."""
+    @property
+    def held(self) -> bool:
+        """The tenant is paused but awake (a pause-only yield): its memory is still on the GPU."""
+        return bool(self.tenant is not None and self.record and self.record.state == ASLEEP and self.tenant.held)
+
+    async def yield_gpu(self, probe_free: Callable[[], int] | None = None, *, sleep: bool = True, why: str = "") -> None:
+        """Yield the tenant within ``reclaim_deadline_s``, down the ladder if it must; ``sleep=False``: a pause alone
+        (``why``: the figures that allowed it)."""
         assert self.tenant is not None and self.record is not None
         start = time.time()
         free_before = probe_free() if probe_free else 0
         wedged = set(self.wedged)
-        climb = await self._move("tenant_yield", lambda: yield_within(self.tenant, self.reclaim_deadline_s, wedged=wedged))
+        climb = await self._move("tenant_yield", lambda: yield_within(self.tenant, self.reclaim_deadline_s, wedged=wedged,
+                                                                      sleep=sleep))
         if climb is None:
             return
         self.wedged -= wedged
         seconds = sum(climb.phases.values())
-        detail = self.slept(start, free_before, probe_free, climb.detail or f"pause+sleep in {seconds:.3f} s",
-                             climb.phases)
+        held = self.tenant.held
+        what = f"pause only (held awake; {why}) in {seconds:.3f} s" if held else f"pause+sleep in {seconds:.3f} s"
+        detail = self.slept(start, free_before, probe_free if not held else None, climb.detail or what, climb.phases)
         if climb.step != "polite":
             self.ladder(climb.step, detail)
         else:
             self.backoff_s = 0.0
-        log.info("tenant yield: vLLM paused and asleep in %.3f s%s", seconds, f" ({detail})" if climb.detail else "")
+        log.info("tenant yield: vLLM %s in %.3f s%s", "paused, held awake" if held else "paused and asleep", seconds,
+                 f" ({detail})" if climb.detail or held else "")
+        self.persist()
+
+    async def sleep_held(self, probe_free: Callable[[], int] | None, why: str) -> None:
+        """A tenant held awake goes to sleep: the trainer needs the memory (its peak grew, or a restore is due)."""
+        assert self.tenant is not None and self.record is not None
+        start, free_before = time.time(), probe_free() if probe_free else 0
+        seconds = await self._move("tenant_sleep", self.tenant.sleep_held)
+        if seconds is None:
+            return
+        if probe_free is not None:
+            self.footprint = max(0, probe_free() - free_before)
+        self.journal.record("tenant_sleep", self.tenant.url, start, True, self.footprint, f"held tenant asleep in "
+                            f"{seconds:.3f} s: {why}")
+        log.warning("tenant held awake put to sleep in %.3f s: %s", seconds, why)
         self.persist()
 
     def slept(self, start: float, free_before: int, probe_free: Callable[[], int] | None, detail: str,
                phases: dict[str, float]) -> str:
-        """A yield succeeded: the footprint it freed, the state, the journal; the detail journaled."""
+        """A yield succeeded: the footprint it freed (unless held awake), the state, the journal; the detail
+        journaled."""
         assert self.tenant is not None and self.record is not None
         if probe_free is not None:
             self.footprint = max(0, probe_free() - free_before)
@@ -213,15 +236,16 @@ class Tenancy:
         if check_memory and not self.room(self.footprint):
             log.warning("not waking vLLM: it needs %.2f GiB and the GPU has less free", self.footprint / 2**30)
             return
-        start = time.time()
+        start, held = time.time(), self.tenant.held
         seconds = await self._move("tenant_reclaim", self.tenant.reclaim)
         if seconds is None:
             return
         self.record.state, self.record.error = AWAKE, self.tenant.note
         self.backoff_s = 0.0
         self._misses.clear()
-        self.journal.record("tenant_reclaim", self.tenant.url, start, True, self.footprint, f"wake+resume in {seconds:.3f} s")
-        log.info("tenant reclaim: vLLM awake and serving in %.3f s", seconds)
+        what = "resume" if held else "wake+resume"
+        self.journal.record("tenant_reclaim", self.tenant.url, start, True, self.footprint, f"{what} in {seconds:.3f} s")
+        log.info("tenant reclaim: vLLM %s and serving in %.3f s", "resumed" if held else "awake", seconds)
         self.persist()
 
     def ladder(self, step: str, detail: str) -> None:
@@ -284,51 +308,6 @@ class Tenancy:
         self.persist()
 
     # ------------------------------------------------------------------ between moves (the watchdog asks)
-
-    async def probe(self) -> bool:
-        """Ask each server of an awake tenant the state it is in; True when what the agent records changed."""
-        if self.tenant is None or self.record is None or self.record.state != AWAKE:
-            self._misses.clear()
-            return False
-        members = getattr(self.tenant, "live_members", None) or [self.tenant]
-        seq, tenant = self.journal.seq, self.tenant
-        answers = await asyncio.gather(*(m.observe(self.probe_timeout_s) for m in members), return_exceptions=True)
-        if self.journal.seq != seq or self.tenant is not tenant or self.state != AWAKE or self.step_lock.locked():
-            return False  # a move ran meanwhile: what the probe saw may be the move's doing
-        changed = False
-        for member, answer in zip(members, answers):
-            changed |= self._probed(member, answer)
-        return changed
-
-    def _probed(self, member: VllmTenant, answer: Any) -> bool:
-        url = member.url
-        if isinstance(answer, TenantDead) and tenant_proc.still_running(member.process):
-            answer = None  # its listener is gone but the process (and its GPU memory) is not: a miss, not a death
-        if isinstance(answer, TenantDead):
-            log.warning("tenant %s does not answer (connection refused or closed) while it had the GPU", url)
-            if isinstance(self.tenant, TenantGroup):
-                self.tenant.dead.add(url)
-                return True
-            self.record.state, self.record.error = DEAD, str(answer)  # type: ignore[union-attr]
-            return True
-        if answer is None or isinstance(answer, BaseException):
-            self._misses[url] = self._misses.get(url, 0) + 1
-            if self._misses[url] >= WEDGED_AFTER and url not in self.wedged:
-                self.wedged.add(url)
-                log.error("tenant %s is wedged: no answer to %d probes in a row (%.1f s each) while it has the GPU; "
-                          "reclaiming it goes straight to the kill", url, self._misses[url], self.probe_timeout_s)
-                self.journal.notify("wedged", {"url": url})
-                return True
-            return False
-        self._misses[url] = 0
-        if url in self.wedged:
-            self.wedged.discard(url)
-            log.info("tenant %s answers again: no longer taken for wedged", url)
-        if answer == ASLEEP:  # a pause or sleep given up on by the ladder took effect late
-            log.warning("tenant %s is asleep or paused while the agent counted it awake: recorded asleep (to be woken)", url)
-            self.record.state = ASLEEP  # type: ignore[union-attr]
-            return True
-        return False
 
     async def reregister(self) -> bool:
         """A dead or faulted tenant that answers again is registered again, under the step lock like any move."""

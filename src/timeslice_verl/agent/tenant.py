@@ -22,7 +22,7 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import httpx
 
@@ -184,17 +184,33 @@ class VllmTenant:
 
     # ------------------------------------------------------------------ yield / reclaim
 
-    async def yield_gpu(self) -> float:
-        """Hold requests, then sleep. Returns seconds spent; never sleeps a serving engine."""
+    held = False
+    """Paused and not asleep (a pause-only yield, :mod:`~timeslice_verl.agent.hold`): its memory is still on the GPU."""
+
+    async def yield_gpu(self, sleep: bool = True) -> float:
+        """Hold requests, then sleep (``sleep=False``: hold only). Returns seconds spent; never sleeps a serving
+        engine."""
         t0 = time.perf_counter()
         if await self._get_flag("/is_sleeping"):
-            self.state = ASLEEP
+            self.state, self.held = ASLEEP, False
             return time.perf_counter() - t0
         if self.info.pause == "wait":
             await self._pause(self.pause_mode, timeout=self.drain_timeout_s + self.request_timeout_s)
+        elif not sleep:
+            raise TenantError(f"vLLM {self.info.version} at {self.url} has no /pause: it can only yield by sleeping")
         else:
             await self._drain()
-        await self._sleep()
+        if sleep:
+            await self._sleep()
+        else:
+            self.state, self.held = ASLEEP, True
+        return time.perf_counter() - t0
+
+    async def sleep_held(self) -> float:
+        """Put a tenant held awake to sleep (its requests stay held): the trainer needs its memory after all."""
+        t0 = time.perf_counter()
+        if self.held:
+            await self._sleep()
         return time.perf_counter() - t0
 
     async def abort_and_sleep(self) -> float:
@@ -228,7 +244,7 @@ class VllmTenant:
             await self._request("POST", "/sleep", level=self.info.sleep_level)
         if not await self._get_flag("/is_sleeping"):
             raise TenantError(f"vLLM at {self.url} accepted /sleep but reports is_sleeping=false")
-        self.state = ASLEEP
+        self.state, self.held = ASLEEP, False
 
     async def _drain(self) -> None:
         """vLLM < 0.17: wait until nothing runs or waits (two quiet reads in a row)."""
@@ -250,14 +266,15 @@ class VllmTenant:
         raise TenantError(f"vLLM at {self.url} did not drain within {self.drain_timeout_s:g} s: not sleeping it")
 
     async def reclaim(self) -> float:
-        """Wake up, then resume admitting requests. Returns seconds spent."""
+        """Wake up (unless held awake), then resume admitting requests. Returns seconds spent."""
         t0 = time.perf_counter()
-        await self._request("POST", "/wake_up")
-        if await self._get_flag("/is_sleeping"):
-            raise TenantError(f"vLLM at {self.url} accepted /wake_up but still reports is_sleeping=true")
+        if not self.held:  # held awake: only the pause to undo
+            await self._request("POST", "/wake_up")
+            if await self._get_flag("/is_sleeping"):
+                raise TenantError(f"vLLM at {self.url} accepted /wake_up but still reports is_sleeping=true")
         if self.info.pause == "wait":
             await self._request("POST", "/resume")
-        self.state = AWAKE
+        self.state, self.held = AWAKE, False
         return time.perf_counter() - t0
 
 

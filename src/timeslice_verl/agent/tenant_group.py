@@ -117,10 +117,19 @@ class TenantGroup:
             log.warning("%s: vLLM at %s left out of the group (not answering, or stopped by the ladder)", move,
                         ", ".join(sorted(dead)))
 
-    async def yield_gpu(self) -> float:
+    @property
+    def held(self) -> bool:
+        return any(m.held for m in self.live_members)
+
+    async def yield_gpu(self, sleep: bool = True) -> float:
         t0 = time.perf_counter()
-        await self._each("yield", lambda m: m.yield_gpu())
+        await self._each("yield", lambda m: m.yield_gpu(sleep))
         self.state = ASLEEP
+        return time.perf_counter() - t0
+
+    async def sleep_held(self) -> float:
+        t0 = time.perf_counter()
+        await self._each("sleep", lambda m: m.sleep_held())
         return time.perf_counter() - t0
 
     async def abort_and_sleep(self) -> float:

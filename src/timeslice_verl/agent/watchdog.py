@@ -1,5 +1,6 @@
 """The watchdog: notices what changed without a request — expired prepares, exited processes, a client that did not
-come back, a tenant that answers again or stopped answering — and wakes the reconciler."""
+come back, a tenant that answers again or stopped answering, a trainer that eats into the room beside a tenant held
+awake — and wakes the reconciler."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import time
 from typing import Any
 
-from timeslice_verl.agent import procfs
+from timeslice_verl.agent import procfs, tenant_probe
 from timeslice_verl.agent.jobs import JobBook
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.state import FROZEN, TRANSITIONING
@@ -42,6 +43,7 @@ class Watchdog:
         for name, job in list(self.book.jobs.items()):
             changed |= self._watch_job(name, job, now)
         changed |= await self._watch_tenant(now)
+        changed |= self.arbiter.peaks.sample(self.book.jobs.values(), self.tenancy.held)  # a held tenant must sleep
         if changed:
             self.book.persist()
             self.book.wake()
@@ -105,7 +107,7 @@ class Watchdog:
         if (self.probe_interval_s and t.state == AWAKE and now >= self._next_tenant_probe
                 and not self.step_lock.locked() and not t.lock.locked()):
             self._next_tenant_probe = now + self.probe_interval_s
-            changed |= await t.probe()
+            changed |= await tenant_probe.probe(t)
         if now >= t.next_probe and not self.step_lock.locked():
             if getattr(t.tenant, "dead", None):
                 t.next_probe = now + 5.0

@@ -3,7 +3,8 @@ inside vLLM where its ``max_num_seqs`` is reached (so a freed slot is refilled a
 batch), never more than the ceiling. Pure: vLLM's ``/metrics`` in, a number out; the feeder samples and applies it.
 
 * **No queue inside vLLM** while we use our whole limit: the server could take more — grow by half (a slow start
-  that reaches 512 from 32 in seven samples) …
+  that reaches 512 from 32 in seven steps, doubling while each step still raises the rate by a fifth; each step
+  judged on the rate over a settled window) …
 * … **unless growing bought nothing**: vLLM's generation rate (``vllm:generation_tokens_total`` per second) rose
   by less than ``gain`` since the limit that gave the best rate: back to that limit and hold it for ``hold_s``
   (past the GPU's compute knee more requests in flight only make every one slower and the refills burstier);
@@ -98,9 +99,11 @@ def parse_metrics(text: str) -> Sample | None:
 
 
 def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy, rate: float | None = None,
-               climb: Climb = Climb(), now: float = 0.0) -> tuple[int, Climb]:
-    """The limit after one sample (``inflight``: our lines out now; ``rate``: tokens/s generated since the last
-    sample, None when unknown — the gate was closed meanwhile), and the climb's new state."""
+               climb: Climb = Climb(), now: float = 0.0, settled: bool = True) -> tuple[int, Climb]:
+    """The limit after one sample (``inflight``: our lines out now; ``rate``: tokens/s generated over the window the
+    limit has settled for, None when unknown — the gate was closed meanwhile), and the climb's new state.
+    ``settled``: the window at this limit is long enough to judge it; until then the limit only shrinks or holds
+    (a one-second rate is mostly the noise of answers finishing in waves)."""
     def clamp(n: int) -> int:
         return max(policy.floor, min(policy.ceiling, n))
 
@@ -111,7 +114,12 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
         return clamp(int(sample.running) + want), climb
     if sample.kv_usage is not None and sample.kv_usage >= policy.kv_full and sample.waiting > 0:
         return clamp(limit), climb
+    if not settled:
+        return clamp(limit), climb
+    growth = policy.growth
     if rate is not None and rate > climb.best_rate * (1 + policy.gain):
+        if climb.best_rate and rate > climb.best_rate * (1 + 4 * policy.gain):
+            growth = 2.0 * policy.growth / 1.5  # far below the knee yet: a bolder step
         climb = Climb(rate, limit, climb.hold_until)
     if not (sample.waiting < want and inflight >= policy.busy * limit):
         return clamp(limit), climb
@@ -121,7 +129,7 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
         climb = Climb(rate or 0.0, limit)  # the hold is over: probe again from here
     elif rate is not None and climb.best_limit and limit > climb.best_limit:
         return clamp(climb.best_limit), Climb(climb.best_rate, climb.best_limit, now + policy.hold_s)
-    return clamp(max(limit + 1, math.ceil(limit * policy.growth))), climb
+    return clamp(max(limit + 1, math.ceil(limit * growth))), climb
 
 
 __all__ = ["Climb", "Policy", "Sample", "next_limit", "parse_metrics"]

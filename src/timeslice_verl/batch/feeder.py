@@ -35,6 +35,8 @@ log = get_logger("batch")
 BACKOFF_S, BACKOFF_MAX_S = 0.5, 30.0
 SAMPLE_S = 1.0
 """How often the tenant's ``/metrics`` are read while the gate is open (the generation rate is taken over it)."""
+WINDOW_S = 2.0
+"""The generation rate a limit is judged on is taken over this long at that limit (the gate open throughout)."""
 SETTLE_S = 5.0
 """How often open batches are checked for their window and cancels (also while the trainer holds the GPU)."""
 WRITE_MAX = 1024
@@ -239,22 +241,25 @@ class Feeder:
     async def _follow(self, session: aiohttp.ClientSession) -> None:
         """Sample the tenant's ``/metrics`` while the gate is open; move the limit by the policy. The generation rate
         is taken only over an interval the gate stayed open through (a sleeping tenant generates nothing)."""
-        climb, last = Climb(), None
+        climb, window = Climb(), None
         while True:
             if not self.gate.open:
-                last = None
+                window = None
                 await self.gate.wait_open()
             sample = await self._sample(session)
             now, opened = time.monotonic(), self.gate.open
             if sample is None or not opened:
-                last = None
+                window = None
             else:
-                rate = None
-                if last is not None and sample.generated is not None and last[1] is not None and now > last[0]:
-                    rate = max(0.0, (sample.generated - last[1]) / (now - last[0]))
-                last = (now, sample.generated)
+                rate, settled = None, sample.generated is None  # without a token counter: judged sample by sample
+                if window is None or window[2] != self.stats.limit:
+                    window = (now, sample.generated, self.stats.limit)  # a window opens a sample after the change
+                elif sample.generated is not None and window[1] is not None and now > window[0]:
+                    rate = max(0.0, (sample.generated - window[1]) / (now - window[0]))
+                    settled = now - window[0] >= WINDOW_S
                 before = self.stats.limit
-                self.stats.limit, climb = next_limit(before, self.stats.inflight, sample, self.policy, rate, climb, now)
+                self.stats.limit, climb = next_limit(before, self.stats.inflight, sample, self.policy,
+                                                     rate if settled else None, climb, now, settled)
                 self.stats.samples = [*self.stats.samples[-599:], (time.time(), sample.running, sample.waiting)]
                 if self.stats.limit != before:
                     log.debug("batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f, %s tokens/s)", before,

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import enum
 import math
-import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from timeslice_verl.log import get_logger
-from timeslice_verl.names import JOB_TAG_ENV, SWAP_MODES, repeated_url, valid_job, valid_url  # noqa: F401 (re-exported)
+from timeslice_verl.config.paths import default_runtime_dir, default_socket, socket_path, state_path  # noqa: F401,E402
+from timeslice_verl.names import JOB_TAG_ENV, SWAP_MODES, YieldBy, repeated_url, valid_job, valid_url  # noqa: F401 (re-exported)
 
 SECTION = "timeslice"
 log = get_logger("config")
@@ -47,6 +46,8 @@ Backend = Choice("Backend", [(v, v) for v in ("cuda", "cuda-cli", "sigstop")])
 """How the agent freezes a job's processes (``timeslice.agent.backend``)."""
 PauseMode = Choice("PauseMode", [(v, v) for v in ("wait", "keep")])
 """How vLLM hands the GPU over (``timeslice.tenant.pause_mode``)."""
+
+
 Swap = Choice("Swap", [(v, v) for v in (*SWAP_MODES, "auto")])
 """How the trainer's GPU memory leaves the GPU (``timeslice.handoff.swap``)."""
 
@@ -121,6 +122,11 @@ class TenantSettings:
     """How vLLM ≥ 0.17 hands over: ``keep`` freezes in-flight requests at once and resumes them after the
     wake-up (no work lost, and the trainer waits for no generation: the default); ``wait`` lets them finish
     first (the trainer waits for them). A vLLM that refuses ``keep`` is paused with ``wait``, with a warning."""
+    yield_by: YieldBy = YieldBy.auto
+    """``auto``: a pause alone (no sleep, held requests keep their KV cache) where NVML's measured trainer peak and the
+    awake tenant fit with the margin; else, and with ``sleep``, pause and sleep (:mod:`timeslice_verl.agent.hold`)."""
+    awake_margin_gib: float = 4.0
+    """The room kept beside the trainer's peak and a tenant held awake (at least a quarter of the peak)."""
     request_timeout_s: float = 30.0
     """Timeout of each control request (pause, sleep, wake_up, resume)."""
     drain_timeout_s: float = 600.0
@@ -258,6 +264,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "agent.park_overhead_gib": (0.0, 1024.0, True),
     "agent.shutdown_timeout_s": (0.0, DAY_S, False),
     "tenant.request_timeout_s": (0.0, DAY_S, False),
+    "tenant.awake_margin_gib": (0.0, 1024.0, True),
     "tenant.drain_timeout_s": (0.0, 30 * DAY_S, False),
     "tenant.reclaim_deadline_s": (0.0, DAY_S, True),
     "tenant.probe_interval_s": (0.0, 3600.0, True),
@@ -374,26 +381,3 @@ def enabled_settings(config: Any) -> TimesliceSettings | None:
         return None
     settings = load_settings(section)
     return settings if settings.enabled else None
-
-
-def default_runtime_dir() -> Path:
-    """A directory only this user can reach: the socket and state file live there."""
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK):
-        return Path(xdg) / "timeslice-verl"
-    return Path(f"/tmp/timeslice-verl-{os.getuid()}")
-
-
-def default_socket() -> Path:
-    """Where ``timeslice-verl agent`` listens when ``timeslice.agent.socket`` is empty."""
-    return default_runtime_dir() / "agent.sock"
-
-
-def socket_path(settings: TimesliceSettings) -> Path:
-    return Path(settings.agent.socket) if settings.agent.socket else default_socket()
-
-
-def state_path(settings: TimesliceSettings) -> Path:
-    if settings.agent.state_file:
-        return Path(settings.agent.state_file)
-    return socket_path(settings).with_name(socket_path(settings).stem + "-state.json")

@@ -196,9 +196,27 @@ def check_swap_choice(settings: TimesliceSettings) -> Check:
                  "of trainer state per node; else checkpoint")
 
 
+def check_yield_by(settings: TimesliceSettings) -> Check:
+    """How the tenant gives the GPU back: a pause alone (memory allowing) or pause and sleep, and why."""
+    from timeslice_verl.agent.client import AgentClient, AgentError
+
+    name, by = "tenant yields by", str(settings.tenant.yield_by)
+    if by == "sleep":
+        return Check(name, True, "pause and sleep at every yield (timeslice.tenant.yield_by=sleep)")
+    try:
+        with AgentClient(socket_path(settings), connect_timeout_s=1.0) as client:
+            last = client.status().get("yield_by") or {}
+    except AgentError:
+        last = {}
+    how = "a pause alone" if last.get("pause_only") else "pause and sleep"
+    return Check(name, True, f"{how} at the last yield: {last['why']}" if last.get("why") else
+                 "a pause alone once the trainer's measured peak and the tenant's awake memory fit the GPU with "
+                 f"{settings.tenant.awake_margin_gib:g} GiB to spare (NVML measures them; the agent is not running)")
+
+
 def run_checks(settings: TimesliceSettings) -> list[Check]:
     return [check_driver(), check_nvml(), check_backend(settings), *check_nccl_env(settings), *check_vllm(settings),
-            check_agent(settings), check_host_ram(settings), check_park_room(settings), check_swap_choice(settings)]
+            check_agent(settings), check_host_ram(settings), check_park_room(settings), check_swap_choice(settings), check_yield_by(settings)]
 
 
 def render(checks: list[Check]) -> str:
