@@ -231,3 +231,16 @@ def test_the_erlang_cdf_is_a_probability_for_any_input(x, k, rate):
     from timeslice_verl.handoff.forecast import erlang_cdf
 
     assert 0.0 <= erlang_cdf(x, k, rate) <= 1.0
+
+
+@pytest.mark.parametrize("ways, planned", [
+    ([0.2], 0.2),
+    ([0.05] * 8 + [0.4] * 4, 0.4),  # a pause that is slow one valley in three: planned for
+    ([0.05] * 10 + [0.4], 0.05),  # one slow pause in eleven: not
+    ([0.4] + [0.05] * 12, 0.05),  # only the last twelve count
+])
+def test_the_way_back_planned_for_is_the_upper_quartile_of_the_recent_ones(ways, planned):
+    forecast = ValleyForecast()
+    for seconds in ways:
+        forecast.observe_way_back(seconds)
+    assert forecast.way_back_s == planned

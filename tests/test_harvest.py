@@ -5,6 +5,7 @@ policy on synthetic vLLM metrics; the stand-in's capacity bounded as a GPU's is.
 from __future__ import annotations
 
 import json
+import math
 import random
 import sqlite3
 import subprocess
@@ -158,7 +159,8 @@ def test_the_in_flight_limit_follows_the_tenant(limit, inflight, sample, expecte
 @pytest.mark.parametrize("limit, rate, climb, now, expected, why", [
     (48, 900.0, Climb(600.0, 32), 5.0, (96, Climb(900.0, 48)), "the growth paid by half: far from the knee, double"),
     (48, 700.0, Climb(600.0, 32), 5.0, (72, Climb(700.0, 48)), "the growth paid a sixth: grow on by half"),
-    (72, 910.0, Climb(900.0, 48), 6.0, (48, Climb(900.0, 48, 36.0)), "it bought nothing: back to 48, hold 30 s"),
+    (72, 800.0, Climb(900.0, 48), 6.0, (48, Climb(900.0, 48, 36.0)), "it cost tokens: back to 48, hold 30 s"),
+    (72, 910.0, Climb(900.0, 48), 6.0, (90, Climb(900.0, 48)), "about flat: probe on by a quarter"),
     (48, 905.0, Climb(900.0, 48, 36.0), 20.0, (48, Climb(900.0, 48, 36.0)), "holding"),
     (48, 880.0, Climb(900.0, 48, 36.0), 37.0, (72, Climb(880.0, 48)), "the hold is over: probe again from here"),
     (48, None, Climb(), 1.0, (72, Climb()), "no rate yet (the gate just opened): grow"),
@@ -177,12 +179,13 @@ def test_an_unsettled_limit_only_shrinks_or_holds(sample, expected, why):
     assert next_limit(48, 48, sample, P, None, Climb(900.0, 32), 5.0, settled=False)[0] == expected, why
 
 
-def _series(server_max: int, knee: int, steps: int = 60) -> list[int]:
-    """A server that runs at most ``server_max`` at once and generates in proportion to what runs up to ``knee``."""
+def _series(server_max: int, knee: int, steps: int = 60, past: float = 0.0) -> list[int]:
+    """A server that runs at most ``server_max`` at once and generates in proportion to what runs up to ``knee``;
+    past it the rate falls by ``past`` per doubling."""
     limit, climb, seen = 32, Climb(), []
     for t in range(steps):
         running = min(limit, server_max)
-        rate = 1000.0 * min(running, knee) if t else None
+        rate = 1000.0 * min(running, knee) * (1 - past) ** math.log2(max(1.0, running / knee)) if t else None
         limit, climb = next_limit(limit, limit, Sample(running, limit - running), P, rate, climb, float(t))
         seen.append(limit)
     return seen
@@ -194,10 +197,18 @@ def test_a_series_converges_to_the_servers_batch_plus_a_short_queue():
     assert seen[-1] == seen[-2] and 256 + 4 <= seen[-1] <= 256 + 2 * 26
 
 
-def test_a_series_stops_at_the_compute_knee_when_the_server_would_take_more():
-    """vLLM takes 1 024 at once but generates no faster past 200: the limit settles near the knee, not at 1 024."""
-    seen = _series(server_max=1024, knee=200)
-    assert max(seen[-20:]) <= 1.5 * 243 and min(seen[-20:]) >= 162
+def test_a_series_stops_past_the_compute_knee_where_more_in_flight_costs_tokens():
+    """vLLM takes 1 024 at once, generates no faster past 200 and a fifth slower per doubling past it: the limit
+    settles near the knee, not at 1 024."""
+    seen = _series(server_max=1024, knee=200, past=0.2)
+    assert max(seen[-20:]) <= 1.5 * 1.25 * 243 and min(seen[-20:]) >= 162, seen[-20:]
+
+
+def test_a_flat_rate_past_the_knee_probes_on_to_the_servers_own_bound():
+    """Flat past the knee (an API server that sets the pace, answers in waves): more in flight costs nothing, so the
+    limit grows to what vLLM runs at once plus the short queue."""
+    seen = _series(server_max=512, knee=200, steps=120)
+    assert 512 + 4 <= seen[-1] <= 512 + 2 * 52, seen[-10:]
 
 
 def test_lines_claimed_ahead_and_never_sent_go_back_without_counting_a_try(tmp_path):
@@ -211,3 +222,33 @@ def test_lines_claimed_ahead_and_never_sent_go_back_without_counting_a_try(tmp_p
     assert store.release(again) == 8  # a cancel while they were held: they fail as never sent
     assert store.counts(bid) == {"queued": 0, "inflight": 2, "completed": 0, "failed": 8}
     assert store.figures(bid)["retried"] == 0
+
+
+def test_one_batch_feeds_every_tenant_of_the_node_each_line_answered_once(tmp_path, procs):
+    """Issue 36, item 5: the service follows the node's tenant list (``tenant.urls``): one queue, a feeder per
+    tenant; each stand-in runs at most 8 at a time, so neither could have taken the whole batch alone."""
+    from agent_support import FakeVllmProc, eventually
+    from batch_support import BatchServiceProc, write_requests
+
+    pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
+    tenants = [FakeVllmProc("--max-num-seqs", "8", "--token-s", "0.01") for _ in range(2)]
+    procs.extend(tenants)
+    urls = ",".join(f'"{t.url}"' for t in tenants)
+    service = BatchServiceProc(tmp_path, "", extra=(f"timeslice.tenant.urls=[{urls}]", "timeslice.batch.concurrency=8",
+                                                    "timeslice.batch.adapt_concurrency=false")).start()
+    procs.append(service)
+    ids = write_requests(tmp_path / "in.jsonl", 400, max_tokens=lambda i: 10)
+    with service.http() as http:
+        fid = http.post("/v1/files", files={"file": ("in.jsonl", (tmp_path / "in.jsonl").read_bytes())},
+                        data={"purpose": "batch"}).json()["id"]
+        bid = http.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/completions",
+                                             "completion_window": "24h"}).json()["id"]
+        batch = eventually(lambda: (b := http.get(f"/v1/batches/{bid}").json())["status"] == "completed" and b,
+                           what="the batch completed")
+        answers = [json.loads(x) for x in http.get(f"/v1/files/{batch['output_file_id']}/content").text.splitlines()]
+        summary = http.get("/timeslice/summary").json()
+    assert sorted(a["custom_id"] for a in answers) == ids, "every line answered, once"
+    served = [t.stats()["completed"] for t in tenants]
+    assert sum(served) == 400 and min(served) > 0, served
+    assert [e["tenant"] for e in summary["tenants"]] == [t.url for t in tenants]
+    assert [e["answered"] for e in summary["tenants"]] == served

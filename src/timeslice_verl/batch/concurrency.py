@@ -5,10 +5,11 @@ batch), never more than the ceiling. Pure: vLLM's ``/metrics`` in, a number out;
 * **No queue inside vLLM** while we use our whole limit: the server could take more — grow by half (a slow start
   that reaches 512 from 32 in seven steps, doubling while each step still raises the rate by a fifth; each step
   judged on the rate over a settled window) …
-* … **unless growing bought nothing**: vLLM's generation rate (``vllm:generation_tokens_total`` per second) rose
-  by less than ``gain`` since the limit that gave the best rate: back to that limit and hold it for ``hold_s``
-  (past the GPU's compute knee more requests in flight only make every one slower and the refills burstier);
-  then probe again.
+* … **unless growing cost tokens**: vLLM's generation rate (``vllm:generation_tokens_total`` per second) fell by
+  more than ``gain`` below the best rate seen: back to the limit that gave it and hold it for ``hold_s`` (far past
+  the GPU's compute knee every request is slower and the steps longer); then probe again. A rate about flat
+  (within ``gain``) probes on in smaller steps: on an H200 with short completions vLLM's API server, not the GPU,
+  sets the pace, and more in flight keeps its running batch fuller between the waves of answers.
 * **A queue longer than wanted**: the server is full (``max_num_seqs`` or its KV cache): shrink to what it runs plus
   the wanted queue.
 * **KV cache nearly full** with requests waiting: hold (more would only wait or be preempted).
@@ -121,13 +122,15 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
         if climb.best_rate and rate > climb.best_rate * (1 + 4 * policy.gain):
             growth = 2.0 * policy.growth / 1.5  # far below the knee yet: a bolder step
         climb = Climb(rate, limit, climb.hold_until)
+    elif rate is not None and climb.best_rate:
+        growth = 1 + (policy.growth - 1) / 2  # about flat: probe on, in smaller steps
     if not (sample.waiting < want and inflight >= policy.busy * limit):
         return clamp(limit), climb
     if now < climb.hold_until:
         return clamp(limit), climb
     if climb.hold_until and now >= climb.hold_until:
-        climb = Climb(rate or 0.0, limit)  # the hold is over: probe again from here
-    elif rate is not None and climb.best_limit and limit > climb.best_limit:
+        climb, growth = Climb(rate or 0.0, limit), policy.growth  # the hold is over: probe again from here
+    elif rate is not None and climb.best_limit and limit > climb.best_limit and rate < climb.best_rate * (1 - policy.gain):
         return clamp(climb.best_limit), Climb(climb.best_rate, climb.best_limit, now + policy.hold_s)
     return clamp(max(limit + 1, math.ceil(limit * growth))), climb
 

@@ -36,7 +36,17 @@ BACKOFF_S, BACKOFF_MAX_S = 0.5, 30.0
 SAMPLE_S = 1.0
 """How often the tenant's ``/metrics`` are read while the gate is open (the generation rate is taken over it)."""
 WINDOW_S = 2.0
-"""The generation rate a limit is judged on is taken over this long at that limit (the gate open throughout)."""
+"""The generation rate a limit is judged on is taken over this long at that limit, summed over the intervals the gate
+was open (a valley may be shorter: the window goes on in the next)."""
+
+
+@dataclass
+class Window:
+    """Tokens generated and seconds the gate was open, at one limit."""
+
+    limit: int = -1
+    tokens: float = 0.0
+    seconds: float = 0.0
 SETTLE_S = 5.0
 """How often open batches are checked for their window and cancels (also while the trainer holds the GPU)."""
 WRITE_MAX = 1024
@@ -73,10 +83,12 @@ class FeederStats:
 
 class Feeder:
     def __init__(self, store: Store, tenant_url: str, gate: Gate, *, policy: Policy, adapt: bool = True,
-                 max_attempts: int = 5, request_timeout_s: float = 600.0) -> None:
+                 max_attempts: int = 5, request_timeout_s: float = 600.0, settle: bool = True) -> None:
         self.store, self.tenant_url, self.gate = store, tenant_url.rstrip("/"), gate
         self.policy, self.adapt = policy, adapt
         self.max_attempts, self.request_timeout_s = max_attempts, request_timeout_s
+        self.settle = settle
+        """This feeder also ends batches on their window and cancels (one per service does)."""
         self.stats = FeederStats(limit=policy.start)
         self.healthy = True
         """False once one of the feeder's tasks died (the database full, a bug): ``/health`` says so."""
@@ -93,14 +105,13 @@ class Feeder:
         self._room.set()
 
     async def run(self) -> None:
-        recovered = await self._db(self.store.recover)
-        if recovered:
-            log.warning("batch: %d line(s) were in flight when the service stopped: queued again", recovered)
+        """Feed until cancelled (the service queued again what a killed one left in flight, before any feeder)."""
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
         async with aiohttp.ClientSession(self.tenant_url, connector=connector, timeout=timeout) as session:
-            parts = {"gate": self.gate.run(session), "writer": self._writer(), "settler": self._settler(),
-                     "feed": self._feed(session)}
+            parts = {"gate": self.gate.run(session), "writer": self._writer(), "feed": self._feed(session)}
+            if self.settle:
+                parts["settler"] = self._settler()
             if self.adapt:
                 parts["limit"] = self._follow(session)
             self._tasks = [asyncio.create_task(c, name=f"batch-{n}") for n, c in parts.items()]
@@ -241,25 +252,30 @@ class Feeder:
     async def _follow(self, session: aiohttp.ClientSession) -> None:
         """Sample the tenant's ``/metrics`` while the gate is open; move the limit by the policy. The generation rate
         is taken only over an interval the gate stayed open through (a sleeping tenant generates nothing)."""
-        climb, window = Climb(), None
+        climb, last = Climb(), None
+        window = Window()
         while True:
             if not self.gate.open:
-                window = None
+                last = None  # the window keeps what it has: it goes on in the next valley
                 await self.gate.wait_open()
             sample = await self._sample(session)
             now, opened = time.monotonic(), self.gate.open
             if sample is None or not opened:
-                window = None
+                last = None
             else:
-                rate, settled = None, sample.generated is None  # without a token counter: judged sample by sample
-                if window is None or window[2] != self.stats.limit:
-                    window = (now, sample.generated, self.stats.limit)  # a window opens a sample after the change
-                elif sample.generated is not None and window[1] is not None and now > window[0]:
-                    rate = max(0.0, (sample.generated - window[1]) / (now - window[0]))
-                    settled = now - window[0] >= WINDOW_S
+                if window.limit != self.stats.limit:
+                    window = Window(self.stats.limit)  # a window opens a sample after the change
+                elif last is not None and sample.generated is not None and last[1] is not None and now > last[0]:
+                    window.tokens += max(0.0, sample.generated - last[1])
+                    window.seconds += now - last[0]
+                last = (now, sample.generated)
+                settled = sample.generated is None or window.seconds >= WINDOW_S  # no counter: sample by sample
+                rate = window.tokens / window.seconds if window.seconds and sample.generated is not None else None
                 before = self.stats.limit
                 self.stats.limit, climb = next_limit(before, self.stats.inflight, sample, self.policy,
                                                      rate if settled else None, climb, now, settled)
+                if self.stats.limit != before:
+                    last = None
                 self.stats.samples = [*self.stats.samples[-599:], (time.time(), sample.running, sample.waiting)]
                 if self.stats.limit != before:
                     log.debug("batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f, %s tokens/s)", before,

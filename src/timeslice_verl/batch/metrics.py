@@ -25,16 +25,20 @@ class BatchMetrics:
                                  ("retried", "retried", "Tries beyond a line's first (pause aborts, kills, restarts)")):
             yield CounterMetricFamily(f"timeslice_batch_lines_{name}", help_, value=totals[key])
         yield CounterMetricFamily("timeslice_batch_tokens", "Completion tokens the tenant generated", value=totals["tokens"])
-        stats = self.service.feeder.stats
-        yield GaugeMetricFamily("timeslice_batch_concurrency_limit", "Lines the feeder keeps in flight at most now "
-                                "(follows the tenant's running batch and queue)", value=stats.limit)
-        yield GaugeMetricFamily("timeslice_batch_requests_out", "Requests sent to the tenant and not answered yet",
-                                value=stats.inflight)
-        gate = self.service.gate
-        yield GaugeMetricFamily("timeslice_batch_tenant_has_gpu", "1 while lines are sent (the tenant owns the GPU)",
-                                value=1.0 if gate.open else 0.0)
-        yield CounterMetricFamily("timeslice_batch_tenant_gpu_seconds", "Seconds the tenant has had the GPU",
-                                  value=gate.seconds_open())
+        limit = GaugeMetricFamily("timeslice_batch_concurrency_limit", "Lines the feeder keeps in flight at most now "
+                                  "(follows the tenant's running batch and queue)", labels=["tenant"])
+        out = GaugeMetricFamily("timeslice_batch_requests_out", "Requests sent to the tenant and not answered yet",
+                                labels=["tenant"])
+        has = GaugeMetricFamily("timeslice_batch_tenant_has_gpu", "1 while lines are sent (the tenant owns the GPU)",
+                                labels=["tenant"])
+        seconds = CounterMetricFamily("timeslice_batch_tenant_gpu_seconds", "Seconds the tenant has had the GPU",
+                                      labels=["tenant"])
+        for feeder, gate in zip(self.service.feeders, self.service.gates):
+            limit.add_metric([feeder.tenant_url], feeder.stats.limit)
+            out.add_metric([feeder.tenant_url], feeder.stats.inflight)
+            has.add_metric([feeder.tenant_url], 1.0 if gate.open else 0.0)
+            seconds.add_metric([feeder.tenant_url], gate.seconds_open())
+        yield from (limit, out, has, seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

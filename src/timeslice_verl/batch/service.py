@@ -1,5 +1,6 @@
 """``timeslice-verl batch serve``: the batch service of one node, on ``timeslice.batch.host:port`` (127.0.0.1 by
-default), its state in ``timeslice.batch.db``, feeding ``timeslice.batch.tenant_url`` (default: the agent's tenant).
+default), its state in ``timeslice.batch.db``, feeding ``timeslice.batch.tenant_url`` (default: every tenant of the agent's, one
+feeder each, from the same queue).
 
 uvicorn serves the app and owns SIGTERM/SIGINT (a graceful stop); the feeder runs beside it for the app's lifetime.
 Lines the service had in flight when it was killed are sent again when it starts (the store's ``recover``).
@@ -40,11 +41,18 @@ def db_path(settings: TimesliceSettings) -> Path:
     return Path(settings.batch.db).expanduser() if settings.batch.db else default_db()
 
 
-def tenant_url(settings: TimesliceSettings) -> str:
-    urls = split_urls(settings.batch.tenant_url or settings.tenant.url)
+def tenant_urls(settings: TimesliceSettings) -> list[str]:
+    """Every tenant of the node the service feeds: ``batch.tenant_url``, else the agent's (``tenant.urls``: one vLLM
+    per GPU of a multi-GPU trainer, each fed from the same queue)."""
+    urls = split_urls(settings.batch.tenant_url) or list(settings.tenant.urls) or split_urls(settings.tenant.url)
     if not urls:
-        raise ValueError("timeslice.batch.tenant_url: no tenant to feed (set it, or timeslice.tenant.url)")
-    return urls[0]
+        raise ValueError("timeslice.batch.tenant_url: no tenant to feed (set it, or timeslice.tenant.url/urls)")
+    return [u.rstrip("/") for u in urls]
+
+
+def tenant_url(settings: TimesliceSettings) -> str:
+    """The first tenant (what a single-tenant caller shows)."""
+    return tenant_urls(settings)[0]
 
 
 class Models:
@@ -72,17 +80,22 @@ class Service:
         from timeslice_verl.batch.metrics import BatchMetrics
 
         b = settings.batch
-        self.settings, self.url = settings, tenant_url(settings)
+        self.settings, self.urls = settings, tenant_urls(settings)
+        self.url = self.urls[0]
         self.store = Store(db_path(settings))
-        sock = socket_path(settings)
-        self.gate = Gate(str(sock) if b.follow_agent else None, poll_s=b.poll_s)
+        sock = str(socket_path(settings)) if b.follow_agent else None
         policy = Policy(start=min(b.concurrency, b.max_concurrency), ceiling=b.max_concurrency)
-        self.feeder = Feeder(self.store, self.url, self.gate, policy=policy, adapt=b.adapt_concurrency,
-                             max_attempts=b.max_attempts, request_timeout_s=b.request_timeout_s)
+        self.gates = [Gate(sock, poll_s=b.poll_s) for _ in self.urls]
+        """One per tenant: the agent's word for all, each tenant's own health (a restarting server stops only its
+        own lines)."""
+        self.feeders = [Feeder(self.store, url, gate, policy=policy, adapt=b.adapt_concurrency, max_attempts=b.max_attempts,
+                               request_timeout_s=b.request_timeout_s, settle=i == 0)
+                        for i, (url, gate) in enumerate(zip(self.urls, self.gates))]
+        self.gate, self.feeder = self.gates[0], self.feeders[0]
         self.metrics = BatchMetrics(self)
-        self.app = make_app(self.store, models=Models(self.url), kick=self.feeder.kick, summary=self.summary,
+        self.app = make_app(self.store, models=Models(self.url), kick=self.kick, summary=self.summary,
                             metrics=self.metrics.render, max_file_bytes=int(b.max_file_mb * 2**20),
-                            problem=lambda: self.feeder.problem)
+                            problem=lambda: "; ".join(f.problem for f in self.feeders if f.problem))
         self.app.router.lifespan_context = self._lifespan
         key, self.key_source = service_key(b.key_file)
         self.asgi = RequireKey(self.app, key)
@@ -90,31 +103,53 @@ class Service:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Any) -> AsyncIterator[None]:
-        task = asyncio.create_task(self.feeder.run(), name="batch-feeder")
-        log.info("batch: feeding %s (gate: %s), state in %s, key in %s", self.url, self.gate.source, self.store.path,
-                 self.key_source)
+        recovered = await asyncio.to_thread(self.store.recover)  # once, before any feeder claims
+        if recovered:
+            log.warning("batch: %d line(s) were in flight when the service stopped: queued again", recovered)
+        tasks = [asyncio.create_task(f.run(), name=f"batch-feeder-{i}") for i, f in enumerate(self.feeders)]
+        log.info("batch: feeding %s (gate: %s), state in %s, key in %s", ", ".join(self.urls), self.gate.source,
+                 self.store.path, self.key_source)
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-            self.gate.close()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            for gate in self.gates:
+                gate.close()
             self.store.close()
+
+    def kick(self) -> None:
+        for feeder in self.feeders:
+            feeder.kick()
+
+    def seconds_open(self) -> float:
+        """Tenant-GPU seconds: each tenant's time with its GPU, summed."""
+        return sum(g.seconds_open() for g in self.gates)
 
     def summary(self) -> dict[str, Any]:
         """What ``timeslice-verl status`` shows: the lines over every batch, the open batches, the tenant's share."""
         totals = self.store.totals()
-        open_s = self.gate.seconds_open()
+        open_s = self.seconds_open()
         batches = [{"id": r["id"], "status": r["status"], "total": r["total"], **self.store.counts(r["id"])}
                    for r in self.store.batches(limit=10) if r["status"] in OPEN]
-        st = self.feeder.stats
-        return {"tenant": self.url, "gate": {"open": self.gate.open, "source": self.gate.source, "open_s": round(open_s, 3)},
-                "feeder": {"limit": st.limit, "inflight": st.inflight, "sent": st.sent, "answered": st.answered,
-                           "written": st.written, "writes": st.writes, "healthy": self.feeder.healthy,
-                           "problem": self.feeder.problem, "samples": st.samples[-50:]},
-                "lines": totals, "open_batches": batches,
+        each = [{"tenant": f.tenant_url, "open": g.open, "open_s": round(g.seconds_open(), 3), **_stats(f)}
+                for f, g in zip(self.feeders, self.gates)]
+        feeder = {k: sum(e[k] for e in each) for k in ("limit", "inflight", "sent", "answered", "written", "writes")}
+        feeder.update(healthy=all(f.healthy for f in self.feeders), samples=self.feeder.stats.samples[-50:],
+                      problem="; ".join(f.problem for f in self.feeders if f.problem))
+        return {"tenant": self.url, "tenants": each,
+                "gate": {"open": any(g.open for g in self.gates), "source": self.gate.source, "open_s": round(open_s, 3)},
+                "feeder": feeder, "lines": totals, "open_batches": batches,
                 "tokens_per_s_open": round(totals["tokens"] / open_s, 3) if open_s > 0 else None}
+
+
+def _stats(feeder: Feeder) -> dict[str, Any]:
+    st = feeder.stats
+    return {"limit": st.limit, "inflight": st.inflight, "sent": st.sent, "answered": st.answered, "written": st.written,
+            "writes": st.writes}
 
 
 def serve(settings: TimesliceSettings) -> None:
@@ -126,4 +161,4 @@ def serve(settings: TimesliceSettings) -> None:
                 timeout_graceful_shutdown=10)
 
 
-__all__ = ["Service", "db_path", "default_db", "serve", "tenant_url"]
+__all__ = ["Service", "db_path", "default_db", "serve", "tenant_url", "tenant_urls"]

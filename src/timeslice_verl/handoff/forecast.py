@@ -219,6 +219,9 @@ class ValleyForecast:
         self.round_trip_estimate: float | None = None
         """Before any round trip was measured: bytes to move over this node's bandwidth, plus the tenant's yield."""
         self.way_back_s: float | None = None
+        """The way back planned for: the upper quartile of the recent ones (a tenant's pause under load varies ten-fold
+        from one valley to the next; the latest alone made the trainer wait whenever it was short)."""
+        self.way_backs: deque[float] = deque(maxlen=12)
         self.history = history
         self.tails: dict[int, deque[float]] = {}
         """Samples missing → recent remaining waits from the moment that many were missing, in mean gaps."""
@@ -235,7 +238,9 @@ class ValleyForecast:
     def observe_way_back(self, seconds: float) -> None:
         """How long the last way back took: the tenant's yield, the thaw and the ranks' unpark."""
         if seconds > 0:
-            self.way_back_s = seconds
+            self.way_backs.append(seconds)
+            ranked = sorted(self.way_backs)
+            self.way_back_s = ranked[(3 * len(ranked)) // 4]
 
     def observe_round_trip(self, seconds: float) -> None:
         """What one whole handoff cost (out and back)."""
