@@ -226,6 +226,26 @@ def harvest_h200() -> str:
     return "\n".join(lines)
 
 
+def harvest_h200_pause() -> str:
+    """benchmarks/harvest.py on one H200 (2026-12-02), 20 000 lines: yields that only pause the tenant where memory
+    allows; each run's capacity and the time-sliced rows, as ratios within the run."""
+    folder = RESULTS / "2026-12-02-h200-harvest"
+    lines = ["| run | code | mix | capacity best, tokens/s | service alone / capacity | profile | serving / capacity | "
+             "idle / capacity | step ratio | wait median / max s | tokens per tenant-GPU s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    code = {"run1": "9eda120 + tenants", "run2": "9eda120 + tenants", "run3": "40b5e63"}
+    for run in ("run1", "run2", "run3"):
+        got = _harvest_log(folder / run)
+        best = max(c["tokens_per_s"] for c in got["capacity"])
+        alone = _f(got["alone"]["tokens_per_s"] / best, 3) if "alone" in got else "–"
+        for row_path in sorted((folder / run).glob("row-*.json")):
+            r = json.loads(row_path.read_text())
+            lines.append(f"| {run[-1]} | {code[run]} | {r['mix_tokens']} | {best:.0f} | {alone} | {r['profile']} | "
+                         f"{_f(r['serving_vs_capacity'], 3)} | {_f(r['idle_vs_capacity'], 3)} | {_f(r['step_ratio'], 4)} | "
+                         f"{_f(r['wait_s_median'], 3)} / {_f(r['wait_s_max'], 3)} | {r['tokens_per_gpu_s']:.0f} |")
+    return "\n".join(lines)
+
+
 def harvest_cpu() -> str:
     """benchmarks/harvest_cpu.py on this 2-core CPU machine: the service alone against the stand-in of known capacity,
     this tree and the tree before the change (38d0fd7) one after the other."""
@@ -246,7 +266,7 @@ def harvest_cpu() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {
-    "harvest-h200": harvest_h200, "harvest-cpu": harvest_cpu,
+    "harvest-h200": harvest_h200, "harvest-h200-pause": harvest_h200_pause, "harvest-cpu": harvest_cpu,
     "valleys-h200": valleys_h200, "valleys-round5-h200": valleys_round5_h200, "valleys-round6-h200": valleys_round6_h200, "ladder-cpu": ladder_cpu, "ladder-h200": ladder_h200,
     "verl-run": verl_run, "cuda-cycles": cuda_cycles, "swap-one-gpu": swap_one_gpu,
     "swap-two-gpus": swap_two_gpus, "side-by-side": side_by_side,
