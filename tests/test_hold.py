@@ -21,6 +21,7 @@ from timeslice_verl.agent.hold import HoldPolicy, decide, tight
 from timeslice_verl.agent.policy import ASLEEP, FROZEN, RUNNING, JobView, Move, World, next_move
 from timeslice_verl.agent.state import StateStore
 from timeslice_verl.names import YieldBy
+from timeslice_verl.tools.status import render_status
 
 GIB = 2**30
 AUTO = HoldPolicy(YieldBy.auto, 4 * GIB)
@@ -125,7 +126,8 @@ def test_a_pause_only_yield_keeps_held_requests_and_sleeps_when_the_trainers_pea
         await a.watchdog.watch_once()  # the trainer computes with 20 GiB: its peak
         await valley()
         await a.acquire("hold-job", 1)  # 2: 20 GiB peak, 30 GiB free beside the tenant awake: a pause alone
-        seen.append({"hold": vllm.stats(), "held": a.tenancy.held, "why": a.peaks.last_fit.why})
+        seen.append({"hold": vllm.stats(), "held": a.tenancy.held, "why": a.peaks.last_fit.why,
+                     "status": render_status(a.snapshot())})
         await valley()  # a resume alone
         await a.acquire("hold-job", 1)  # 3: a pause alone again
         gpu.job_bytes = 48 * GIB  # a longer batch: the trainer's peak grows, 2 GiB left
@@ -150,6 +152,7 @@ def test_a_pause_only_yield_keeps_held_requests_and_sleeps_when_the_trainers_pea
     assert first["hold"]["sleeps"] == 1 and not first["held"]
     assert second["hold"]["sleeps"] == 1 and second["hold"]["paused"] and not second["hold"]["sleeping"], second
     assert second["held"] and second["hold"]["pauses"] == {"keep": 2} and "fits" in second["why"]
+    assert "yields by (auto): held awake (paused) — fits: trainer peak 20.00 GiB" in second["status"], second["status"]
     assert valley2["valley"]["sleeps"] == 1 and valley2["valley"]["wake_up_calls"] == 1, "a resume alone, no wake-up"
     assert grown["grown"]["sleeps"] == 2 and grown["grown"]["sleeping"] and not grown["held"], grown
     assert third["hold"]["sleeps"] == 3 and not third["held"] and "does not fit" in third["why"]

@@ -32,6 +32,10 @@ def render_status(status: dict[str, Any]) -> str:
     if gpu:
         lines.append(f"GPU memory: {_gib(gpu['used'])} used of {_gib(gpu['total'])}, {_gib(gpu['free'])} free (driver {gpu.get('driver')})")
     lines += _tenant_lines(status.get("tenant"), status.get("ladder") or {})
+    by = status.get("yield_by")
+    if by and status.get("tenant"):
+        how = "held awake (paused)" if by.get("held") else "a pause alone" if by.get("pause_only") else "pause and sleep"
+        lines.append(f"  yields by ({clean(by.get('setting', '?'))}): {how} — {clean(by.get('why', ''))}")
     jobs = status.get("jobs", [])
     if jobs:
         header = f"{'JOB':20} {'STATE':13} {'HOLDS':5} {'PIDS':18} {'FROZEN':>11} {'FREEZE':>8} {'THAW':>8}  NOTE"
