@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from timeslice_verl.batch.app import make_app  # noqa: E402
 from timeslice_verl.batch.feeder import classify  # noqa: E402
 from timeslice_verl.batch.lines import BatchRefused, parse  # noqa: E402
-from timeslice_verl.batch.store import Store, StoreError  # noqa: E402
+from timeslice_verl.batch.store import SCHEMA_VERSION, Store, StoreError  # noqa: E402
 from timeslice_verl.tenant.supervisor import TenantCommand  # noqa: E402
 
 CHAT = "/v1/chat/completions"
@@ -113,7 +113,7 @@ def test_a_state_file_of_another_schema_is_refused_not_overwritten(tmp_path):
     db = sqlite3.connect(tmp_path / "b.sqlite")
     db.execute("PRAGMA user_version=7")
     db.close()
-    with pytest.raises(StoreError, match="has schema 7; this version reads 2"):
+    with pytest.raises(StoreError, match=f"has schema 7; this version reads {SCHEMA_VERSION}"):
         Store(tmp_path / "b.sqlite")
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from timeslice_verl.batch.concurrency import Climb, Policy, Sample, next_limit, parse_metrics
 from timeslice_verl.batch.lines import parse
-from timeslice_verl.batch.schema import V1
+from timeslice_verl.batch.schema import SCHEMA_VERSION, V1
 from timeslice_verl.batch.store import Outcome, Store
 
 CHAT = "/v1/chat/completions"
@@ -101,7 +101,7 @@ def test_a_version_1_database_is_brought_forward_with_its_counters(tmp_path):
     db.close()
     store = Store(tmp_path / "b.sqlite")
     assert store.counts("batch_a") == {"queued": 1, "inflight": 1, "completed": 1, "failed": 1}
-    assert store.batch("batch_a")["retried"] == 2 and store.query("PRAGMA user_version")[0][0] == 2
+    assert store.batch("batch_a")["retried"] == 2 and store.query("PRAGMA user_version")[0][0] == SCHEMA_VERSION
     assert store.recover() == 1 and [ln.custom_id for ln in store.claim(5, now=1e12)] == ["c2", "c3"]
 
 

@@ -17,7 +17,8 @@ from fastapi import FastAPI, File, Form, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from timeslice_verl.batch.lines import ENDPOINTS, BatchRefused, error_lines, output_lines, parse
+from timeslice_verl.batch.files import Files, TooLarge
+from timeslice_verl.batch.lines import ENDPOINTS, BatchRefused, error_lines, output_lines, parse_stream
 from timeslice_verl.batch.store import OPEN, Store
 
 OUT, ERR = "file-out-", "file-err-"
@@ -52,7 +53,8 @@ def file_object(row: dict[str, Any]) -> dict[str, Any]:
 def batch_object(store: Store, row: dict[str, Any]) -> dict[str, Any]:
     counts = store.counts(row["id"])
     ended = row["status"] not in OPEN
-    out = {"id": row["id"], "object": "batch", "endpoint": row["endpoint"], "errors": None,
+    out = {"id": row["id"], "object": "batch", "endpoint": row["endpoint"],
+           "errors": json.loads(row["errors"]) if row.get("errors") else None,
            "input_file_id": row["input_file_id"], "completion_window": row["completion_window"], "status": row["status"],
            "output_file_id": f"{OUT}{row['id']}" if ended and counts["completed"] else None,
            "error_file_id": f"{ERR}{row['id']}" if ended and counts["failed"] else None,
@@ -65,12 +67,15 @@ def batch_object(store: Store, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_app(store: Store, *, models: Callable[[], set[str] | None], kick: Callable[[], None], summary: Callable[[], dict],
-             metrics: Callable[[], bytes], max_file_bytes: int, problem: Callable[[], str] = lambda: "") -> FastAPI:
+             metrics: Callable[[], bytes], max_file_bytes: int, problem: Callable[[], str] = lambda: "",
+             chunk_bytes: int = 4 << 20) -> FastAPI:
     """The service's app over ``store`` (``models``: what the tenant serves, if known; ``kick``: new lines to send;
-    ``problem``: why the service cannot do its work now, if it cannot)."""
+    ``problem``: why the service cannot do its work now, if it cannot; ``chunk_bytes``: the most of a file held at
+    once)."""
     app = FastAPI(title="timeslice-verl batch", version="1")
-    _files(app, store, max_file_bytes)
-    _batches(app, store, models, kick)
+    files = Files(store)
+    _files(app, store, files, max_file_bytes, chunk_bytes)
+    _batches(app, store, files, models, kick)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -105,16 +110,21 @@ def make_app(store: Store, *, models: Callable[[], set[str] | None], kick: Calla
     return app
 
 
-def _files(app: FastAPI, store: Store, max_file_bytes: int) -> None:
+def _files(app: FastAPI, store: Store, files: Files, max_file_bytes: int, chunk_bytes: int) -> None:
     @app.post("/v1/files")
     async def upload(file: UploadFile = File(...), purpose: str = Form(...)) -> Any:
         if purpose != "batch":
             return refuse(400, f"purpose {purpose!r} is not supported: this service takes 'batch' files", "purpose")
-        content = await file.read(max_file_bytes + 1)
-        if len(content) > max_file_bytes:
-            return refuse(413, f"the file is larger than {max_file_bytes} bytes (timeslice.batch.max_file_mb)", "file",
-                          "file_too_large")
-        return file_object(await asyncio.to_thread(store.add_file, purpose, file.filename or "input.jsonl", content))
+        up = files.writer(max_file_bytes)
+        try:
+            while data := await file.read(chunk_bytes):  # the multipart parser spooled it to disk: a chunk at a time
+                await asyncio.to_thread(up.add, data)
+        except TooLarge as exc:
+            return refuse(413, str(exc), "file", "file_too_large")
+        except BaseException:
+            await asyncio.to_thread(up.abandon)
+            raise
+        return file_object(await asyncio.to_thread(up.finish, purpose, file.filename or "input.jsonl"))
 
     @app.get("/v1/files")
     def list_files() -> dict[str, Any]:
@@ -134,13 +144,13 @@ def _files(app: FastAPI, store: Store, max_file_bytes: int) -> None:
             rows = store.results(bid, "done" if fid.startswith(OUT) else "failed")
             return StreamingResponse(output_lines(bid, rows) if fid.startswith(OUT) else error_lines(bid, rows),
                                      media_type="application/jsonl")
-        data = store.content(fid)
-        return refuse(404, f"no file {fid!r}", "file_id", "not_found") if data is None else \
-            PlainTextResponse(data.decode("utf-8", "replace"), media_type="application/jsonl")
+        chunks = files.chunks(fid)
+        return refuse(404, f"no file {fid!r}", "file_id", "not_found") if chunks is None else \
+            StreamingResponse(chunks, media_type="application/jsonl")
 
     @app.delete("/v1/files/{fid}")
     def delete(fid: str) -> Any:
-        if not store.delete_file(fid):
+        if not files.delete(fid):
             return refuse(404, f"no file {fid!r}", "file_id", "not_found")
         return {"id": fid, "object": "file", "deleted": True}
 
@@ -160,7 +170,7 @@ def _result_file(store: Store, fid: str) -> dict[str, Any] | None:
             "created_at": row["completed_at"] or row["created_at"]}
 
 
-def _batches(app: FastAPI, store: Store, models: Callable[[], set[str] | None], kick: Callable[[], None]) -> None:
+def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[], set[str] | None], kick: Callable[[], None]) -> None:
     @app.post("/v1/batches")
     async def create(request: Request) -> Any:
         try:
@@ -178,14 +188,14 @@ def _batches(app: FastAPI, store: Store, models: Callable[[], set[str] | None], 
         bad = metadata_problem(body.get("metadata"))
         if bad:
             return refuse(400, bad, "metadata")
-        data = await asyncio.to_thread(store.content, fid) if isinstance(fid, str) else None
-        if data is None:
+        chunks = await asyncio.to_thread(files.chunks, fid) if isinstance(fid, str) else None
+        if chunks is None:
             return refuse(404, f"no input file {fid!r}", "input_file_id", "not_found")
+        lines = parse_stream(chunks, endpoint, await asyncio.to_thread(models))  # read, parsed and inserted as it comes
         try:
-            lines = await asyncio.to_thread(parse, data, endpoint, await asyncio.to_thread(models))
+            bid = await asyncio.to_thread(store.create_batch, endpoint, fid, 86400, "24h", body.get("metadata"), lines)
         except BatchRefused as exc:
             return refuse(400, exc.message, exc.param, exc.code)
-        bid = await asyncio.to_thread(store.create_batch, endpoint, fid, 86400, "24h", body.get("metadata"), lines)
         kick()
         return batch_object(store, store.batch(bid))  # type: ignore[arg-type]
 

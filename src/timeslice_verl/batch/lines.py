@@ -9,13 +9,16 @@ with a 400 that names the problem. Output and error lines follow OpenAI's shape:
 
 from __future__ import annotations
 
+import codecs
 import json
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Optional, Tuple
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 MAX_LINES = 50_000
 """Requests in one batch (OpenAI's own bound)."""
 MAX_CUSTOM_ID = 512
+Row = Tuple[Optional[str], Optional[str], Optional[dict]]
+"""One request line: ``(custom_id, body as JSON text, error)``."""
 
 
 class BatchRefused(ValueError):
@@ -44,7 +47,7 @@ def _text(value: Any) -> str | None:
     return text
 
 
-def _one(n: int, raw: str, endpoint: str, models: set[str] | None) -> tuple[str | None, str | None, dict[str, Any] | None]:
+def _one(n: int, raw: str, endpoint: str, models: set[str] | None) -> Row:
     try:
         item = json.loads(raw, parse_constant=_no_constant)
     except ValueError as exc:
@@ -73,33 +76,60 @@ def _one(n: int, raw: str, endpoint: str, models: set[str] | None) -> tuple[str 
     return cid, text, None
 
 
-def parse(content: bytes, endpoint: str, models: set[str] | None = None) -> list[tuple[str | None, str | None, dict[str, Any] | None]]:
-    """``(custom_id, body as JSON text, error)`` per request line of an input file (``models``: what the tenant
-    serves, if known). A line whose text no server could read — NaN, a lone surrogate — fails alone, here."""
+def numbered_lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of a JSONL file given as chunks of bytes (a line may span chunks; lines end at
+    ``\n``, a ``\r`` before it dropped): never more than a chunk and a line in memory."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    buf, n = "", 0
+    try:
+        for chunk in chunks:
+            buf += decoder.decode(chunk)
+            *whole, buf = buf.split("\n")
+            for raw in whole:
+                n += 1
+                yield n, raw.removesuffix("\r")
+        buf += decoder.decode(b"", final=True)
+    except UnicodeDecodeError as exc:
+        raise BatchRefused(f"the input file is not UTF-8 (line {n + 1}: {exc.reason})", "input_file_id") from None
+    if buf:
+        yield n + 1, buf.removesuffix("\r")
+
+
+def parse_stream(chunks: Iterable[bytes], endpoint: str, models: set[str] | None = None) -> Iterator[Row]:
+    """``(custom_id, body as JSON text, error)`` per request line of an input file, as it is read (``models``: what the
+    tenant serves, if known). A line whose text no server could read — NaN, a lone surrogate — fails alone, here.
+    What refuses the whole file (not UTF-8, no request, too many, a ``custom_id`` twice) raises
+    :class:`BatchRefused` — possibly after rows were yielded: the consumer drops what it took."""
     if endpoint not in ENDPOINTS:
         raise BatchRefused(f"endpoint {endpoint!r} is not supported (supported: {', '.join(ENDPOINTS)})", "endpoint")
-    try:
-        text = content.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BatchRefused(f"the input file is not UTF-8 ({exc})", "input_file_id") from None
-    numbered = [(n, raw) for n, raw in enumerate(text.splitlines(), 1) if raw.strip()]
-    if not numbered:
-        raise BatchRefused("the input file has no request", "input_file_id")
-    if len(numbered) > MAX_LINES:
-        raise BatchRefused(f"the input file has {len(numbered)} requests; a batch takes at most {MAX_LINES}", "input_file_id")
-    out = [_one(n, raw, endpoint, models) for n, raw in numbered]
     seen: dict[str, int] = {}
     twice: list[str] = []
-    for (n, _), (cid, _, _) in zip(numbered, out):
-        if cid is None:
+    count = 0
+    for n, raw in numbered_lines(chunks):
+        if not raw.strip():
             continue
-        if cid in seen:
+        count += 1
+        if count > MAX_LINES:
+            raise BatchRefused(f"the input file has more than {MAX_LINES} requests; a batch takes at most {MAX_LINES}",
+                               "input_file_id")
+        row = _one(n, raw, endpoint, models)
+        cid = row[0]
+        if cid is not None and cid in seen:
             twice.append(f"{cid!r} (lines {seen[cid]} and {n})")
-        seen.setdefault(cid, n)
+        elif cid is not None:
+            seen[cid] = n
+        if not twice:
+            yield row
     if twice:
         raise BatchRefused(f"custom_id must be unique in a batch: {', '.join(twice[:5])}"
                            + (f" and {len(twice) - 5} more" if len(twice) > 5 else ""), "input_file_id", "duplicate_custom_id")
-    return out
+    if not count:
+        raise BatchRefused("the input file has no request", "input_file_id")
+
+
+def parse(content: bytes, endpoint: str, models: set[str] | None = None) -> list[Row]:
+    """:func:`parse_stream` of a whole file in memory."""
+    return list(parse_stream([content], endpoint, models))
 
 
 def _request_id(batch_id: str, idx: int) -> str:
@@ -120,4 +150,5 @@ def error_lines(batch_id: str, rows: Iterable[Any]) -> Iterator[bytes]:
                f'"response": {r["response"] or "null"}, "error": {r["error"]}}}\n').encode()
 
 
-__all__ = ["ENDPOINTS", "MAX_LINES", "BatchRefused", "error_lines", "output_lines", "parse"]
+__all__ = ["ENDPOINTS", "MAX_LINES", "BatchRefused", "Row", "error_lines", "numbered_lines", "output_lines", "parse",
+           "parse_stream"]

@@ -2,7 +2,8 @@
 
 Version 2 (issue 36) keeps each batch's counters on its row and indexes lines by ``(batch_id, state, idx)``, so a
 claim, a result and the question "has this batch ended" no longer scan the batch. A database of version 1 is
-brought forward in place at start (its counters computed once).
+brought forward in place at start (its counters computed once). Version 3 keeps uploaded files in chunks (an upload
+and a batch's creation never hold a whole file in memory) and a batch's ``errors`` (a creation that did not finish).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from timeslice_verl.log import get_logger
 
 log = get_logger("batch")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 V1 = """
 CREATE TABLE files (
   id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
@@ -46,7 +47,11 @@ UPDATE batches SET
   retried = (SELECT TOTAL(MAX(attempts - 1, 0)) FROM lines l WHERE l.batch_id = batches.id),
   tokens = (SELECT TOTAL(tokens) FROM lines l WHERE l.batch_id = batches.id)
 """
-STEPS = {1: V1, 2: V2}
+V3 = """
+CREATE TABLE file_chunks (file_id TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (file_id, seq));
+ALTER TABLE batches ADD COLUMN errors TEXT
+"""
+STEPS = {1: V1, 2: V2, 3: V3}
 """The statements that bring a database of version ``n - 1`` to version ``n``."""
 
 

@@ -20,6 +20,7 @@ import httpx
 from timeslice_verl.batch.auth import RequireKey, service_key
 from timeslice_verl.batch.concurrency import Policy
 from timeslice_verl.batch.feeder import Feeder
+from timeslice_verl.batch.files import Files
 from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.store import OPEN, Store
 from timeslice_verl.config.schema import TimesliceSettings, socket_path
@@ -95,6 +96,7 @@ class Service:
         self.metrics = BatchMetrics(self)
         self.app = make_app(self.store, models=Models(self.url), kick=self.kick, summary=self.summary,
                             metrics=self.metrics.render, max_file_bytes=int(b.max_file_mb * 2**20),
+                            chunk_bytes=max(1, int(b.chunk_mb * 2**20)),
                             problem=lambda: "; ".join(f.problem for f in self.feeders if f.problem))
         self.app.router.lifespan_context = self._lifespan
         key, self.key_source = service_key(b.key_file)
@@ -103,6 +105,9 @@ class Service:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Any) -> AsyncIterator[None]:
+        swept = await asyncio.to_thread(Files(self.store).sweep)
+        if swept:
+            log.warning("batch: dropped %d chunk(s) of uploads that did not finish", swept)
         recovered = await asyncio.to_thread(self.store.recover)  # once, before any feeder claims
         if recovered:
             log.warning("batch: %d line(s) were in flight when the service stopped: queued again", recovered)

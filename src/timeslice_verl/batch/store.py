@@ -32,6 +32,8 @@ from timeslice_verl.private import NotPrivate, create_private, private_file
 OPEN = ("validating", "in_progress", "finalizing", "cancelling")
 ENDED = ("completed", "failed", "expired", "cancelled")
 COUNTERS = ("queued", "inflight", "done", "failed")
+INSERT_CHUNK = 2048
+"""Lines a transaction of a batch's creation inserts (the feeder's writes go between two)."""
 
 
 class StoreError(RuntimeError):
@@ -120,13 +122,6 @@ class Store:
 
     # ------------------------------------------------------------------ files
 
-    def add_file(self, purpose: str, filename: str, content: bytes) -> dict[str, Any]:
-        fid = new_id("file")
-        with self.transaction() as db:
-            db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?)", (fid, purpose, filename, len(content), int(time.time()),
-                                                                         content))
-        return self.file(fid)  # type: ignore[return-value]
-
     def file(self, fid: str) -> dict[str, Any] | None:
         rows = self.query("SELECT id, purpose, filename, bytes, created_at FROM files WHERE id = ?", (fid,))
         return dict(rows[0]) if rows else None
@@ -134,41 +129,45 @@ class Store:
     def files(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.query("SELECT id, purpose, filename, bytes, created_at FROM files ORDER BY created_at")]
 
-    def content(self, fid: str) -> bytes | None:
-        rows = self.query("SELECT content FROM files WHERE id = ?", (fid,))
-        return bytes(rows[0]["content"]) if rows else None
-
-    def delete_file(self, fid: str) -> bool:
-        with self.transaction() as db:
-            return db.execute("DELETE FROM files WHERE id = ?", (fid,)).rowcount > 0
-
     # ------------------------------------------------------------------ batches
 
     def create_batch(self, endpoint: str, input_file_id: str, window_s: int, window: str, metadata: Any,
                      lines: Iterable[tuple[str | None, str | None, dict[str, Any] | None]]) -> str:
         """A batch of ``lines``: ``(custom_id, body as JSON text, error)`` each; a line with an error is failed from
-        the start. ``lines`` may be a generator: it is inserted as it comes, in chunks."""
+        the start. ``lines`` may be a generator: it is inserted as it comes, a chunk a transaction, the batch
+        ``validating`` (never claimed) until the last; an exception from it (a file refused as a whole) deletes
+        what was inserted and is raised."""
         bid, now = new_id("batch"), int(time.time())
-        counts = {"queued": 0, "failed": 0}
         with self.transaction() as db:
             db.execute("INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, metadata, created_at, "
-                       "expires_at, in_progress_at, total) VALUES (?, ?, ?, ?, 'in_progress', ?, ?, ?, ?, 0)",
-                       (bid, endpoint, input_file_id, window, json.dumps(metadata) if metadata else None, now,
-                        now + window_s, now))
+                       "expires_at, total) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?, 0)",
+                       (bid, endpoint, input_file_id, window, json.dumps(metadata) if metadata else None, now, now + window_s))
+        counts = {"queued": 0, "failed": 0}
+        try:
             chunk: list[tuple] = []
             for i, (cid, body, err) in enumerate(lines):
                 state = "failed" if err else "queued"
                 counts[state] += 1
                 chunk.append((bid, i, cid, body, state, json.dumps(err) if err else None))
-                if len(chunk) >= 2048:
-                    db.executemany("INSERT INTO lines (batch_id, idx, custom_id, body, state, error) VALUES (?, ?, ?, ?, ?, ?)",
-                                   chunk)
-                    chunk.clear()
-            db.executemany("INSERT INTO lines (batch_id, idx, custom_id, body, state, error) VALUES (?, ?, ?, ?, ?, ?)", chunk)
-            db.execute("UPDATE batches SET total = ?, queued = ?, failed = ? WHERE id = ?",
-                       (counts["queued"] + counts["failed"], counts["queued"], counts["failed"], bid))
-            self._settle(db, bid, now)
+                if len(chunk) >= INSERT_CHUNK:
+                    self._insert(chunk)
+            self._insert(chunk)
+        except BaseException:
+            with self.transaction() as db:
+                db.execute("DELETE FROM lines WHERE batch_id = ?", (bid,))
+                db.execute("DELETE FROM batches WHERE id = ?", (bid,))
+            raise
+        with self.transaction() as db:  # cancelled meanwhile: its lines fail as never sent, and it ends cancelled
+            db.execute("UPDATE batches SET total = ?, queued = ?, failed = ?, in_progress_at = ?, status = CASE status WHEN "
+                       "'validating' THEN 'in_progress' ELSE 'cancelling' END WHERE id = ?",
+                       (counts["queued"] + counts["failed"], counts["queued"], counts["failed"], int(time.time()), bid))
+            self._settle(db, bid, int(time.time()))
         return bid
+
+    def _insert(self, chunk: list[tuple]) -> None:
+        with self.transaction() as db:
+            db.executemany("INSERT INTO lines (batch_id, idx, custom_id, body, state, error) VALUES (?, ?, ?, ?, ?, ?)", chunk)
+        chunk.clear()
 
     def batch(self, bid: str) -> dict[str, Any] | None:
         rows = self.query("SELECT * FROM batches WHERE id = ?", (bid,))
@@ -231,9 +230,16 @@ class Store:
     # ------------------------------------------------------------------ lines
 
     def recover(self) -> int:
-        """At start: lines a killed service left in flight go back to the queue."""
-        n = 0
+        """At start: lines a killed service left in flight go back to the queue; a batch whose creation it did not
+        finish is failed, saying so (its lines were never sent)."""
+        n, now = 0, int(time.time())
+        err = json.dumps({"object": "list", "data": [{"code": "interrupted", "line": None, "param": "input_file_id",
+                          "message": "the batch service stopped while it created this batch: create it again"}]})
         with self.transaction() as db:
+            for row in db.execute("SELECT id FROM batches WHERE status = 'validating'").fetchall():
+                db.execute("DELETE FROM lines WHERE batch_id = ?", (row["id"],))
+                db.execute("UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, total = 0, queued = 0, "
+                           "failed = 0 WHERE id = ?", (now, err, row["id"]))
             for row in db.execute("SELECT id FROM batches WHERE inflight > 0").fetchall():
                 moved = db.execute("UPDATE lines SET state = 'queued', next_at = 0 WHERE batch_id = ? AND state = 'inflight'",
                                    (row["id"],)).rowcount

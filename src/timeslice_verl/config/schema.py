@@ -217,6 +217,7 @@ class BatchSettings:
     max_attempts: int = 5
     """Tries of a line whose request failed for a reason not its own (an abort, a kill, a restart), then it fails."""
     max_file_mb: float = 200.0  # the largest input file accepted
+    chunk_mb: float = 4.0  # the most of a file an upload, a download or a batch's creation holds at once
     request_timeout_s: float = 600.0
     poll_s: float = 0.5  # how often an agent without watch_owner is asked who owns the GPU
 
@@ -274,6 +275,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "handoff.break_even_margin": (0.0, 1000.0, True),
     "handoff.late_cost": (0.0, 1e6, False),
     "batch.max_file_mb": (0.0, 1e6, False),
+    "batch.chunk_mb": (0.0, 1024.0, False),
     "batch.request_timeout_s": (0.0, DAY_S, False),
     "batch.poll_s": (0.0, 60.0, False),
 }

@@ -1,0 +1,83 @@
+"""Uploaded files, kept in chunks: an upload is written as it arrives and read back as it is needed, so neither an
+upload, a download nor a batch's creation holds a whole file (OpenAI takes 200 MB) in memory — the bound is
+``timeslice.batch.chunk_mb``.
+
+A file's chunks are written each in its own short transaction (the feeder's writes never wait on an upload) and the
+file's row last: a file exists once it is whole. Chunks a killed upload left without a row are swept at start.
+Files of a schema-2 database keep their content in their row and are read from it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+from timeslice_verl.batch.store import Store, new_id
+
+
+class TooLarge(ValueError):
+    """An upload past ``timeslice.batch.max_file_mb``."""
+
+
+class Files:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def sweep(self) -> int:
+        """At start: drop the chunks of uploads that never finished."""
+        with self.store.transaction() as db:
+            return db.execute("DELETE FROM file_chunks WHERE file_id NOT IN (SELECT id FROM files)").rowcount
+
+    def writer(self, max_bytes: int) -> Upload:
+        return Upload(self.store, max_bytes)
+
+    def chunks(self, fid: str) -> Iterator[bytes] | None:
+        """The file's content, a chunk at a time (each read under the store's lock, none held between); None: no
+        such file."""
+        rows = self.store.query("SELECT length(content) AS n FROM files WHERE id = ?", (fid,))
+        if not rows:
+            return None
+        if rows[0]["n"]:  # a schema-2 file: its content in its row
+            return iter([bytes(self.store.query("SELECT content FROM files WHERE id = ?", (fid,))[0]["content"])])
+        return self._chunks(fid)
+
+    def _chunks(self, fid: str) -> Iterator[bytes]:
+        seq = 0
+        while rows := self.store.query("SELECT data FROM file_chunks WHERE file_id = ? AND seq = ?", (fid, seq)):
+            yield bytes(rows[0]["data"])
+            seq += 1
+
+    def delete(self, fid: str) -> bool:
+        with self.store.transaction() as db:
+            db.execute("DELETE FROM file_chunks WHERE file_id = ?", (fid,))
+            return db.execute("DELETE FROM files WHERE id = ?", (fid,)).rowcount > 0
+
+
+class Upload:
+    """One upload being written: :meth:`add` each chunk as it arrives, then :meth:`finish` (or :meth:`abandon`)."""
+
+    def __init__(self, store: Store, max_bytes: int) -> None:
+        self.store, self.max_bytes = store, max_bytes
+        self.fid, self.size, self.seq = new_id("file"), 0, 0
+
+    def add(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.max_bytes:
+            self.abandon()
+            raise TooLarge(f"the file is larger than {self.max_bytes} bytes (timeslice.batch.max_file_mb)")
+        with self.store.transaction() as db:
+            db.execute("INSERT INTO file_chunks VALUES (?, ?, ?)", (self.fid, self.seq, data))
+        self.seq += 1
+
+    def finish(self, purpose: str, filename: str) -> dict[str, Any]:
+        with self.store.transaction() as db:
+            db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?)", (self.fid, purpose, filename, self.size,
+                                                                       int(time.time()), b""))
+        return self.store.file(self.fid)  # type: ignore[return-value]
+
+    def abandon(self) -> None:
+        with self.store.transaction() as db:
+            db.execute("DELETE FROM file_chunks WHERE file_id = ?", (self.fid,))
+
+
+__all__ = ["Files", "TooLarge", "Upload"]

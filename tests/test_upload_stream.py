@@ -1,0 +1,97 @@
+"""Uploads and batch creation a chunk at a time (issue 36, item 1): a file is never held whole — split anywhere,
+it reads the same; a file refused as a whole late leaves nothing behind; a service killed while it created a
+batch fails that batch, saying so, and sends none of its lines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from timeslice_verl.batch.files import Files, TooLarge
+from timeslice_verl.batch.lines import BatchRefused, numbered_lines, parse, parse_stream
+from timeslice_verl.batch.store import Store
+
+CHAT = "/v1/chat/completions"
+
+
+def _line(cid: str, text: str = "hi") -> str:
+    return json.dumps({"custom_id": cid, "method": "POST", "url": CHAT,
+                       "body": {"model": "m", "messages": [{"role": "user", "content": text}]}}, ensure_ascii=False)
+
+
+CONTENT = "\n".join([_line("a", "é ü 漢字 🙂"), "", _line("b") + "\r", _line("c", "x" * 300)]).encode()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, len(CONTENT)])
+def test_a_file_split_anywhere_reads_the_same_as_whole(size):
+    chunks = [CONTENT[i:i + size] for i in range(0, len(CONTENT), size)]  # mid-character, mid-line, mid-\r\n
+    assert list(parse_stream(chunks, CHAT)) == parse(CONTENT, CHAT)
+    assert [n for n, _ in numbered_lines(chunks)] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("chunks, message", [
+    ([_line("a").encode() + b"\n", b"\xff\xfe\n"], r"not UTF-8 \(line 2"),
+    ([_line("a").encode() + b"\n", _line("b").encode() + b"\n", _line("a").encode()], "custom_id must be unique"),
+    ([b"\n", b"  \n"], "has no request"),
+])
+def test_a_file_refused_as_a_whole_is_refused_whatever_came_first(chunks, message):
+    with pytest.raises(BatchRefused, match=message):
+        list(parse_stream(chunks, CHAT))
+
+
+def test_a_batch_refused_after_its_first_lines_were_inserted_leaves_nothing(tmp_path, monkeypatch):
+    import timeslice_verl.batch.store as store_mod
+
+    monkeypatch.setattr(store_mod, "INSERT_CHUNK", 10)  # the first 30 lines are committed before the refusal
+    store = Store(tmp_path / "b.sqlite")
+    lines = [_line(f"r{i}") for i in range(40)] + [_line("r3")]
+    with pytest.raises(BatchRefused, match="'r3' \\(lines 4 and 41\\)"):
+        store.create_batch(CHAT, "file_x", 86400, "24h", None, parse_stream([("\n".join(lines)).encode()], CHAT))
+    assert store.batches() == [] and store.query("SELECT COUNT(*) FROM lines")[0][0] == 0
+
+
+def test_an_upload_goes_in_chunks_and_one_past_the_bound_leaves_none(tmp_path):
+    store = Store(tmp_path / "b.sqlite")
+    files = Files(store)
+    up = files.writer(max_bytes=100)
+    for part in (b"a" * 40, b"b" * 40):
+        up.add(part)
+    row = up.finish("batch", "in.jsonl")
+    assert row["bytes"] == 80 and b"".join(files.chunks(row["id"])) == b"a" * 40 + b"b" * 40
+    big = files.writer(max_bytes=100)
+    big.add(b"c" * 60)
+    with pytest.raises(TooLarge, match="larger than 100 bytes"):
+        big.add(b"c" * 60)
+    assert store.query("SELECT COUNT(*) FROM file_chunks WHERE file_id = ?", (big.fid,))[0][0] == 0
+    half = files.writer(max_bytes=100)
+    half.add(b"d" * 10)  # a killed upload: chunks, no row
+    assert files.sweep() == 1 and files.chunks(half.fid) is None and files.delete(row["id"])
+
+
+def test_a_service_killed_while_it_created_a_batch_fails_that_batch_and_sends_none_of_it(tmp_path):
+    db = tmp_path / "b.sqlite"
+    script = textwrap.dedent(f"""
+        import json, os
+        import timeslice_verl.batch.store as s
+        s.INSERT_CHUNK = 100
+        store = s.Store(s.Path({str(db)!r}))
+        def rows():
+            for i in range(1000):
+                if i == 250:
+                    os._exit(9)  # kill -9 with two chunks committed, the batch still validating
+                yield (f"r{{i}}", json.dumps({{"model": "m"}}), None)
+        store.create_batch("/v1/completions", "file_x", 86400, "24h", None, rows())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 9, done.stderr
+    store = Store(db)
+    [batch] = store.batches()
+    assert batch["status"] == "validating" and store.query("SELECT COUNT(*) FROM lines")[0][0] == 200
+    store.recover()
+    [batch] = store.batches()
+    assert batch["status"] == "failed" and json.loads(batch["errors"])["data"][0]["code"] == "interrupted"
+    assert store.claim(10, now=0) == [] and store.query("SELECT COUNT(*) FROM lines")[0][0] == 0
