@@ -246,10 +246,9 @@ def harvest_h200_pause() -> str:
     return "\n".join(lines)
 
 
-def harvest_cpu() -> str:
+def harvest_cpu(folder: Path = RESULTS / "2026-12-01-cpu-harvest") -> str:
     """benchmarks/harvest_cpu.py on this 2-core CPU machine: the service alone against the stand-in of known capacity,
     this tree and the tree before the change (38d0fd7) one after the other."""
-    folder = RESULTS / "2026-12-01-cpu-harvest"
     rows = [json.loads(x) for x in (folder / "rows.jsonl").read_text().splitlines()]
     meta = json.loads((folder / "meta.json").read_text())
     lines = ["| service | lines | lines/s (stand-in: %.0f) | CPU ms/line | first tenth | last tenth | peak RSS MiB |"
@@ -267,6 +266,7 @@ def harvest_cpu() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "harvest-h200": harvest_h200, "harvest-h200-pause": harvest_h200_pause, "harvest-cpu": harvest_cpu,
+    "harvest-cpu-stream": lambda: harvest_cpu(RESULTS / "2026-12-02-cpu-harvest"),
     "valleys-h200": valleys_h200, "valleys-round5-h200": valleys_round5_h200, "valleys-round6-h200": valleys_round6_h200, "ladder-cpu": ladder_cpu, "ladder-h200": ladder_h200,
     "verl-run": verl_run, "cuda-cycles": cuda_cycles, "swap-one-gpu": swap_one_gpu,
     "swap-two-gpus": swap_two_gpus, "side-by-side": side_by_side,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 
 import pytest
 
@@ -126,6 +127,8 @@ def test_the_way_back_thaws_the_trainer_before_it_asks_and_the_trainer_reports_i
     eventually(lambda: stopped(worker.pid) and not vllm.sleeping(), what="the worker frozen, the tenant serving")
     backlog[0] = 8  # the batch is complete
     eventually(lambda: not stopped(worker.pid) and vllm.sleeping(), what="the way back thawed it before the trainer asked")
+    # its figures are stamped when the agent's answer is in: once its thread has ended (never compared with the agent)
+    eventually(lambda: not any(t.name == "timeslice-wayback" for t in threading.enumerate()), what="the way back done")
     assert not [e for e in recorder.events("handoff") if e.point == "prepare"], "reported by the trainer's thread only"
     asked = lc.event(TrainStepEvent).time
     lc.pre_train_step(lc.event(TrainStepEvent))
