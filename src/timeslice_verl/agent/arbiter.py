@@ -71,7 +71,8 @@ class Arbiter:
                                probe_timeout_s=probe_timeout_s, warm_up=tenant_warm_up)
         self.recovery = Recovery(self, shutdown_timeout_s)
         self.watchdog = Watchdog(self.book, self.tenancy, step_lock=self.step_lock, interval_s=watch_interval_s,
-                                 reattach_grace_s=reattach_grace_s, probe_interval_s=probe_interval_s, arbiter=self)
+                                 reattach_grace_s=reattach_grace_s, probe_interval_s=probe_interval_s, peaks=self.peaks,
+                                 set_current=self.set_current)
         self.reclaim_deadline_s = reclaim_deadline_s
         self.current = ""
         self.started = time.time()

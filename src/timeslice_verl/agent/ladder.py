@@ -58,7 +58,11 @@ def budgets(deadline_s: float) -> Budgets:
 
 
 class TenantKilled(TenantDead):
-    """The tenant ignored the deadline and the agent stopped it (or found nothing it may stop)."""
+    """The tenant ignored the deadline and the agent stopped it (or found nothing it may stop: ``nothing_stopped``)."""
+
+    def __init__(self, message: str, killed: Any = None) -> None:
+        super().__init__(message)
+        self.nothing_stopped = bool(getattr(killed, "nothing_stopped", False))
 
 
 @dataclass
@@ -102,7 +106,7 @@ async def _step(climb: Climb, name: str, move: Callable[[], Awaitable[Any]], bud
 
 
 async def yield_member(tenant: Any, deadline_s: float, *, wedged: bool = False, sleep: bool = True,
-                       kill: Callable[[Any, float], Awaitable[str]] | None = None) -> Climb:
+                       kill: Callable[[Any, float], Awaitable[Any]] | None = None) -> Climb:
     """Yield one server within ``deadline_s`` (``sleep=False``: the polite step only pauses it). Raises :class:`TenantDead` (a dead server, or one the ladder had
     to kill) or :class:`TenantError` (without a deadline, as the polite step failed)."""
     b = budgets(deadline_s)
@@ -116,7 +120,8 @@ async def yield_member(tenant: Any, deadline_s: float, *, wedged: bool = False, 
             log.error("tenant %s: wedged (no answer to the agent's probe, nor within %.1f s now): stopping it",
                       tenant.url, CONFIRM_S)
             outcome = await _kill(climb, tenant, b.kill_s, kill)
-            raise TenantKilled(f"ladder: kill of a wedged tenant (it stopped answering while it had the GPU): {outcome}")
+            raise TenantKilled(f"ladder: kill of a wedged tenant (it stopped answering while it had the GPU): {outcome}",
+                               outcome)
         climb.step = "polite"
     why = await _step(climb, "polite", lambda: tenant.yield_gpu(sleep), b.polite_s)
     if not why:
@@ -130,10 +135,10 @@ async def yield_member(tenant: Any, deadline_s: float, *, wedged: bool = False, 
     climb.step = "kill"
     log.error("tenant %s: abort failed too (%s): stopping its processes", tenant.url, why2)
     outcome = await _kill(climb, tenant, b.kill_s, kill)
-    raise TenantKilled(f"ladder: kill after polite ({why}) and abort ({why2}): {outcome}")
+    raise TenantKilled(f"ladder: kill after polite ({why}) and abort ({why2}): {outcome}", outcome)
 
 
-async def _kill(climb: Climb, tenant: Any, budget: float, kill: Callable[[Any, float], Awaitable[str]] | None) -> str:
+async def _kill(climb: Climb, tenant: Any, budget: float, kill: Callable[[Any, float], Awaitable[Any]] | None) -> Any:
     t0 = time.monotonic()
     try:
         return await (kill or kill_tenant)(tenant, budget)
@@ -141,7 +146,7 @@ async def _kill(climb: Climb, tenant: Any, budget: float, kill: Callable[[Any, f
         climb.phases["kill"] = time.monotonic() - t0
 
 
-async def kill_tenant(tenant: Any, timeout_s: float) -> str:
+async def kill_tenant(tenant: Any, timeout_s: float) -> Any:
     """SIGKILL the process registered as ``tenant`` (and what it started); what happened."""
     from timeslice_verl.agent import tenant_proc
 
@@ -149,7 +154,7 @@ async def kill_tenant(tenant: Any, timeout_s: float) -> str:
 
 
 async def yield_within(tenant: Any, deadline_s: float, *, wedged: set[str] | None = None, sleep: bool = True,
-                       kill: Callable[[Any, float], Awaitable[str]] | None = None) -> Climb:
+                       kill: Callable[[Any, float], Awaitable[Any]] | None = None) -> Climb:
     """Yield ``tenant`` (one server, or a group server by server) within ``deadline_s``; ``wedged``: the URLs the
     agent's probe found not answering; ``sleep=False``: a pause alone (the abort and kill steps still sleep)."""
     members = getattr(tenant, "live_members", None)

@@ -299,7 +299,7 @@ class Tenancy:
         dead = isinstance(exc, TenantDead)
         self.record.state, self.record.error = (DEAD if dead else TENANT_FAULTED), str(exc)
         self.journal.record(action, self.tenant.url, start, False, detail=str(exc))
-        floor = STOPPED_BACKOFF_S if killed and "nothing stopped" in str(exc) else 0.5
+        floor = STOPPED_BACKOFF_S if killed and exc.nothing_stopped else 0.5  # type: ignore[attr-defined]
         self.backoff_s = min(BACKOFF_MAX_S if floor > 1 else 30.0, max(floor, self.backoff_s * 2))
         self.retry_at = time.monotonic() + self.backoff_s  # no hot loop on a failing tenant
         self.next_probe = max(time.monotonic() + 5.0, self.retry_at)

@@ -161,14 +161,33 @@ def stoppable(proc: TenantProcess | None, why_unknown: str = "") -> tuple[list[i
     return pids, f"left alone: {', '.join(refused)}" if refused else ""
 
 
-def kill(proc: TenantProcess | None, timeout_s: float, why_unknown: str = "") -> str:
+@dataclass(frozen=True)
+class Killed:
+    """What a kill did: the processes it signalled, those still alive after it, and why none was (when none was)."""
+
+    pids: tuple[int, ...] = ()
+    alive: tuple[int, ...] = ()
+    why: str = ""
+
+    @property
+    def nothing_stopped(self) -> bool:
+        return not self.pids
+
+    def __str__(self) -> str:
+        if not self.pids:
+            return f"nothing stopped ({self.why})"
+        return f"SIGKILL to {len(self.pids)} process(es) {list(self.pids)}" + (
+            f", {len(self.alive)} still alive" if self.alive else "")
+
+
+def kill(proc: TenantProcess | None, timeout_s: float, why_unknown: str = "") -> Killed:
     """SIGKILL the registered tenant process and what it started; wait up to ``timeout_s`` until they are gone."""
     import psutil
 
     pids, why = stoppable(proc, why_unknown)
     if not pids:
         log.error("tenant: nothing stopped: %s", why)
-        return f"nothing stopped ({why})"
+        return Killed(why=why)
     if why:
         log.warning("tenant pid %d: %s", pids[0], why)
     procs = []
@@ -181,7 +200,7 @@ def kill(proc: TenantProcess | None, timeout_s: float, why_unknown: str = "") ->
             continue
     _, alive = psutil.wait_procs(procs, timeout=max(0.1, timeout_s))
     log.error("tenant: SIGKILL sent to %s%s", pids, f"; still alive: {[p.pid for p in alive]}" if alive else "")
-    return f"SIGKILL to {len(procs)} process(es) {pids}" + (f", {len(alive)} still alive" if alive else "")
+    return Killed(tuple(p.pid for p in procs), tuple(p.pid for p in alive))
 
 
-__all__ = ["TENANT_TAG_ENV", "TenantProcess", "find", "kill", "stoppable"]
+__all__ = ["TENANT_TAG_ENV", "Killed", "TenantProcess", "find", "kill", "stoppable"]

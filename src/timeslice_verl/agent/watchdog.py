@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Callable
 
 from timeslice_verl.agent import procfs, tenant_probe
 from timeslice_verl.agent.jobs import JobBook
+from timeslice_verl.agent.peaks import Peaks
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.state import FROZEN, TRANSITIONING
 from timeslice_verl.agent.tenancy import Tenancy
@@ -21,10 +22,11 @@ log = get_logger("agent")
 
 class Watchdog:
     def __init__(self, book: JobBook, tenancy: Tenancy, *, step_lock: asyncio.Lock, interval_s: float,
-                 reattach_grace_s: float, probe_interval_s: float, arbiter: Any) -> None:
+                 reattach_grace_s: float, probe_interval_s: float, peaks: Peaks,
+                 set_current: Callable[[str], None]) -> None:
         self.book, self.tenancy, self.step_lock = book, tenancy, step_lock
         self.interval_s, self.reattach_grace_s, self.probe_interval_s = interval_s, reattach_grace_s, probe_interval_s
-        self.arbiter = arbiter
+        self.peaks, self.set_current = peaks, set_current
         self._next_tenant_probe = 0.0
 
     async def run(self) -> None:
@@ -43,7 +45,7 @@ class Watchdog:
         for name, job in list(self.book.jobs.items()):
             changed |= self._watch_job(name, job, now)
         changed |= await self._watch_tenant(now)
-        changed |= self.arbiter.peaks.sample(self.book.jobs.values(), self.tenancy.held)  # a held tenant must sleep
+        changed |= self.peaks.sample(self.book.jobs.values(), self.tenancy.held)  # a held tenant must sleep
         if changed:
             self.book.persist()
             self.book.wake()
@@ -111,7 +113,7 @@ class Watchdog:
         if now >= t.next_probe and not self.step_lock.locked():
             if getattr(t.tenant, "dead", None):
                 t.next_probe = now + 5.0
-            if await t.revive_members(self.arbiter.set_current):
+            if await t.revive_members(self.set_current):
                 changed = True
         return changed
 
