@@ -3,6 +3,8 @@ park where every host can pin its ranks' state, else checkpoint; and what a roun
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from test_handoff import Agent, Calls, Ranks
@@ -133,3 +135,15 @@ def test_the_handoff_resolves_auto_when_the_model_is_loaded(available, used, swa
     h.begin()
     assert h.swap == swap and ("park_reserve" in calls) == pinned
     assert h.forecast.round_trip_estimate is not None
+
+
+@pytest.mark.parametrize("mode, parks, locks_only", [
+    ("checkpoint", False, False), ("park", True, True), ("park+checkpoint", True, False), ("resident", False, True),
+])
+def test_a_swap_mode_is_one_type_that_says_what_it_does_and_compares_as_its_name(mode, parks, locks_only):
+    from timeslice_verl.names import SWAP_MODES, SwapMode
+
+    m = SwapMode(mode)
+    assert (m.parks, m.locks_only) == (parks, locks_only)
+    assert m == mode and str(m) == f"{m}" == mode and json.dumps({"swap": m}) == json.dumps({"swap": mode})
+    assert mode in SWAP_MODES

@@ -10,9 +10,35 @@ import enum
 import re
 import urllib.parse
 
-SWAP_MODES = ("checkpoint", "park", "park+checkpoint", "resident")
-"""How a released job's memory leaves the GPU (``timeslice.handoff.swap``; the agent's ``release``); ``resident``:
-it stays, beside the tenant."""
+class SwapMode(str, enum.Enum):
+    """How a released job's memory leaves the GPU (``timeslice.handoff.swap``, the agent's ``release``, its state
+    file): one type from the config to the wire. A ``str``: it compares, formats and serialises as its value."""
+
+    checkpoint = "checkpoint"
+    """The driver checkpoints the processes' memory to host RAM."""
+    park = "park"
+    """The ranks park their own tensors; the agent only locks the processes."""
+    park_checkpoint = "park+checkpoint"
+    """The ranks park, the driver checkpoints the remainder (the GPU left empty)."""
+    resident = "resident"
+    """Nothing moves: the tensors stay, beside the awake tenant."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def parks(self) -> bool:
+        """The ranks park their tensors (and unpark them after the thaw)."""
+        return self in (SwapMode.park, SwapMode.park_checkpoint)
+
+    @property
+    def locks_only(self) -> bool:
+        """The agent locks the processes without checkpointing them."""
+        return self in (SwapMode.park, SwapMode.resident)
+
+
+SWAP_MODES = tuple(m.value for m in SwapMode)
+"""The values of :class:`SwapMode` (what a request's ``swap`` may be)."""
 
 
 class YieldBy(str, enum.Enum):

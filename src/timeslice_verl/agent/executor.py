@@ -18,12 +18,12 @@ from timeslice_verl.agent.gpu import NvmlProbe
 from timeslice_verl.agent.journal import Journal
 from timeslice_verl.agent.state import FAULTED, FROZEN, RUNNING, TRANSITIONING, Job
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import SwapMode
 
 log = get_logger("agent")
 
 RESTORE_MEMORY_WAIT_S = 15.0
 RESTORE_MARGIN_BYTES = 256 * 1024**2
-LOCK_ONLY = ("park", "resident")
 """Swaps after which the agent only locks the processes: their tensors were parked by the ranks, or stay."""
 
 
@@ -65,7 +65,8 @@ class Executor:
         self.current = f"freeze {job.name}"
         self.persist()
         identities = {p.pid: p.start for p in (procfs.identify(pid) for pid in pids) if p is not None}
-        lock_only = job.swap in LOCK_ONLY
+        mode = SwapMode(job.swap)
+        lock_only = mode.locks_only
         limits = {pid: job.parked.get(pid, 0) + self.park_overhead_bytes for pid in pids} if lock_only else None
         try:
             report = await asyncio.to_thread(self.backend.freeze, pids, identities, lock_only=lock_only, limits=limits)
@@ -79,9 +80,9 @@ class Executor:
         job.frozen_bytes = 0 if lock_only else report.bytes  # a lock moves nothing: a thaw needs no room for it
         job.last_freeze_s = report.total_s
         detail = f"{len(pids)} process(es)" + (f", {report.gb_per_s:.2f} GB/s" if report.gb_per_s else "")
-        if job.swap == "resident":
+        if mode is SwapMode.resident:
             detail += ", resident: the tensors stay on the GPU, locked only"
-        elif job.swap != "checkpoint":
+        elif mode is not SwapMode.checkpoint:
             detail += f", {job.swap}: workers parked {job.parked_bytes / 2**30:.2f} GiB" + (", locked only" if lock_only else "")
         phases = {"lock": report.lock_s, "checkpoint": report.checkpoint_s}
         if report.check_s:
@@ -169,4 +170,4 @@ def identities(job: Job) -> dict[int, int]:
     return {p.pid: p.start for p in [*job.registered, *job.procs]}
 
 
-__all__ = ["LOCK_ONLY", "Executor", "durations", "identities"]
+__all__ = ["Executor", "durations", "identities"]

@@ -11,12 +11,13 @@ from timeslice_verl.agent.client import AgentError
 from timeslice_verl.handoff import swap_choice
 from timeslice_verl.handoff.ranks import RankLost
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import SwapMode
 
 Handoff = Any
 """A :class:`~timeslice_verl.handoff.sequence.Handoff` (which imports this module: named here by role only)."""
 
 log = get_logger("handoff")
-PARKING = ("park", "park+checkpoint")
+PARKING = tuple(m.value for m in SwapMode if m.parks)
 
 
 def begin(h: Handoff) -> list[dict[str, Any]]:
@@ -27,12 +28,13 @@ def begin(h: Handoff) -> list[dict[str, Any]]:
     agent = swap_choice.agent_figures(agent_status(h))
     if h.swap == "auto":
         h.swap = h._shared(pick_swap(h, reports, agent))
-    if h.swap in PARKING and not can_park(h.ranks):
+    h.swap = SwapMode(h.swap)
+    if h.swap.parks and not can_park(h.ranks):
         log.error("[timeslice] job=%s swap=%s but the ranks have no park method (is timeslice-verl installed where "
                   "the workers run?): swapping by checkpoint instead", h.job, h.swap)
-        h.swap = "checkpoint"
+        h.swap = SwapMode.checkpoint
     pinned: list[dict[str, Any]] = []
-    if h.swap in PARKING:
+    if h.swap.parks:
         t0 = time.perf_counter()
         pinned = h.ranks.park_reserve()
         log.info("[timeslice] job=%s pinned %.2f GiB of host RAM for parking on %d rank(s) in %.1f s", h.job,
