@@ -27,8 +27,8 @@ from timeslice_verl.agent.ladder import TenantKilled, yield_within
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import TenantRecord
-from timeslice_verl.agent.tenant import ASLEEP, AWAKE, DEAD, TenantDead, TenantError, VllmTenant, make_tenant
-from timeslice_verl.agent.tenant_group import TenantGroup
+from timeslice_verl.agent.tenant import ASLEEP, AWAKE, DEAD, TenantDead, TenantError, VllmTenant
+from timeslice_verl.agent.tenant_group import TenantGroup, make_tenant
 from timeslice_verl.log import get_logger
 from timeslice_verl.names import split_urls
 

@@ -29,7 +29,6 @@ import httpx
 from timeslice_verl.agent import tenant_proc
 from timeslice_verl.agent.tenant_proc import TenantProcess
 from timeslice_verl.log import get_logger
-from timeslice_verl.names import split_urls
 
 log = get_logger("agent.tenant")
 
@@ -276,11 +275,3 @@ class VllmTenant:
             await self._request("POST", "/resume")
         self.state, self.held = AWAKE, False
         return time.perf_counter() - t0
-
-
-def make_tenant(url: str, **kwargs: Any) -> Any:
-    """One server, or a group (:class:`~timeslice_verl.agent.tenant_group.TenantGroup`) for several URLs."""
-    from timeslice_verl.agent.tenant_group import TenantGroup
-
-    urls = split_urls(url)
-    return VllmTenant(urls[0], **kwargs) if len(urls) == 1 else TenantGroup(urls, **kwargs)

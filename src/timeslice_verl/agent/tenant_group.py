@@ -6,8 +6,10 @@ import asyncio
 import time
 from typing import Any, Awaitable, Callable
 
+from timeslice_verl.agent.ladder import STEPS, Climb, TenantKilled
 from timeslice_verl.agent.tenant import ASLEEP, AWAKE, TenantDead, TenantError, TenantInfo, VllmTenant
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import split_urls
 
 log = get_logger("agent.tenant")
 
@@ -83,8 +85,6 @@ class TenantGroup:
         """A yield down the reclaim ladder, every answering server on its own ladder, side by side: a server the
         ladder had to kill is left out (as a dead one), the others still sleep. One :class:`Climb` for the group:
         the furthest step any server reached, each phase's longest, every server's detail."""
-        from timeslice_verl.agent.ladder import STEPS, Climb, TenantKilled
-
         live = self.live_members or self.members
         results = await asyncio.gather(*(climb(m) for m in live), return_exceptions=True)
         killed = [(m, r) for m, r in zip(live, results) if isinstance(r, TenantKilled)]
@@ -167,4 +167,10 @@ class TenantGroup:
         return back
 
 
-__all__ = ["TenantGroup"]
+def make_tenant(url: str, **kwargs: Any) -> VllmTenant | TenantGroup:
+    """One server, or a group for several URLs."""
+    urls = split_urls(url)
+    return VllmTenant(urls[0], **kwargs) if len(urls) == 1 else TenantGroup(urls, **kwargs)
+
+
+__all__ = ["TenantGroup", "make_tenant"]
