@@ -189,7 +189,13 @@ class TimesliceManager:
             )
 
     def check(self) -> None:
-        """Fail on hook implementations that match no hook (misspellings), naming the closest hook."""
+        """Fail on hook implementations that match no hook (misspellings), naming the closest hook: pluggy's
+        ``check_pending`` decides, this says which hook was meant."""
+        try:
+            self.pm.check_pending()
+            return
+        except pluggy.PluginValidationError as exc:
+            pending = exc
         known = hookspecs.hook_names()
         for name, caller in vars(self.pm.hook).items():
             if name.startswith("_") or caller.has_spec():
@@ -200,6 +206,7 @@ class TimesliceManager:
                 hint = difflib.get_close_matches(name, known, n=1)
                 suggestion = f"; did you mean {hint[0]!r}?" if hint else f"; known hooks: {', '.join(known)}"
                 raise PluginLoadError(f"plugin {impl.plugin_name!r} implements unknown hook {name!r}{suggestion}")
+        raise PluginLoadError(str(pending))
 
     def plugins(self) -> list[PluginInfo]:
         out = []
