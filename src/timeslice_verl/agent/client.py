@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from timeslice_verl.agent.protocol import MAX_REQUEST_BYTES, PROTOCOL_VERSION, peer_credentials
+from timeslice_verl.backoff import Backoff
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent.client")
 
 RECONNECT_MAX_S = 1.0
+RECONNECT = Backoff(0.05, RECONNECT_MAX_S)
 """The longest pause between two tries to reach an agent that went away."""
 
 
@@ -90,7 +92,7 @@ class AgentClient:
         """Connect; True once connected. ``deadline``: raise ``unreachable`` past it; None: keep trying for as long
         as the client has jobs or requests (the reconnect after the agent went away). One attempt at a time, and
         no lock held between attempts: a caller with a deadline of its own is never kept waiting behind it."""
-        delay, last = 0.05, None
+        delay, last = RECONNECT.first_s, None
         while True:
             with self._lock:
                 if self._sock is not None:
@@ -113,7 +115,7 @@ class AgentClient:
                 raise AgentError("unreachable", f"no timeslice agent answers on {self.path} ({last}); start one "
                                  "with `timeslice-verl agent`")
             time.sleep(delay)
-            delay = min(delay * 2, RECONNECT_MAX_S)
+            delay = RECONNECT.next(delay)
 
     def _adopt(self, sock: socket.socket) -> None:
         """Make ``sock`` the connection: tell the agent our jobs first, then send what waits for a reply again."""

@@ -29,6 +29,7 @@ from typing import Any, Awaitable, Callable
 
 from timeslice_verl.agent.tenant import TenantDead, TenantError
 from timeslice_verl.agent.tenant_proc import TENANT_TAG_ENV  # noqa: F401 (re-exported)
+from timeslice_verl.backoff import Backoff
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent")
@@ -38,6 +39,7 @@ SHORT_DEADLINE_S = 5.0
 """Below it the polite step (60 %) may not cover a behaving vLLM's first sleep: the agent warns at start."""
 RETRY_S = 0.25
 """The first pause between two tries of a step (doubling, within the step's budget)."""
+STEP_AGAIN = Backoff(RETRY_S, 3600.0)
 CONFIRM_S = 0.5
 """How long a tenant taken for wedged gets to answer once more before the kill."""
 
@@ -100,7 +102,7 @@ async def _step(climb: Climb, name: str, move: Callable[[], Awaitable[Any]], bud
                 log.warning("%s step: %s (trying again within its %.1f s)", name, why, budget)
             left = budget - (time.monotonic() - t0)
             await asyncio.sleep(max(0.0, min(pause, left)))
-            pause *= 2
+            pause = STEP_AGAIN.next(pause)
     finally:
         climb.phases[name] = time.monotonic() - t0
 

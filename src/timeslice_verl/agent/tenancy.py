@@ -23,6 +23,7 @@ from typing import Any, Awaitable, Callable
 import httpx
 
 from timeslice_verl.agent.journal import Journal
+from timeslice_verl.backoff import Backoff
 from timeslice_verl.agent.ladder import TenantKilled, yield_within
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
@@ -36,9 +37,10 @@ log = get_logger("agent")
 
 WEDGED_AFTER = 2
 """Probes in a row without an answer before a tenant is taken for wedged."""
-STOPPED_BACKOFF_S = 30.0
-"""After a ladder that found nothing it could stop, the first wait before the tenant is registered again (doubling)."""
-BACKOFF_MAX_S = 300.0
+MOVE_AGAIN = Backoff(0.5, 30.0)
+"""After a failed tenant move, before the next try."""
+STOPPED_AGAIN = Backoff(30.0, 300.0)
+"""After a ladder that found nothing it could stop, before the tenant is registered again."""
 FIRST_SLEEP = "first sleep since registration"
 """How the journal marks a server's first sleep: its one-off costs are never the yield the trainer's estimate uses."""
 
@@ -299,8 +301,8 @@ class Tenancy:
         dead = isinstance(exc, TenantDead)
         self.record.state, self.record.error = (DEAD if dead else TENANT_FAULTED), str(exc)
         self.journal.record(action, self.tenant.url, start, False, detail=str(exc))
-        floor = STOPPED_BACKOFF_S if killed and exc.nothing_stopped else 0.5  # type: ignore[attr-defined]
-        self.backoff_s = min(BACKOFF_MAX_S if floor > 1 else 30.0, max(floor, self.backoff_s * 2))
+        again = STOPPED_AGAIN if killed and exc.nothing_stopped else MOVE_AGAIN  # type: ignore[attr-defined]
+        self.backoff_s = again.next(self.backoff_s)
         self.retry_at = time.monotonic() + self.backoff_s  # no hot loop on a failing tenant
         self.next_probe = max(time.monotonic() + 5.0, self.retry_at)
         log.error("%s failed: %s%s; next try in %.1f s", action, exc, " (the trainer is unaffected)" if dead else "",

@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 
+from timeslice_verl.backoff import Backoff
 from timeslice_verl.batch.concurrency import Climb, Policy, Sample, next_limit, parse_metrics
 from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.store import Line, Outcome, Store
@@ -32,7 +33,10 @@ from timeslice_verl.log import get_logger
 
 log = get_logger("batch")
 
-BACKOFF_S, BACKOFF_MAX_S = 0.5, 30.0
+LINE_AGAIN = Backoff(0.5, 30.0)
+"""A line whose try failed for a reason not its own waits this long before it is sent again."""
+STORE_AGAIN = Backoff(0.5, 10.0)
+"""While the database cannot be written."""
 SAMPLE_S = 1.0
 """How often the tenant's ``/metrics`` are read while the gate is open (the generation rate is taken over it)."""
 WINDOW_S = 2.0
@@ -211,14 +215,14 @@ class Feeder:
         if line.attempts >= self.max_attempts:
             error = {"code": "attempts_exhausted", "message": f"{line.attempts} attempt(s), the last: {why}"}
             return Outcome(line, "failed", error=json.dumps(error))
-        delay = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (line.attempts - 1))
+        delay = LINE_AGAIN.after(line.attempts)
         log.debug("batch: line %s of %s again in %.1f s (%s)", line.custom_id, line.batch_id, delay, why)
         return Outcome(line, "queued", next_at=time.time() + delay)
 
     async def _db(self, fn: Any, *args: Any) -> Any:
         """Run a store call off the loop; while the database cannot be written (the disk full, locked) retry with a
         backoff and report unhealthy, so ``/health`` says why and the work resumes once it can be written."""
-        delay = 0.5
+        delay = 0.0
         while True:
             try:
                 result = await asyncio.to_thread(fn, *args)
@@ -226,8 +230,8 @@ class Feeder:
                 if self.healthy:
                     log.error("batch: the database %s cannot be written (%s): holding, trying again", self.store.path, exc)
                 self.healthy, self.problem = False, f"the database {self.store.path} cannot be written: {exc}"
+                delay = STORE_AGAIN.next(delay)
                 await asyncio.sleep(delay)
-                delay = min(10.0, delay * 2)
                 continue
             if not self.healthy:
                 log.info("batch: the database can be written again")

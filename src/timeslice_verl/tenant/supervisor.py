@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from timeslice_verl.backoff import Backoff
 from timeslice_verl.log import get_logger
 from timeslice_verl.tenant import process
 
@@ -135,7 +136,7 @@ class Supervisor:
             process.stop_tenant(self.command.url, STOP_GRACE_S, "the supervisor stops")
 
     def _loop(self) -> int:
-        backoff = 1.0
+        again, backoff = Backoff(1.0, self.backoff_max_s), 0.0
         while not self.stopping.is_set():
             gpu = self._gpu()
             if gpu is None:
@@ -159,8 +160,8 @@ class Supervisor:
             if self.max_restarts and self.restarts > self.max_restarts:
                 log.error("tenant: %d restarts: giving up (--max-restarts)", self.max_restarts)
                 return 1
-            backoff = 1.0 if time.monotonic() - started > STABLE_S else min(self.backoff_max_s, backoff * 2)
-            if self.stopping.wait(backoff / 2 if self.restarts == 1 else backoff):
+            backoff = again.first_s if time.monotonic() - started > STABLE_S else again.next(backoff)
+            if self.stopping.wait(backoff):
                 return 0
         return 0
 
