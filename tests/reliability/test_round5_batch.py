@@ -282,11 +282,18 @@ def test_batch_commands_take_bare_settings_like_agent_and_status(tmp_path, procs
     (("post", "/v1/batches", {"input_file_id": "f", "endpoint": "/v1/completions", "completion_window": "24h",
                               "metadata": {"k": "v" * 513}}), 400, "metadata"),
     (("post", "/v1/files", None), 400, "file"),
+    (("post", "/v1/batches", b"{oops"), 400, "not JSON"),
+    (("post", "/v1/batches", [1, 2]), 400, "the request body"),
+    (("post", "/v1/batches", {"input_file_id": 7, "endpoint": "/v1/completions", "completion_window": "24h"}), 400,
+     "input_file_id"),
 ])
 def test_requests_openai_refuses_are_refused_in_its_error_shape(guarded, call, status, param):
     method, path, *body = call
     kw = {"json": body[0]} if body and body[0] is not None else {}
-    resp = getattr(guarded, method)(path, headers={"Authorization": f"Bearer {KEY}"}, **kw)
+    if body and isinstance(body[0], bytes):
+        kw = {"content": body[0], "headers": {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}}
+    kw.setdefault("headers", {"Authorization": f"Bearer {KEY}"})
+    resp = getattr(guarded, method)(path, **kw)
     assert resp.status_code == status, resp.text
     error = resp.json()["error"]
     assert error["type"] == "invalid_request_error" and param in (error["param"] or "") + error["message"]

@@ -17,8 +17,9 @@ from fastapi import FastAPI, File, Form, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from timeslice_verl.batch.bodies import CreateBatch
 from timeslice_verl.batch.files import Files, TooLarge
-from timeslice_verl.batch.lines import ENDPOINTS, BatchRefused, error_lines, output_lines, parse_stream
+from timeslice_verl.batch.lines import BatchRefused, error_lines, output_lines, parse_stream
 from timeslice_verl.batch.store import OPEN, Store
 
 OUT, ERR = "file-out-", "file-err-"
@@ -27,22 +28,6 @@ OUT, ERR = "file-out-", "file-err-"
 def refuse(status: int, message: str, param: str | None = None, code: str = "invalid_request") -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}},
                         status_code=status)
-
-
-def metadata_problem(metadata: Any) -> str:
-    """What is wrong with a batch's metadata by OpenAI's rules (16 string pairs, keys ≤ 64, values ≤ 512), or ""."""
-    if metadata is None:
-        return ""
-    if not isinstance(metadata, dict):
-        return "metadata must be an object of strings"
-    if len(metadata) > 16:
-        return f"metadata has {len(metadata)} keys; at most 16"
-    for key, value in metadata.items():
-        if len(key) > 64:
-            return f"metadata key {key[:20]!r}… is longer than 64 characters"
-        if not isinstance(value, str) or len(value) > 512:
-            return f"metadata[{key!r}] must be a string of at most 512 characters"
-    return ""
 
 
 def file_object(row: dict[str, Any]) -> dict[str, Any]:
@@ -80,8 +65,11 @@ def make_app(store: Store, *, models: Callable[[], set[str] | None], kick: Calla
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = (exc.errors() or [{}])[0]
+        if first.get("type") == "json_invalid":
+            return refuse(400, f"the request body is not JSON ({first.get('ctx', {}).get('error', 'invalid')})")
         where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
-        return refuse(400, f"{where or 'the request'}: {first.get('msg', 'is not valid')}", where)
+        msg = str(first.get("msg", "is not valid")).removeprefix("Value error, ")
+        return refuse(400, msg if where and msg.startswith(where) else f"{where or 'the request body'}: {msg}", where)
 
     @app.exception_handler(sqlite3.OperationalError)
     async def storage(request: Request, exc: sqlite3.OperationalError) -> JSONResponse:
@@ -172,28 +160,15 @@ def _result_file(store: Store, fid: str) -> dict[str, Any] | None:
 
 def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[], set[str] | None], kick: Callable[[], None]) -> None:
     @app.post("/v1/batches")
-    async def create(request: Request) -> Any:
-        try:
-            body = await request.json()
-        except ValueError:
-            return refuse(400, "the request body is not JSON")
-        if not isinstance(body, dict):
-            return refuse(400, "the request body is not a JSON object")
-        endpoint, fid = body.get("endpoint"), body.get("input_file_id")
-        if endpoint not in ENDPOINTS:
-            return refuse(400, f"endpoint {endpoint!r} is not supported (supported: {', '.join(ENDPOINTS)})", "endpoint")
-        if body.get("completion_window") != "24h":
-            return refuse(400, f"completion_window {body.get('completion_window')!r} is not supported: use '24h'",
-                          "completion_window")
-        bad = metadata_problem(body.get("metadata"))
-        if bad:
-            return refuse(400, bad, "metadata")
-        chunks = await asyncio.to_thread(files.chunks, fid) if isinstance(fid, str) else None
+    async def create(body: CreateBatch) -> Any:
+        fid = body.input_file_id
+        chunks = await asyncio.to_thread(files.chunks, fid)
         if chunks is None:
             return refuse(404, f"no input file {fid!r}", "input_file_id", "not_found")
-        lines = parse_stream(chunks, endpoint, await asyncio.to_thread(models))  # read, parsed and inserted as it comes
+        lines = parse_stream(chunks, body.endpoint, await asyncio.to_thread(models))  # read, parsed and inserted as it comes
         try:
-            bid = await asyncio.to_thread(store.create_batch, endpoint, fid, 86400, "24h", body.get("metadata"), lines)
+            bid = await asyncio.to_thread(store.create_batch, body.endpoint, fid, 86400, body.completion_window,
+                                          body.metadata, lines)
         except BatchRefused as exc:
             return refuse(400, exc.message, exc.param, exc.code)
         kick()
