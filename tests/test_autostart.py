@@ -28,7 +28,7 @@ def _not_default(section: type, tmp_path) -> dict:
         "backend": "sigstop", "gpus": [0, 3], "autostart": True, "metrics_port": _free_port(),
         "metrics_host": "localhost", "cuda_checkpoint_bin": str(tmp_path / "bin" / "cuda-checkpoint"),
         "freeze_off_gpu": True, "url": "", "lock_dir": str(tmp_path / "run dir"), "urls": ["http://127.0.0.1:9", "http://[::1]:9/v1"], "sleep_level": 2,
-        "pause_mode": "wait", "across_nodes": True, "warm_up": False,
+        "pause_mode": "wait", "across_nodes": True, "warm_up": False, "yield_by": "sleep",
     }
     out = {}
     for f in dataclasses.fields(section):
