@@ -15,6 +15,7 @@ import pytest
 
 from agent_support import FakeVllmProc, eventually, spawn_worker
 from timeslice_verl.agent.arbiter import Arbiter
+from timeslice_verl.agent.options import AgentOptions, TenantOptions
 from timeslice_verl.agent.freeze import make_backend
 from timeslice_verl.agent.gpu import GpuMemory
 from timeslice_verl.agent.hold import HoldPolicy, decide, tight
@@ -110,7 +111,7 @@ def test_a_pause_only_yield_keeps_held_requests_and_sleeps_when_the_trainers_pea
 
     async def scenario() -> list[dict]:
         a = Arbiter(make_backend("sigstop", probe=None, driver_timeout_s=5), StateStore(tmp_path / "state.json"),
-                    probe=gpu, watch_interval_s=3600, tenant_warm_up=False, hold=AUTO)
+                    probe=gpu, agent=AgentOptions(watch_interval_s=3600), tenant=TenantOptions(warm_up=False, hold=AUTO))
         await a.start()
         await a.register_tenant(vllm.url)
         a.connection_opened(1, None)

@@ -10,6 +10,7 @@ import asyncio
 
 from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker
 from timeslice_verl.agent.arbiter import Arbiter
+from timeslice_verl.agent.options import AgentOptions, TenantOptions
 from timeslice_verl.agent.freeze import make_backend
 from timeslice_verl.agent.state import StateStore
 from timeslice_verl.agent.tenancy import FIRST_SLEEP
@@ -17,9 +18,9 @@ from timeslice_verl.agent.warmup import WARM_UP_CYCLES
 from timeslice_verl.demo.procs import wait_tenant_warm
 
 
-def arbiter(tmp_path, **kwargs) -> Arbiter:
+def arbiter(tmp_path, **tenant) -> Arbiter:
     return Arbiter(make_backend("sigstop", probe=None, driver_timeout_s=5), StateStore(tmp_path / "state.json"),
-                   watch_interval_s=3600, **kwargs)
+                   agent=AgentOptions(watch_interval_s=3600), tenant=TenantOptions(**tenant))
 
 
 def moves(a: Arbiter) -> list[tuple[str, bool, str]]:
@@ -95,7 +96,7 @@ def test_no_warm_up_when_it_is_turned_off(tmp_path):
     vllm = FakeVllmProc()
 
     async def scenario():
-        a = arbiter(tmp_path, tenant_warm_up=False)
+        a = arbiter(tmp_path, warm_up=False)
         await a.start()
         await a.register_tenant(vllm.url)
         await a.settled(60)

@@ -25,6 +25,7 @@ import pytest
 from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker, stopped
 from timeslice_verl.agent import procfs
 from timeslice_verl.agent.arbiter import Arbiter
+from timeslice_verl.agent.options import AgentOptions
 from timeslice_verl.agent.freeze import make_backend
 from timeslice_verl.agent.state import FROZEN, Job, StateStore
 
@@ -87,7 +88,7 @@ class HeldDiscovery:
 
 async def holding(tmp_path: Path, held: HeldDiscovery, job: str) -> Arbiter:
     """An in-process arbiter whose one client (connection 1) holds the GPU for ``job``."""
-    arbiter = Arbiter(held.backend, StateStore(tmp_path / "state.json"), watch_interval_s=3600)
+    arbiter = Arbiter(held.backend, StateStore(tmp_path / "state.json"), agent=AgentOptions(watch_interval_s=3600))
     await arbiter.start()
     arbiter.connection_opened(1, None)
     await arbiter.acquire(job, 1)
@@ -125,7 +126,7 @@ def test_a_freeze_whose_job_was_dropped_meanwhile_touches_nothing(tmp_path):
     held = HeldDiscovery()
 
     async def scenario() -> None:
-        arbiter = Arbiter(held.backend, StateStore(tmp_path / "state.json"), watch_interval_s=3600)
+        arbiter = Arbiter(held.backend, StateStore(tmp_path / "state.json"), agent=AgentOptions(watch_interval_s=3600))
         await arbiter.start()
         job = arbiter.book.jobs["dropped-job"] = Job(name="dropped-job")
         freeze = asyncio.create_task(arbiter.executor.freeze(job))
@@ -183,7 +184,7 @@ def test_an_unreadable_proc_is_not_an_exited_process(tmp_path, monkeypatch):
 
     async def scenario() -> None:
         arbiter = Arbiter(make_backend("sigstop", probe=None, driver_timeout_s=5), StateStore(tmp_path / "s.json"),
-                          watch_interval_s=3600)
+                          agent=AgentOptions(watch_interval_s=3600))
         await arbiter.start()
         job = arbiter.book.jobs["fd-job"] = Job(name="fd-job", state=FROZEN, procs=[procfs.identify(worker.pid)])
         real = Path.read_text

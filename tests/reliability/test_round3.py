@@ -14,11 +14,13 @@ import socket
 import subprocess
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent_support import PY, AgentProc, FakeVllmProc, eventually, spawn_worker, stopped
 from timeslice_verl.agent.arbiter import Arbiter
+from timeslice_verl.agent.options import AgentOptions
 from timeslice_verl.agent.client import AgentError
 from timeslice_verl.agent.freeze import make_backend
 from timeslice_verl.agent.gpu import GpuMemory
@@ -27,9 +29,9 @@ from timeslice_verl.agent.state import StateStore
 GIB = 2**30
 
 
-def _arbiter(tmp_path: Path, **kwargs) -> Arbiter:
+def _arbiter(tmp_path: Path, probe: Any = None, **agent: Any) -> Arbiter:
     return Arbiter(make_backend("sigstop", probe=None, driver_timeout_s=5), StateStore(tmp_path / "state.json"),
-                   watch_interval_s=3600, **kwargs)
+                   probe=probe, agent=AgentOptions(**{"watch_interval_s": 3600, **agent}))
 
 
 def _raw(sock: Path, *messages: dict | bytes, read: int) -> list[dict]:

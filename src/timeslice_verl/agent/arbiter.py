@@ -22,7 +22,7 @@ from typing import Any
 from timeslice_verl.agent.executor import Executor
 from timeslice_verl.agent.freeze.base import FreezeBackend, ThawError
 from timeslice_verl.agent.gpu import NvmlProbe
-from timeslice_verl.agent.hold import HoldPolicy
+from timeslice_verl.agent.options import MAX_PREPARE_TTL_S, AgentOptions, TenantOptions
 from timeslice_verl.agent.jobs import JobBook
 from timeslice_verl.agent.journal import Journal
 from timeslice_verl.agent.peaks import Peaks
@@ -40,40 +40,30 @@ log = get_logger("agent")
 
 MAX_GPU_BYTES = 2**40
 """Without NVML, what no GPU's memory reaches: the bound on a rank's park figures."""
-MAX_PREPARE_TTL_S = 60.0
-"""The longest a ``prepare`` keeps the tenant asleep for a job that has not asked yet (a longer ``ttl_s`` is cut)."""
 WATCH_MAX_S = 30.0
 """The longest a ``watch_owner`` waits before it answers with the owner unchanged."""
 
 
 class Arbiter:
-    def __init__(
-        self, backend: FreezeBackend, store: StateStore, *, probe: NvmlProbe | None = None,
-        tenant_request_timeout_s: float = 30.0, tenant_drain_timeout_s: float = 600.0, tenant_pause_mode: str = "keep",
-        reclaim_deadline_s: float = 10.0, prepare_ttl_s: float = MAX_PREPARE_TTL_S, watch_interval_s: float = 0.2,
-        reattach_grace_s: float = 60.0, park_overhead_bytes: int = 3 * 2**30, probe_interval_s: float = 0.5,
-        probe_timeout_s: float = 0.75, shutdown_timeout_s: float = 10.0, tenant_warm_up: bool = True,
-        hold: HoldPolicy = HoldPolicy(),
-    ) -> None:
+    def __init__(self, backend: FreezeBackend, store: StateStore, *, probe: NvmlProbe | None = None,
+                 agent: AgentOptions = AgentOptions(), tenant: TenantOptions = TenantOptions()) -> None:
         self.store, self.probe = store, probe
-        self.peaks = Peaks(probe, hold)
-        self.prepare_ttl_s = min(prepare_ttl_s, MAX_PREPARE_TTL_S)
+        self.peaks = Peaks(probe, tenant.hold)
+        self.prepare_ttl_s = min(agent.prepare_ttl_s, MAX_PREPARE_TTL_S)
         self.step_lock = asyncio.Lock()
         self.journal = Journal()
         self.book = JobBook(wake=self.wake, persist=self.persist, seq=lambda: self.journal.seq)
-        self.executor = Executor(backend, self.journal, probe=probe, park_overhead_bytes=park_overhead_bytes,
+        self.executor = Executor(backend, self.journal, probe=probe, park_overhead_bytes=agent.park_overhead_bytes,
                                  persist=self.persist, still_known=lambda job: self.book.jobs.get(job.name) is job,
                                  client_pids=lambda job: self.book.client_pids(job, backend.frees_gpu_memory))
         self.tenancy = Tenancy(self.journal, step_lock=self.step_lock, persist=self.persist, wake=self.wake,
                                trainer_waiting=lambda: self.book.queue[0] if self.book.queue else None, room=self._room,
-                               request_timeout_s=tenant_request_timeout_s, drain_timeout_s=tenant_drain_timeout_s,
-                               pause_mode=tenant_pause_mode, reclaim_deadline_s=reclaim_deadline_s,
-                               probe_timeout_s=probe_timeout_s, warm_up=tenant_warm_up)
-        self.recovery = Recovery(self, shutdown_timeout_s)
-        self.watchdog = Watchdog(self.book, self.tenancy, step_lock=self.step_lock, interval_s=watch_interval_s,
-                                 reattach_grace_s=reattach_grace_s, probe_interval_s=probe_interval_s, peaks=self.peaks,
-                                 set_current=self.set_current)
-        self.reclaim_deadline_s = reclaim_deadline_s
+                               options=tenant)
+        self.recovery = Recovery(self, agent.shutdown_timeout_s)
+        self.watchdog = Watchdog(self.book, self.tenancy, step_lock=self.step_lock, interval_s=agent.watch_interval_s,
+                                 reattach_grace_s=agent.reattach_grace_s, probe_interval_s=tenant.probe_interval_s,
+                                 peaks=self.peaks, set_current=self.set_current)
+        self.reclaim_deadline_s = tenant.reclaim_deadline_s
         self.current = ""
         self.started = time.time()
         self._wake = asyncio.Event()

@@ -28,6 +28,7 @@ from timeslice_verl.agent.dispatch import Dispatcher
 from timeslice_verl.agent.freeze import BackendUnavailable, make_backend
 from timeslice_verl.agent.gpu import node_gpus, open_probe
 from timeslice_verl.agent.hold import HoldPolicy
+from timeslice_verl.agent.options import AgentOptions, TenantOptions
 from timeslice_verl.agent.host import MAX_CONNECTIONS, AgentStartError, _QuietAccept, connection_limit  # noqa: F401
 from timeslice_verl.agent.host import take_gpu_locks, take_instance_lock
 from timeslice_verl.agent.ladder import SHORT_DEADLINE_S, budgets
@@ -121,12 +122,13 @@ class AgentServer:
 
 def _arbiter(settings: TimesliceSettings, backend: Any, probe: Any, state: Path) -> Arbiter:
     a, t = settings.agent, settings.tenant
-    return Arbiter(backend, StateStore(state), probe=probe, tenant_request_timeout_s=t.request_timeout_s,
-                   tenant_drain_timeout_s=t.drain_timeout_s, tenant_pause_mode=str(t.pause_mode),
-                   reclaim_deadline_s=t.reclaim_deadline_s, reattach_grace_s=a.reattach_grace_s,
-                   park_overhead_bytes=int(a.park_overhead_gib * 2**30), probe_interval_s=t.probe_interval_s,
-                   probe_timeout_s=t.probe_timeout_s, shutdown_timeout_s=a.shutdown_timeout_s, tenant_warm_up=t.warm_up,
-                   hold=HoldPolicy(YieldBy(str(t.yield_by)), int(t.awake_margin_gib * 2**30)))
+    agent = AgentOptions(reattach_grace_s=a.reattach_grace_s, park_overhead_bytes=int(a.park_overhead_gib * 2**30),
+                         shutdown_timeout_s=a.shutdown_timeout_s)
+    tenant = TenantOptions(request_timeout_s=t.request_timeout_s, drain_timeout_s=t.drain_timeout_s,
+                           pause_mode=str(t.pause_mode), reclaim_deadline_s=t.reclaim_deadline_s,
+                           probe_interval_s=t.probe_interval_s, probe_timeout_s=t.probe_timeout_s, warm_up=t.warm_up,
+                           hold=HoldPolicy(YieldBy(str(t.yield_by)), int(t.awake_margin_gib * 2**30)))
+    return Arbiter(backend, StateStore(state), probe=probe, agent=agent, tenant=tenant)
 
 
 def _backend(settings: TimesliceSettings, probe: Any) -> Any:

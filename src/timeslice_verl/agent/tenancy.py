@@ -25,6 +25,7 @@ import httpx
 from timeslice_verl.agent.journal import Journal
 from timeslice_verl.backoff import Backoff
 from timeslice_verl.agent.ladder import TenantKilled, yield_within
+from timeslice_verl.agent.options import TenantOptions
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import TenantRecord
@@ -62,12 +63,12 @@ class ReclaimAbandoned(Exception):
 class Tenancy:
     def __init__(self, journal: Journal, *, step_lock: asyncio.Lock, persist: Callable[[], None],
                  wake: Callable[[], None], trainer_waiting: Callable[[], str | None], room: Callable[[int], bool],
-                 request_timeout_s: float = 30.0, drain_timeout_s: float = 600.0, pause_mode: str = "keep",
-                 reclaim_deadline_s: float = 10.0, probe_timeout_s: float = 2.0, warm_up: bool = True) -> None:
+                 options: TenantOptions = TenantOptions()) -> None:
         self.journal, self.step_lock, self.persist, self.wake = journal, step_lock, persist, wake
         self.trainer_waiting, self.room = trainer_waiting, room
-        self.request_timeout_s, self.drain_timeout_s, self.pause_mode = request_timeout_s, drain_timeout_s, pause_mode
-        self.reclaim_deadline_s, self.probe_timeout_s = reclaim_deadline_s, probe_timeout_s
+        o = options
+        self.request_timeout_s, self.drain_timeout_s, self.pause_mode = o.request_timeout_s, o.drain_timeout_s, o.pause_mode
+        self.reclaim_deadline_s, self.probe_timeout_s = o.reclaim_deadline_s, o.probe_timeout_s
         self.configured_url = ""
         """The tenant URL of the agent's own config: the one URL a client may not choose freely."""
         self.tenant: VllmTenant | TenantGroup | None = None
@@ -86,7 +87,7 @@ class Tenancy:
         """When a dead or faulted tenant is asked again whether it answers."""
         self.lock = asyncio.Lock()
         """Held by a registration or unregistration (one at a time; taken before the step lock)."""
-        self.warm_up = warm_up
+        self.warm_up = o.warm_up
         self.warm_up_due = False
         """A registered tenant awaits its warm-up (:mod:`~timeslice_verl.agent.warmup`)."""
         self.warming = False
