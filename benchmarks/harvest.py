@@ -43,6 +43,7 @@ from valleys import row as valley_row  # noqa: E402
 
 from timeslice_verl.batch.client import BatchClient  # noqa: E402
 from timeslice_verl.batch.concurrency import parse_metrics  # noqa: E402
+from timeslice_verl.batch.status import ENDED  # noqa: E402
 from timeslice_verl.demo.batch import served_model, write_input  # noqa: E402
 from timeslice_verl.demo.procs import free_port, start_batch_service  # noqa: E402
 from timeslice_verl.demo.run import DemoOptions, run_demo  # noqa: E402
@@ -116,7 +117,7 @@ def service_alone(url: str, path: Path, out: Path, lines: int, sampler: Sampler)
         fid = client.upload(path)["id"]
         cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
         bid = client.create(fid, "/v1/completions")["id"]
-        while (b := client.get(bid))["status"] not in ("completed", "failed", "cancelled", "expired"):
+        while (b := client.get(bid))["status"] not in ENDED:
             time.sleep(0.2)
         wall = time.monotonic() - t0  # from the batch's creation (its lines parsed and stored) to its end
         cpu = sum(proc.cpu_times()[:2]) - cpu0

@@ -26,6 +26,8 @@ import httpx
 import psutil
 
 PY = sys.executable
+ENDED = ("completed", "failed", "expired", "cancelled")
+"""``timeslice_verl.batch.status.ENDED``, spelled out: this script imports nothing of the trees it measures."""
 
 
 def free_port() -> int:
@@ -113,7 +115,7 @@ def run_batch(svc: Service, path: Path, n: int, samples: list[dict[str, Any]], l
         for name, share in (("first", 0.0), ("tenth", 0.1), ("nine", 0.9)):
             if name not in marks and done >= share * n:
                 marks[name] = (now, cpu, done)
-        if b["status"] in ("completed", "failed", "cancelled", "expired"):
+        if b["status"] in ENDED:
             marks["end"] = (now, cpu, done)
             break
         time.sleep(0.25)

@@ -10,11 +10,11 @@ from typing import Any, Callable
 
 import httpx
 
+from timeslice_verl.batch.status import ENDED
 from timeslice_verl.log import get_logger
 
 log = get_logger("batch")
 
-ENDED = ("completed", "failed", "expired", "cancelled")
 
 
 class BatchClientError(RuntimeError):

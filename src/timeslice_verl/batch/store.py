@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
 from timeslice_verl.batch.schema import SCHEMA_VERSION, migrate
+from timeslice_verl.batch.status import ENDED, OPEN
 from timeslice_verl.private import NotPrivate, create_private, private_file
 
-OPEN = ("validating", "in_progress", "finalizing", "cancelling")
-ENDED = ("completed", "failed", "expired", "cancelled")
 COUNTERS = ("queued", "inflight", "done", "failed")
 INSERT_CHUNK = 2048
 """Lines a transaction of a batch's creation inserts (the feeder's writes go between two)."""
