@@ -18,7 +18,7 @@ from timeslice_verl.agent.arbiter import Arbiter
 from timeslice_verl.agent.options import AgentOptions, TenantOptions
 from timeslice_verl.agent.freeze import make_backend
 from timeslice_verl.agent.gpu import GpuMemory
-from timeslice_verl.agent.hold import HoldPolicy, decide, tight
+from timeslice_verl.agent.tenant.hold import HoldPolicy, decide, tight
 from timeslice_verl.agent.policy import ASLEEP, FROZEN, RUNNING, JobView, Move, World, next_move
 from timeslice_verl.agent.state import StateStore
 from timeslice_verl.names import YieldBy

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from agent_support import AgentProc, FakeVllmProc, eventually, proc_state, spawn_worker
-from timeslice_verl.agent import tenant_proc
-from timeslice_verl.agent.ladder import budgets
+from timeslice_verl.agent.tenant import proc as tenant_proc
+from timeslice_verl.agent.tenant.ladder import budgets
 
 DEADLINE = "timeslice.tenant.reclaim_deadline_s=2"
 HUNG_FOR_MINUTES = 60.0

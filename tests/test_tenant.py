@@ -9,8 +9,8 @@ import pytest
 
 from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker
 from timeslice_verl.agent.client import AgentError
-from timeslice_verl.agent.tenant import ASLEEP, AWAKE, TenantDead, TenantError, VllmTenant
-from timeslice_verl.agent.tenant_group import TenantGroup
+from timeslice_verl.agent.tenant.vllm import ASLEEP, AWAKE, TenantDead, TenantError, VllmTenant
+from timeslice_verl.agent.tenant.group import TenantGroup
 from timeslice_verl.testing.fake_vllm import FakeVllmServer
 
 

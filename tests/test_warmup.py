@@ -13,8 +13,8 @@ from timeslice_verl.agent.arbiter import Arbiter
 from timeslice_verl.agent.options import AgentOptions, TenantOptions
 from timeslice_verl.agent.freeze import make_backend
 from timeslice_verl.agent.state import StateStore
-from timeslice_verl.agent.tenancy import FIRST_SLEEP
-from timeslice_verl.agent.warmup import WARM_UP_CYCLES
+from timeslice_verl.agent.tenant.tenancy import FIRST_SLEEP
+from timeslice_verl.agent.tenant.warmup import WARM_UP_CYCLES
 from timeslice_verl.demo.procs import wait_tenant_warm
 
 

@@ -42,7 +42,7 @@ SWAP_MODES = tuple(m.value for m in SwapMode)
 
 
 class YieldBy(str, enum.Enum):
-    """How the tenant gives the GPU back (``timeslice.tenant.yield_by``; :mod:`timeslice_verl.agent.hold`)."""
+    """How the tenant gives the GPU back (``timeslice.tenant.yield_by``; :mod:`timeslice_verl.agent.tenant.hold`)."""
 
     auto = "auto"
     """A pause alone when the trainer's measured peak and the tenant's awake memory fit the GPU with a margin."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agent_support import AgentProc, FakeVllmProc, eventually, proc_state, spawn_worker, stopped
-from timeslice_verl.agent import tenant_proc
+from timeslice_verl.agent.tenant import proc as tenant_proc
 
 ROOT = Path(__file__).resolve().parents[2]
 HUNG_FOR_MINUTES = 60.0

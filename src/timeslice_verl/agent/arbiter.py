@@ -2,7 +2,7 @@
 
 * :class:`~timeslice_verl.agent.jobs.JobBook` — the jobs, the FIFO queue, their clients;
 * :class:`~timeslice_verl.agent.executor.Executor` — freeze and thaw of a job's processes;
-* :class:`~timeslice_verl.agent.tenancy.Tenancy` — the tenant, its moves and what the agent sees of it;
+* :class:`~timeslice_verl.agent.tenant.tenancy.Tenancy` — the tenant, its moves and what the agent sees of it;
 * :class:`~timeslice_verl.agent.journal.Journal` — every move made, for the clients and the metrics;
 * :class:`~timeslice_verl.agent.recovery.Recovery` (start, shutdown) and
   :class:`~timeslice_verl.agent.watchdog.Watchdog` (what changes without a request).
@@ -25,14 +25,14 @@ from timeslice_verl.agent.gpu import NvmlProbe
 from timeslice_verl.agent.options import MAX_PREPARE_TTL_S, AgentOptions, TenantOptions
 from timeslice_verl.agent.jobs import JobBook
 from timeslice_verl.agent.journal import Journal
-from timeslice_verl.agent.peaks import Peaks
+from timeslice_verl.agent.tenant.peaks import Peaks
 from timeslice_verl.agent.policy import FAULTED, FROZEN, TENANT_FAULTED, JobView, World, desired, next_move
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.recovery import Recovery
 from timeslice_verl.agent.state import RUNNING, Job, StateStore
-from timeslice_verl.agent.tenancy import Tenancy
-from timeslice_verl.agent.tenant import ASLEEP, AWAKE
-from timeslice_verl.agent.warmup import warm_up
+from timeslice_verl.agent.tenant.tenancy import Tenancy
+from timeslice_verl.agent.tenant.vllm import ASLEEP, AWAKE
+from timeslice_verl.agent.tenant.warmup import warm_up
 from timeslice_verl.agent.watchdog import Watchdog
 from timeslice_verl.log import get_logger
 

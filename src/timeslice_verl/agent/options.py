@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from timeslice_verl.agent.hold import HoldPolicy
+from timeslice_verl.agent.tenant.hold import HoldPolicy
 
 MAX_PREPARE_TTL_S = 60.0
 """The longest a ``prepare`` keeps the tenant asleep for a job that has not asked yet (a longer ``ttl_s`` is cut)."""

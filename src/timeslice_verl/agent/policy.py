@@ -5,13 +5,13 @@ Rules (docs/architecture.md §5), in the order they are applied:
 1. a job whose run ended and that holds nothing is forgotten, thawed first if it is frozen;
 2. the GPU's desired owner is the job that holds it, else the head of the FIFO queue, else the job
    whose ``prepare`` expires first; with none, the tenant;
-3. for a desired job: the tenant yields (a pause alone where memory allows: :mod:`~timeslice_verl.agent.hold`; a
+3. for a desired job: the tenant yields (a pause alone where memory allows: :mod:`~timeslice_verl.agent.tenant.hold`; a
    tenant so held is put to sleep when the trainer eats into the margin, or before a thaw that brings memory back),
    then any other idle running job is frozen, then the job is thawed (or recovered from a fault), then — if it is
    waiting — granted;
 4. with no desired job: idle running jobs are frozen; a job whose freeze was refused keeps the GPU
    (the tenant sleeps on); an awake tenant that was just registered is warmed up (put to sleep and woken:
-   :mod:`~timeslice_verl.agent.warmup`); otherwise a sleeping or faulted tenant is woken when there is room.
+   :mod:`~timeslice_verl.agent.tenant.warmup`); otherwise a sleeping or faulted tenant is woken when there is room.
 
 The reconciler in :mod:`timeslice_verl.agent.arbiter` asks for one move, makes it, and asks again,
 so requests that arrive mid-transition are honoured at the next step.
@@ -57,7 +57,7 @@ class World:
     tenant_held: bool = False
     """The tenant is paused but awake (a pause-only yield): its memory is on the GPU."""
     tenant_tight: bool = False
-    """While it is held awake, the trainer ate into the margin beside it (:mod:`~timeslice_verl.agent.hold`)."""
+    """While it is held awake, the trainer ate into the margin beside it (:mod:`~timeslice_verl.agent.tenant.hold`)."""
 
 
 @dataclass(frozen=True)

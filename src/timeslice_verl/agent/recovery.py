@@ -14,7 +14,7 @@ from timeslice_verl.agent.executor import identities
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import FAULTED, FROZEN, RUNNING, TRANSITIONING, Job, TenantRecord
-from timeslice_verl.agent.tenant import ASLEEP, TenantError
+from timeslice_verl.agent.tenant.vllm import ASLEEP, TenantError
 from timeslice_verl.log import get_logger
 from timeslice_verl.names import split_urls
 

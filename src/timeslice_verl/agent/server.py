@@ -27,11 +27,11 @@ from timeslice_verl.agent.connections import Connections
 from timeslice_verl.agent.dispatch import Dispatcher
 from timeslice_verl.agent.freeze import BackendUnavailable, make_backend
 from timeslice_verl.agent.gpu import node_gpus, open_probe
-from timeslice_verl.agent.hold import HoldPolicy
+from timeslice_verl.agent.tenant.hold import HoldPolicy
 from timeslice_verl.agent.options import AgentOptions, TenantOptions
 from timeslice_verl.agent.host import MAX_CONNECTIONS, AgentStartError, _QuietAccept, connection_limit  # noqa: F401
 from timeslice_verl.agent.host import take_gpu_locks, take_instance_lock
-from timeslice_verl.agent.ladder import SHORT_DEADLINE_S, budgets
+from timeslice_verl.agent.tenant.ladder import SHORT_DEADLINE_S, budgets
 from timeslice_verl.agent.site import UnixSite, private_directory, private_file
 from timeslice_verl.agent.state import StateStore
 from timeslice_verl.config.schema import TimesliceSettings, socket_path, state_path

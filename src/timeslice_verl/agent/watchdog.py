@@ -8,13 +8,14 @@ import asyncio
 import time
 from typing import Any, Callable
 
-from timeslice_verl.agent import procfs, tenant_probe
+from timeslice_verl.agent import procfs
+from timeslice_verl.agent.tenant import probe as tenant_probe
 from timeslice_verl.agent.jobs import JobBook
-from timeslice_verl.agent.peaks import Peaks
+from timeslice_verl.agent.tenant.peaks import Peaks
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.state import FROZEN, TRANSITIONING
-from timeslice_verl.agent.tenancy import Tenancy
-from timeslice_verl.agent.tenant import AWAKE, DEAD
+from timeslice_verl.agent.tenant.tenancy import Tenancy
+from timeslice_verl.agent.tenant.vllm import AWAKE, DEAD
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent")

@@ -124,7 +124,7 @@ class TenantSettings:
     first (the trainer waits for them). A vLLM that refuses ``keep`` is paused with ``wait``, with a warning."""
     yield_by: YieldBy = YieldBy.auto
     """``auto``: a pause alone (no sleep, held requests keep their KV cache) where NVML's measured trainer peak and the
-    awake tenant fit with the margin; else, and with ``sleep``, pause and sleep (:mod:`timeslice_verl.agent.hold`)."""
+    awake tenant fit with the margin; else, and with ``sleep``, pause and sleep (:mod:`timeslice_verl.agent.tenant.hold`)."""
     awake_margin_gib: float = 4.0
     """The room kept beside the trainer's peak and a tenant held awake (at least a quarter of the peak)."""
     request_timeout_s: float = 30.0

@@ -79,7 +79,7 @@ def start_agent(out: Path, run_dir: Path, backend: str, tenant_url: str) -> Spaw
 
 
 def wait_tenant_warm(sock: Path, timeout_s: float = 120.0) -> None:
-    """Until the agent has its tenant registered and warmed up (:mod:`timeslice_verl.agent.warmup`): a trainer
+    """Until the agent has its tenant registered and warmed up (:mod:`timeslice_verl.agent.tenant.warmup`): a trainer
     started meanwhile would pay the tenant's one-off first sleep, which a user's does not (their agent and tenant
     are up long before the run)."""
     deadline = time.monotonic() + timeout_s

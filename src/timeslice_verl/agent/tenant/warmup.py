@@ -17,11 +17,11 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Callable
 
-from timeslice_verl.agent.tenant import AWAKE, TenantError
+from timeslice_verl.agent.tenant.vllm import AWAKE, TenantError
 from timeslice_verl.log import get_logger
 
 if TYPE_CHECKING:
-    from timeslice_verl.agent.tenancy import Tenancy
+    from timeslice_verl.agent.tenant.tenancy import Tenancy
 
 log = get_logger("agent")
 

@@ -7,7 +7,7 @@ Contract (docs/architecture.md §5), server started with ``VLLM_SERVER_DEV_MODE=
   running or waiting request) → ``POST /sleep?level=N&mode=keep``
   (``/sleep`` pauses again with its own mode, ``abort`` by default, which would fail the requests
   queued since the pause: ``keep`` holds them until ``/resume``); a yield that overruns the reclaim deadline goes down the ladder
-  (:mod:`~timeslice_verl.agent.ladder`: ``/pause?mode=abort``, then the tenant's processes are stopped);
+  (:mod:`~timeslice_verl.agent.tenant.ladder`: ``/pause?mode=abort``, then the tenant's processes are stopped);
 * reclaim = ``POST /wake_up`` → ``POST /resume``;
 * state   = ``GET /is_sleeping``, ``GET /is_paused``, ``GET /health``.
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
-from timeslice_verl.agent import tenant_proc
-from timeslice_verl.agent.tenant_proc import TenantProcess
+from timeslice_verl.agent.tenant import proc as tenant_proc
+from timeslice_verl.agent.tenant.proc import TenantProcess
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent.tenant")
@@ -184,7 +184,7 @@ class VllmTenant:
     # ------------------------------------------------------------------ yield / reclaim
 
     held = False
-    """Paused and not asleep (a pause-only yield, :mod:`~timeslice_verl.agent.hold`): its memory is still on the GPU."""
+    """Paused and not asleep (a pause-only yield, :mod:`~timeslice_verl.agent.tenant.hold`): its memory is still on the GPU."""
 
     async def yield_gpu(self, sleep: bool = True) -> float:
         """Hold requests, then sleep (``sleep=False``: hold only). Returns seconds spent; never sleeps a serving

@@ -3,7 +3,7 @@ the agent sees of it between moves.
 
 * **Registration** — a loopback URL, or the one the agent was started with; one at a time (an ``ok`` means it);
   a supervisor (``timeslice-verl tenant run``) registers each server it (re)starts and says how often and why.
-* **Moves** — a yield within ``tenant.reclaim_deadline_s`` (:mod:`~timeslice_verl.agent.ladder`), a reclaim that
+* **Moves** — a yield within ``tenant.reclaim_deadline_s`` (:mod:`~timeslice_verl.agent.tenant.ladder`), a reclaim that
   gives way to a trainer that asks. A move that fails marks the tenant dead or faulted, with a backoff before the
   next try; a tenant the ladder could not stop is tried again only after a long one.
 * **The probe** — while the tenant has the GPU, every ``tenant.probe_interval_s`` the agent asks each server the
@@ -24,13 +24,13 @@ import httpx
 
 from timeslice_verl.agent.journal import Journal
 from timeslice_verl.backoff import Backoff
-from timeslice_verl.agent.ladder import TenantKilled, yield_within
+from timeslice_verl.agent.tenant.ladder import TenantKilled, yield_within
 from timeslice_verl.agent.options import TenantOptions
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import TenantRecord
-from timeslice_verl.agent.tenant import ASLEEP, AWAKE, DEAD, TenantDead, TenantError, VllmTenant
-from timeslice_verl.agent.tenant_group import TenantGroup, make_tenant
+from timeslice_verl.agent.tenant.vllm import ASLEEP, AWAKE, DEAD, TenantDead, TenantError, VllmTenant
+from timeslice_verl.agent.tenant.group import TenantGroup, make_tenant
 from timeslice_verl.log import get_logger
 from timeslice_verl.names import split_urls
 
@@ -89,7 +89,7 @@ class Tenancy:
         """Held by a registration or unregistration (one at a time; taken before the step lock)."""
         self.warm_up = o.warm_up
         self.warm_up_due = False
-        """A registered tenant awaits its warm-up (:mod:`~timeslice_verl.agent.warmup`)."""
+        """A registered tenant awaits its warm-up (:mod:`~timeslice_verl.agent.tenant.warmup`)."""
         self.warming = False
         self.yields = 0
         """Sleeps since the tenant was registered: the first pays a vLLM's one-off costs, never its steady yield."""

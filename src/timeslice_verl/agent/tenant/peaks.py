@@ -1,12 +1,12 @@
 """What NVML saw each job use while it held the GPU, and the two questions the arbiter asks of it: may this yield
-only pause the tenant (:func:`~timeslice_verl.agent.hold.decide`), and must a tenant held awake sleep now
-(:func:`~timeslice_verl.agent.hold.tight`)."""
+only pause the tenant (:func:`~timeslice_verl.agent.tenant.hold.decide`), and must a tenant held awake sleep now
+(:func:`~timeslice_verl.agent.tenant.hold.tight`)."""
 
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-from timeslice_verl.agent.hold import Fit, HoldPolicy, decide, tight
+from timeslice_verl.agent.tenant.hold import Fit, HoldPolicy, decide, tight
 from timeslice_verl.agent.state import Job
 from timeslice_verl.log import get_logger
 

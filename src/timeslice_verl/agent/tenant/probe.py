@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from timeslice_verl.agent import tenant_proc
-from timeslice_verl.agent.tenancy import WEDGED_AFTER, Tenancy
-from timeslice_verl.agent.tenant import ASLEEP, AWAKE, DEAD, TenantDead, VllmTenant
-from timeslice_verl.agent.tenant_group import TenantGroup
+from timeslice_verl.agent.tenant import proc as tenant_proc
+from timeslice_verl.agent.tenant.tenancy import WEDGED_AFTER, Tenancy
+from timeslice_verl.agent.tenant.vllm import ASLEEP, AWAKE, DEAD, TenantDead, VllmTenant
+from timeslice_verl.agent.tenant.group import TenantGroup
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent")

@@ -6,8 +6,8 @@ import asyncio
 import time
 from typing import Any, Awaitable, Callable
 
-from timeslice_verl.agent.ladder import STEPS, Climb, TenantKilled
-from timeslice_verl.agent.tenant import ASLEEP, AWAKE, TenantDead, TenantError, TenantInfo, VllmTenant
+from timeslice_verl.agent.tenant.ladder import STEPS, Climb, TenantKilled
+from timeslice_verl.agent.tenant.vllm import ASLEEP, AWAKE, TenantDead, TenantError, TenantInfo, VllmTenant
 from timeslice_verl.log import get_logger
 from timeslice_verl.names import split_urls
 

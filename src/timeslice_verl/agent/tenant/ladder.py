@@ -6,7 +6,7 @@ HTTP 500 or a garbled answer is no reason to abort a tenant's requests, let alon
 
 1. **polite** — ``/pause`` (``keep`` or ``wait``) then ``/sleep``: no request is lost;
 2. **abort** — ``/pause?mode=abort`` then ``/sleep``: the in-flight requests fail, queued ones are kept;
-3. **kill** — SIGKILL to the process registered as the tenant (:mod:`~timeslice_verl.agent.tenant_proc`:
+3. **kill** — SIGKILL to the process registered as the tenant (:mod:`~timeslice_verl.agent.tenant.proc`:
    found by its listening socket at registration, recorded by pid and start time, tagged ``TIMESLICE_TENANT``,
    the agent's user's) and what it started. Without such a process nothing is stopped and the tenant is
    reported dead: the trainer gets the GPU all the same.
@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from timeslice_verl.agent.tenant import TenantDead, TenantError
-from timeslice_verl.agent.tenant_proc import TENANT_TAG_ENV  # noqa: F401 (re-exported)
+from timeslice_verl.agent.tenant.vllm import TenantDead, TenantError
+from timeslice_verl.agent.tenant.proc import TENANT_TAG_ENV  # noqa: F401 (re-exported)
 from timeslice_verl.backoff import Backoff
 from timeslice_verl.log import get_logger
 
@@ -150,7 +150,7 @@ async def _kill(climb: Climb, tenant: Any, budget: float, kill: Callable[[Any, f
 
 async def kill_tenant(tenant: Any, timeout_s: float) -> Any:
     """SIGKILL the process registered as ``tenant`` (and what it started); what happened."""
-    from timeslice_verl.agent import tenant_proc
+    from timeslice_verl.agent.tenant import proc as tenant_proc
 
     return await asyncio.to_thread(tenant_proc.kill, tenant.process, timeout_s, tenant.process_note)
 
