@@ -270,7 +270,7 @@ def test_the_agent_never_deletes_a_non_socket_at_its_path(tmp_path):
 def test_peer_credentials_fail_closed(tmp_path, monkeypatch):
     from timeslice_verl.agent import server
 
-    from timeslice_verl.agent.protocol import peer_credentials
+    from timeslice_verl.agent.client.protocol import peer_credentials
 
     assert peer_credentials(None) == (None, None)
     settings = compose("interleave", [f"timeslice.agent.socket={tmp_path / 'run' / 'a.sock'}",

@@ -330,7 +330,7 @@ BAD = [
 @pytest.mark.parametrize("line, code", BAD, ids=["huge-int", "deep-nesting", "309-digit-timeout", "bad-ipv6", "bad-port",
                                                   "newline-in-job", "v-true"])
 def test_bad_input_gets_a_clear_error_never_internal(line, code):
-    from timeslice_verl.agent import protocol
+    from timeslice_verl.agent.client import protocol
 
     with pytest.raises(protocol.ProtocolError) as info:
         protocol.parse_request(line)

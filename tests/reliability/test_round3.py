@@ -145,7 +145,7 @@ class _Probe:
 
 
 def test_with_nvml_the_bound_is_the_agents_largest_gpu(tmp_path):
-    from timeslice_verl.agent.protocol import ProtocolError
+    from timeslice_verl.agent.client.protocol import ProtocolError
 
     async def scenario() -> None:
         arbiter = _arbiter(tmp_path, probe=_Probe())

@@ -27,7 +27,7 @@ from timeslice_verl.agent.jobs import JobBook
 from timeslice_verl.agent.journal import Journal
 from timeslice_verl.agent.tenant.peaks import Peaks
 from timeslice_verl.agent.policy import FAULTED, FROZEN, TENANT_FAULTED, JobView, World, desired, next_move
-from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
+from timeslice_verl.agent.client.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.recovery import Recovery
 from timeslice_verl.agent.state import RUNNING, Job, StateStore
 from timeslice_verl.agent.tenant.tenancy import Tenancy

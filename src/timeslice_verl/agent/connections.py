@@ -14,11 +14,11 @@ import json
 import os
 from typing import Any, Awaitable, Callable
 
-from timeslice_verl.agent import protocol
+from timeslice_verl.agent.client import protocol
 from timeslice_verl.agent.arbiter import Arbiter
 from timeslice_verl.agent.dispatch import READ_ONLY, Dispatcher
 from timeslice_verl.agent.host import MAX_CONNECTIONS
-from timeslice_verl.agent.protocol import ErrorCode, ProtocolError, peer_credentials
+from timeslice_verl.agent.client.protocol import ErrorCode, ProtocolError, peer_credentials
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent")

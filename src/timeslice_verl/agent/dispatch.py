@@ -1,5 +1,5 @@
 """What each operation of the protocol does: a table from op to the arbiter's call (the request already validated
-by :func:`~timeslice_verl.agent.protocol.parse_request`)."""
+by :func:`~timeslice_verl.agent.client.protocol.parse_request`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import inspect
 from typing import Any, Callable
 
 from timeslice_verl.agent.arbiter import Arbiter
-from timeslice_verl.agent.protocol import OPS
+from timeslice_verl.agent.client.protocol import OPS
 
 READ_ONLY = frozenset({"hello", "status", "watch_owner"})
 """Requests that change nothing the state file records (the others are answered once their state is on disk)."""

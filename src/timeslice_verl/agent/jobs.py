@@ -13,7 +13,7 @@ from collections import deque
 from typing import Any, Callable
 
 from timeslice_verl.agent import procfs
-from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
+from timeslice_verl.agent.client.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import Job
 from timeslice_verl.log import get_logger
 

@@ -12,7 +12,7 @@ from timeslice_verl.agent import procfs
 from timeslice_verl.agent.freeze.base import ProcState, ThawError
 from timeslice_verl.agent.executor import identities
 from timeslice_verl.agent.policy import TENANT_FAULTED
-from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
+from timeslice_verl.agent.client.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import FAULTED, FROZEN, RUNNING, TRANSITIONING, Job, TenantRecord
 from timeslice_verl.agent.tenant.vllm import ASLEEP, TenantError
 from timeslice_verl.log import get_logger

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from timeslice_verl import __version__
-from timeslice_verl.agent import protocol
+from timeslice_verl.agent.client import protocol
 from timeslice_verl.agent.arbiter import Arbiter
 from timeslice_verl.agent.connections import Connections
 from timeslice_verl.agent.dispatch import Dispatcher

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from timeslice_verl import private
-from timeslice_verl.agent import protocol
+from timeslice_verl.agent.client import protocol
 from timeslice_verl.agent.host import BACKLOG, AgentStartError
 from timeslice_verl.log import get_logger
 

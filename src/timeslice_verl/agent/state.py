@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from timeslice_verl.agent.procfs import ProcId
-from timeslice_verl.agent.protocol import url_parts_ok
+from timeslice_verl.agent.client.protocol import url_parts_ok
 from timeslice_verl.names import SWAP_MODES, split_urls, valid_job, valid_url
 from timeslice_verl.log import get_logger
 

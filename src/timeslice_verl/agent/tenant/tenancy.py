@@ -27,7 +27,7 @@ from timeslice_verl.backoff import Backoff
 from timeslice_verl.agent.tenant.ladder import TenantKilled, yield_within
 from timeslice_verl.agent.options import TenantOptions
 from timeslice_verl.agent.policy import TENANT_FAULTED
-from timeslice_verl.agent.protocol import ErrorCode, ProtocolError
+from timeslice_verl.agent.client.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import TenantRecord
 from timeslice_verl.agent.tenant.vllm import ASLEEP, AWAKE, DEAD, TenantDead, TenantError, VllmTenant
 from timeslice_verl.agent.tenant.group import TenantGroup, make_tenant

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from timeslice_verl.agent.protocol import MAX_REQUEST_BYTES, PROTOCOL_VERSION, peer_credentials
+from timeslice_verl.agent.client.protocol import MAX_REQUEST_BYTES, PROTOCOL_VERSION, peer_credentials
 from timeslice_verl.backoff import Backoff
 from timeslice_verl.log import get_logger
 
