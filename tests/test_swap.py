@@ -214,7 +214,8 @@ def test_a_dead_server_never_leaves_its_peers_asleep_and_rejoins_the_group_when_
         back = FakeVllmProc("--port", port)  # restarted, awake, on a GPU the trainer holds
         procs.append(back)
         eventually(back.sleeping, timeout=15, what="the restarted server put to sleep with its group")
-        assert agent.status()["tenant"]["error"] == ""
+        # the server sleeps before the agent's revive returns and clears the note: wait for the agent's own word
+        eventually(lambda: agent.status()["tenant"]["error"] == "", what="the group whole again in the status")
         c.release("two-gpus")
         eventually(lambda: not tenants[0].sleeping() and not back.sleeping(), timeout=10, what="both awake again")
     assert "answers again and follows the group: asleep" in agent.log()
