@@ -95,3 +95,24 @@ def test_a_service_killed_while_it_created_a_batch_fails_that_batch_and_sends_no
     [batch] = store.batches()
     assert batch["status"] == "failed" and json.loads(batch["errors"])["data"][0]["code"] == "interrupted"
     assert store.claim(10, now=0) == [] and store.query("SELECT COUNT(*) FROM lines")[0][0] == 0
+
+
+def test_a_file_of_more_requests_than_a_batch_takes_is_refused_as_it_is_read_and_leaves_nothing(tmp_path, monkeypatch):
+    """The 1 000 000-line file of round 5, scaled: refused at the first request past the bound, never read whole."""
+    import timeslice_verl.batch.lines as lines_mod
+    import timeslice_verl.batch.store as store_mod
+
+    monkeypatch.setattr(lines_mod, "MAX_LINES", 100)
+    monkeypatch.setattr(store_mod, "INSERT_CHUNK", 16)
+    read = []
+
+    def chunks():
+        for i in range(10_000):
+            read.append(i)
+            yield (_line(f"r{i}") + "\n").encode()
+
+    store = Store(tmp_path / "b.sqlite")
+    with pytest.raises(BatchRefused, match="more than 100 requests; a batch takes at most 100"):
+        store.create_batch(CHAT, "file_x", 86400, "24h", None, parse_stream(chunks(), CHAT))
+    assert len(read) == 101, "read up to the first request past the bound, no further"
+    assert store.batches() == [] and store.query("SELECT COUNT(*) FROM lines")[0][0] == 0
