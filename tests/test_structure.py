@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
@@ -21,24 +22,10 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _module_level_imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """Imports at module level, ``if TYPE_CHECKING:`` blocks included (imports inside functions are lazy by design)."""
+def _imports(nodes: Any, name: str, known: set[str]) -> set[str]:
+    """The package's modules that the import statements among ``nodes`` name."""
     found = set()
-    for node in ast.parse(path.read_text()).body:
-        for n in (node.body if isinstance(node, ast.If) else [node]):
-            if isinstance(n, ast.ImportFrom) and n.module and not n.level:
-                for alias in n.names:
-                    target = f"{n.module}.{alias.name}"
-                    found.add(target if target in known else n.module)
-            elif isinstance(n, ast.Import):
-                found |= {a.name for a in n.names}
-    return {f for f in found if f in known and f != name}
-
-
-def _all_imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """Every import of the module, those inside functions included (a lazy import still closes a circle)."""
-    found = set()
-    for n in ast.walk(ast.parse(path.read_text())):
+    for n in nodes:
         if isinstance(n, ast.ImportFrom) and n.module and not n.level:
             for alias in n.names:
                 target = f"{n.module}.{alias.name}"
@@ -46,6 +33,17 @@ def _all_imports(name: str, path: Path, known: set[str]) -> set[str]:
         elif isinstance(n, ast.Import):
             found |= {a.name for a in n.names}
     return {f for f in found if f in known and f != name}
+
+
+def _module_level_imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Imports at module level, ``if TYPE_CHECKING:`` blocks included (imports inside functions are lazy by design)."""
+    body = ast.parse(path.read_text()).body
+    return _imports((n for node in body for n in (node.body if isinstance(node, ast.If) else [node])), name, known)
+
+
+def _all_imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every import of the module, those inside functions included (a lazy import still closes a circle)."""
+    return _imports(ast.walk(ast.parse(path.read_text())), name, known)
 
 
 def test_no_import_cycle_among_the_packages_modules_counting_imports_inside_functions():
