@@ -151,7 +151,7 @@ def valleys_h200() -> str:
     the interleave side recomputed from its timeline, the step times from each step's record."""
     import valleys
 
-    from timeslice_verl.tools import analysis
+    from timeslice_verl import analysis
 
     folder = RESULTS / "2026-12-01-h200-valleys"
     data = json.loads((folder / "valleys.json").read_text())
@@ -167,7 +167,7 @@ def _valley_rows(folder: Path, parts: tuple[tuple[str, str | None], ...]) -> lis
     beside its solo run on the same schedule (``label`` replaces the profile's name when given)."""
     import valleys
 
-    from timeslice_verl.tools import analysis
+    from timeslice_verl import analysis
 
     rows = []
     for part, label in parts:

@@ -50,7 +50,7 @@ class BatchServiceProc:
         self.args = [PY, "-m", "timeslice_verl", "--log-level", "DEBUG", "batch", "serve",
                      "--set", f"timeslice.batch.port={self.port}", "--set", f"timeslice.batch.db={self.db}",
                      "--set", f"timeslice.batch.key_file={self.key_file}",
-                     "--set", f"timeslice.batch.tenant_url={tenant_url}", "--set", "timeslice.batch.poll_s=0.05",
+                     "--set", f'timeslice.batch.tenant_urls={json.dumps([tenant_url] if tenant_url else [])}', "--set", "timeslice.batch.poll_s=0.05",
                      "--set", f"timeslice.batch.follow_agent={'true' if agent_socket else 'false'}",
                      *(["--set", f"timeslice.agent.socket={agent_socket}"] if agent_socket else []),
                      *[a for kv in extra for a in ("--set", kv)]]

@@ -282,9 +282,9 @@ def raw_exchange(path, payload: bytes) -> list[dict]:
         (b'{"v": 1, "op": "register_pids", "job": "j", "pids": ["1"]}\n', "bad_request", "'pids'"),
         (b'{"v": 1, "op": "register_pids", "job": "j", "pids": [999999999]}\n', "bad_request", "does not exist"),
         (b'{"v": 1, "op": "release", "job": "j", "force": true}\n', "bad_request", "force"),
-        (b'{"v": 1, "op": "register_tenant", "url": "file:///etc/passwd"}\n', "bad_request", "http(s) URL"),
-        (b'{"v": 1, "op": "register_tenant", "url": "http://x", "sleep_level": 3}\n', "bad_request", "1 or 2"),
-        (b'{"v": 1, "op": "register_tenant", "url": "http://x:1,http://x:1/"}\n', "bad_request", "listed twice"),
+        (b'{"v": 1, "op": "register_tenant", "urls": ["file:///etc/passwd"]}\n', "bad_request", "http(s) URL"),
+        (b'{"v": 1, "op": "register_tenant", "urls": ["http://x"], "sleep_level": 3}\n', "bad_request", "1 or 2"),
+        (b'{"v": 1, "op": "register_tenant", "urls": ["http://x:1", "http://x:1/"]}\n', "bad_request", "listed twice"),
     ],
 )
 def test_malformed_requests_get_clear_errors_and_the_agent_lives(agent, payload, code, needle):

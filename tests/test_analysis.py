@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from timeslice_verl.tools.analysis import forecast, valleys
+from timeslice_verl.analysis import forecast, valleys
 
 
 def handoff(action: str, point: str, t: float, waited: float = 0.0, moves: float = 0.0, **extra) -> dict:
@@ -52,7 +52,7 @@ def test_forecast_reports_the_way_backs_early_and_late():
 
 def test_park_and_unpark_are_swapping_not_idle_time_with_no_owner():
     """A release call of 0.5 s (0.4 s of it parking) and an acquire that unparked for 0.4 s: the handoff's, both."""
-    from timeslice_verl.tools.analysis import summary
+    from timeslice_verl.analysis import summary
 
     records = [
         {"hook": "timeslice_start", "time": 0.0, "job": "j"},
@@ -69,7 +69,7 @@ def test_park_and_unpark_are_swapping_not_idle_time_with_no_owner():
 
 def test_a_resident_release_call_is_the_handoff_not_idle_time():
     """A resident release moves nothing, but its call (freeing caches, the agent's answer) is the handoff under way."""
-    from timeslice_verl.tools.analysis import summary
+    from timeslice_verl.analysis import summary
 
     records = [
         {"hook": "timeslice_start", "time": 0.0, "job": "j"},

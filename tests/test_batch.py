@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from timeslice_verl.batch.app import make_app  # noqa: E402
 from timeslice_verl.batch.feeder import classify  # noqa: E402
-from timeslice_verl.batch.lines import BatchRefused, parse  # noqa: E402
+from timeslice_verl.batch.lines import BatchRefused, RequestLine, parse  # noqa: E402
 from timeslice_verl.batch.store import SCHEMA_VERSION, Store, StoreError  # noqa: E402
 from timeslice_verl.tenant.supervisor import TenantCommand  # noqa: E402
 
@@ -45,9 +45,10 @@ def _line(cid, url=CHAT, model="m", **extra) -> str:
 ])
 def test_a_bad_line_fails_alone_with_its_line_number_and_why(raw, message):
     lines = parse(f"{_line('ok')}\n{raw}\n".encode(), CHAT, models={"m"})
-    assert lines[0] == ("ok", '{"model":"m","messages":[]}', None)
-    cid, body, error = lines[1]
-    assert body is None and message in error["message"] and error["message"].startswith("line 2: ")
+    assert lines[0] == RequestLine(1, "ok", '{"model":"m","messages":[]}')
+    error = lines[1].error
+    assert lines[1].body is None and error.line == 2 and message in error.message
+    assert error.to_dict()["message"].startswith("line 2: ")
 
 
 @pytest.mark.parametrize("content, endpoint, message", [
@@ -291,7 +292,7 @@ def test_status_shows_the_supervisor_the_ladder_and_the_batch_without_control_ch
     from timeslice_verl.tools.status import render_batch, render_status
 
     status = {"agent": {}, "owner": "tenant", "ladder": {"kill": 1, "last": "12:00 kill: \x1b[2J"},
-              "tenant": {"url": "http://127.0.0.1:8000", "state": "awake", "version": "0.24\r", "error": "bad\x07",
+              "tenant": {"urls": ["http://127.0.0.1:8000"], "state": "awake", "version": "0.24\r", "error": "bad\x07",
                          "wedged": [], "supervisor": {"pid": 42, "restarts": 2, "last_exit": "killed by SIGKILL\x1b[31m",
                                                       "restart_s": 3.25}}}
     text = render_status(status)
@@ -342,6 +343,6 @@ def test_a_tenant_back_while_the_trainer_holds_the_gpu_is_put_to_sleep_at_once(t
         first.stop()  # the tenant dies while the trainer computes; a new one comes up on the same address
         back = FakeVllmProc("--port", first.url.rsplit(":", 1)[1])
         procs.append(back)
-        trainer.register_tenant(back.url, supervisor={"pid": back.proc.pid, "restarts": 1, "last_exit": "crashed"})
+        trainer.register_tenant([back.url], supervisor={"pid": back.proc.pid, "restarts": 1, "last_exit": "crashed"})
         eventually(back.sleeping, what="the returned tenant asleep")
         assert trainer.status()["owner"] == "job:job-a"

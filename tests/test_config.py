@@ -106,12 +106,12 @@ def test_one_tenant_per_gpu_replaces_the_options_single_url():
 
     urls = '["http://127.0.0.1:8001","http://127.0.0.1:8002/"]'
     settings = compose("interleave", [f"timeslice.tenant.urls={urls}"])  # interleave sets tenant.url too
-    assert settings.tenant.url == "http://127.0.0.1:8001,http://127.0.0.1:8002"
+    assert settings.tenant.urls == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
     with pytest.raises(ConfigError, match=r"timeslice.tenant.urls\[1\]"):
         compose("interleave", ['timeslice.tenant.urls=["http://127.0.0.1:8001","ftp://x"]'])
-    with pytest.raises(ConfigError, match=r"timeslice.tenant.urls: 'http://127.0.0.1:8001' is listed twice"):
+    with pytest.raises(ConfigError, match=r"timeslice.tenant.urls: 'http://127.0.0.1:8001/' is listed twice"):
         compose("interleave", ['timeslice.tenant.urls=["http://127.0.0.1:8001","http://127.0.0.1:8001/"]'])
-    with pytest.raises(ConfigError, match=r"timeslice.tenant.url: 'http://a:1' is listed twice"):
+    with pytest.raises(ConfigError, match=r"timeslice.tenant.url: 'http://a:1,http://a:1' is not an http\(s\) URL \(several"):
         compose("interleave", ["timeslice.tenant.url='http://a:1,http://a:1'"])
 
 
@@ -184,13 +184,18 @@ def test_a_job_renamed_in_one_place_only_is_refused_before_launch():
                             "ray_kwargs.ray_init.runtime_env.env_vars.TIMESLICE_JOB=other"]))
 
 
-def test_a_comma_list_in_tenant_url_still_works_with_a_deprecation_message(caplog):
-    import logging
+def test_tenant_addresses_are_a_list_from_the_config_on_and_a_comma_list_is_refused_by_name():
+    settings = load_settings({"tenant": {"urls": ["http://127.0.0.1:8001/", "http://127.0.0.1:8002"]}})
+    assert settings.tenant.urls == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    assert load_settings({"tenant": {"url": "http://127.0.0.1:8001/"}}).tenant.urls == ["http://127.0.0.1:8001"]
+    assert load_settings({"tenant": {"url": "http://127.0.0.1:9",  # an option's default: urls wins
+                                     "urls": ["http://localhost:8001", "http://127.0.0.1:8002"]}}).tenant.urls == [
+        "http://localhost:8001", "http://127.0.0.1:8002"]
+    assert load_settings({}).tenant.urls == []
+    with pytest.raises(ConfigError, match=r"^timeslice.tenant.url: .* \(several servers: timeslice.tenant.urls=\[...\]\)"):
+        load_settings({"tenant": {"url": "http://127.0.0.1:8001,http://127.0.0.1:8002"}})
+    with pytest.raises(ConfigError, match=r"^timeslice.batch.tenant_urls\[1\]: 'x' is not an http"):
+        load_settings({"batch": {"tenant_urls": ["http://127.0.0.1:8001", "x"]}})
+    with pytest.raises(ConfigError, match=r"^timeslice.batch.tenant_urls: 'http://localhost:8001' is listed twice"):
+        load_settings({"batch": {"tenant_urls": ["http://127.0.0.1:8001", "http://localhost:8001"]}})
 
-    with caplog.at_level(logging.WARNING, logger="timeslice.config"):
-        settings = load_settings({"tenant": {"url": "http://127.0.0.1:8001,http://127.0.0.1:8002"}})
-    assert settings.tenant.url == "http://127.0.0.1:8001,http://127.0.0.1:8002"
-    assert "write them as timeslice.tenant.urls=[...]" in caplog.text
-    caplog.clear()
-    load_settings({"tenant": {"urls": ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]}})
-    assert "deprecated" not in caplog.text

@@ -113,7 +113,7 @@ def test_a_pause_only_yield_keeps_held_requests_and_sleeps_when_the_trainers_pea
         a = Arbiter(make_backend("sigstop", probe=None, driver_timeout_s=5), StateStore(tmp_path / "state.json"),
                     probe=gpu, agent=AgentOptions(watch_interval_s=3600), tenant=TenantOptions(warm_up=False, hold=AUTO))
         await a.start()
-        await a.register_tenant(vllm.url)
+        await a.register_tenant([vllm.url])
         a.connection_opened(1, None)
         a.register_pids("hold-job", [worker.pid], 1, None)
         seen = []

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from agent_support import AgentProc, FakeVllmProc, spawn_worker
-from timeslice_verl.tools import analysis
+from timeslice_verl import analysis
 from timeslice_verl.config.schema import PluginSettings, TimesliceSettings
 from timeslice_verl.hooks.events import HandoffEvent, Transition
 from timeslice_verl.hooks.manager import TimesliceManager

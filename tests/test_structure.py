@@ -46,9 +46,8 @@ def _all_imports(name: str, path: Path, known: set[str]) -> set[str]:
     return _imports(ast.walk(ast.parse(path.read_text())), name, known)
 
 
-def test_no_import_cycle_among_the_packages_modules_counting_imports_inside_functions():
-    mods = _modules()
-    graph = {m: _all_imports(m, p, set(mods)) for m, p in mods.items()}
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of ``graph`` (module -> modules it imports), or []."""
     state: dict[str, int] = {}
     cycle: list[str] = []
 
@@ -66,7 +65,27 @@ def test_no_import_cycle_among_the_packages_modules_counting_imports_inside_func
     for m in sorted(graph):
         if m not in state and visit(m, []):
             break
+    return cycle
+
+
+def _graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Every import of each module (those inside functions included), from the modules' sources."""
+    known = set(sources)
+    return {m: _imports(ast.walk(ast.parse(src)), m, known) for m, src in sources.items()}
+
+
+def test_no_import_cycle_among_the_packages_modules_counting_imports_inside_functions():
+    cycle = _cycle(_graph({m: p.read_text() for m, p in _modules().items()}))
     assert not cycle, " -> ".join(cycle)
+
+
+def test_the_cycle_check_sees_a_circle_closed_by_an_import_inside_a_function():
+    sources = {"pkg.ladder": "from pkg.tenant import Tenant\n",
+               "pkg.tenant": "def make():\n    from pkg.group import Group\n    return Group()\n",
+               "pkg.group": "import pkg.ladder\n"}
+    assert _cycle(_graph(sources)) == ["pkg.group", "pkg.ladder", "pkg.tenant", "pkg.group"]
+    sources["pkg.group"] = "x = 1\n"
+    assert _cycle(_graph(sources)) == []
 
 
 def test_no_module_over_400_lines():
@@ -207,3 +226,109 @@ def test_the_readme_reads_in_a_minute_and_its_tables_live_in_docs():
     assert len(readme.splitlines()) <= 180
     assert "<!-- figures:" not in readme and "docs/measured.md" in readme
     assert "<!-- figures:" in (ROOT / "docs" / "measured.md").read_text()
+
+
+SWAP_MODE_VALUES = {"checkpoint", "park", "park+checkpoint", "resident"}
+ONE_SPELLING = "timeslice_verl/names.py"
+"""Where the swap modes are spelled (:class:`~timeslice_verl.names.SwapMode`); everywhere else uses the enum."""
+
+
+def _mentions_swap(node: ast.AST) -> bool:
+    return "swap" in ast.unparse(node).lower()
+
+
+def _swap_spellings(source: str, where: str) -> list[str]:
+    """A swap mode written as a string where a swap value is meant: compared with one, given as one (``swap=``, a
+    parameter or field named swap, ``.get("swap", …)``), returned, or listed beside another mode."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        hits: list[ast.AST] = []
+        if isinstance(node, ast.Compare) and any(_mentions_swap(n) for n in [node.left, *node.comparators]):
+            hits = [n for c in [node.left, *node.comparators] for n in ast.walk(c)]
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            modes = [e for e in node.elts if isinstance(e, ast.Constant) and e.value in SWAP_MODE_VALUES]
+            hits = modes if len(modes) > 1 else []
+        elif isinstance(node, ast.keyword) and node.arg == "swap":
+            hits = [node.value]
+        elif isinstance(node, ast.arguments):
+            named = [*node.posonlyargs, *node.args]
+            pairs = list(zip(named[len(named) - len(node.defaults):], node.defaults))
+            pairs += [(a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults) if d is not None]
+            hits = [d for a, d in pairs if "swap" in a.arg]
+        elif isinstance(node, ast.AnnAssign) and node.value is not None and _mentions_swap(node.target):
+            hits = [node.value]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "swap":
+            hits = node.args[1:]
+        elif isinstance(node, ast.Return) and node.value is not None:
+            hits = list(node.value.elts[:1]) if isinstance(node.value, ast.Tuple) else [node.value]
+        found += [f"{where}:{h.lineno} {h.value!r}" for h in hits
+                  if isinstance(h, ast.Constant) and h.value in SWAP_MODE_VALUES]
+    return sorted(set(found))
+
+
+def test_the_swap_modes_are_spelled_once():
+    found = [hit for path in SRC.rglob("*.py") if path.relative_to(SRC).as_posix() != ONE_SPELLING
+             for hit in _swap_spellings(path.read_text(), path.relative_to(SRC).as_posix())]
+    assert not found, f"a swap mode spelled as a string (use timeslice_verl.names.SwapMode): {found}"
+
+
+def test_the_spelling_check_sees_a_second_spelling_of_the_swap_modes():
+    sample = """
+PARKING = ("park", "park+checkpoint")
+def release(job, swap="checkpoint"):
+    if swap == "resident":
+        return client.release(job, swap="resident")
+    mode = args.get("swap", "checkpoint")
+class Job:
+    swap: str = "checkpoint"
+def choose():
+    return "park", "it fits"
+"""
+    assert {int(h.split(" ")[0].split(":")[1]) for h in _swap_spellings(sample, "s.py")} == {2, 3, 4, 5, 6, 8, 10}
+    other = 'phases = {"checkpoint": 1.0}\nif cmd[0] in ("reserve", "park"):\n    ask("park")\n'
+    assert _swap_spellings(other, "o.py") == []
+
+
+LEGACY_URL_READER = ("timeslice_verl/agent/state.py", "_recorded_urls")
+"""The one place that reads tenant addresses joined by commas: a state file written before they were a list."""
+
+
+def _joined_urls(source: str, where: str) -> list[str]:
+    """Tenant addresses taken apart from, or put together into, one comma-joined string."""
+    found = []
+    tree = ast.parse(source)
+    for fn in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
+        if (where, getattr(fn, "name", "")) == LEGACY_URL_READER:
+            continue
+        body = fn.body if isinstance(fn, ast.Module) else [fn]
+        for node in (n for b in body if not isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) or b is fn
+                     for n in ast.walk(b)):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            comma = lambda n: isinstance(n, ast.Constant) and n.value == ","  # noqa: E731  (", " is a display)
+            if node.func.attr == "split" and node.args and comma(node.args[0]) and "url" in ast.unparse(node.func.value).lower():
+                found.append(f"{where}:{node.lineno} {ast.unparse(node)}")
+            elif node.func.attr == "join" and comma(node.func.value) and "url" in ast.unparse(node).lower():
+                found.append(f"{where}:{node.lineno} {ast.unparse(node)}")
+    return sorted(set(found))
+
+
+def test_tenant_addresses_are_never_a_comma_joined_string():
+    found = [hit for path in SRC.rglob("*.py")
+             for hit in _joined_urls(path.read_text(), path.relative_to(SRC).as_posix())]
+    assert not found, f"tenant addresses are a list from the config to the wire: {found}"
+
+
+def test_the_address_check_sees_a_split_and_a_join_of_tenant_addresses():
+    sample = """
+urls = settings.tenant.url.split(",")
+def register(url):
+    return [u for u in url.split(",") if u]
+wire = ",".join(m.url for m in members)
+gpus = os.environ["CUDA_VISIBLE_DEVICES"].split(",")
+shown = ", ".join(names)
+"""
+    assert [h.split(" ")[0] for h in _joined_urls(sample, "s.py")] == ["s.py:2", "s.py:4", "s.py:5"]
+    legacy = "def _recorded_urls(d):\n    return d['url'].split(',')\n"
+    assert _joined_urls(legacy, LEGACY_URL_READER[0]) == []

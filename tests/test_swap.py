@@ -191,7 +191,7 @@ def test_the_agent_checks_what_a_park_release_carries(agent):
 
 def test_one_agent_puts_a_tenant_per_gpu_to_sleep_and_wakes_them_together(tmp_path, procs):
     agent, tenants = agent_with_a_tenant_per_gpu(tmp_path, procs)
-    assert agent.status()["tenant"]["url"] == ",".join(t.url for t in tenants)
+    assert agent.status()["tenant"]["urls"] == [t.url for t in tenants]
     with agent.client() as c:
         c.acquire("two-gpus")
         assert all(t.sleeping() for t in tenants)

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from test_handoff import Agent, Calls, Ranks
+from timeslice_verl.names import SwapMode
 from timeslice_verl.handoff.options import HandoffOptions
 from timeslice_verl.handoff.sequence import Handoff
 from timeslice_verl.handoff.swap_choice import (
@@ -106,7 +107,7 @@ def test_agent_figures(status, figures):
     ],
 )
 def test_round_trip_estimate(swap, reports, pinned, agent, seconds):
-    got, how = round_trip_estimate(swap, reports, pinned, agent)
+    got, how = round_trip_estimate(SwapMode(swap), reports, pinned, agent)
     assert got == pytest.approx(seconds, rel=1e-6) and how
 
 
@@ -131,7 +132,7 @@ def test_the_handoff_resolves_auto_when_the_model_is_loaded(available, used, swa
     calls = Calls()
     h = Handoff("j", client=MeasuringAgent(calls), ranks=MemoryRanks(calls, available, used),
                 options=HandoffOptions(swap="auto", prepare=False))
-    assert h.swap == "auto"
+    assert h.swap is None  # auto: picked when the handoff starts
     h.begin()
     assert h.swap == swap and ("park_reserve" in calls) == pinned
     assert h.forecast.round_trip_estimate is not None

@@ -168,14 +168,14 @@ def test_agent_refuses_a_tenant_without_dev_mode(tmp_path):
     try:
         with agent.client() as c:
             with pytest.raises(AgentError) as err:
-                c.register_tenant(plain.url)
+                c.register_tenant([plain.url])
             assert err.value.code == "tenant" and "VLLM_SERVER_DEV_MODE=1" in err.value.message
             assert c.status()["tenant"] is None
             good = FakeVllmProc()
             try:
-                assert c.register_tenant(good.url)["state"] == "awake"
+                assert c.register_tenant([good.url])["state"] == "awake"
                 with pytest.raises(AgentError, match="already registered"):
-                    c.register_tenant(plain.url)
+                    c.register_tenant([plain.url])
                 w = spawn_worker("job-a")
                 c.acquire("job-a")
                 assert good.sleeping()

@@ -77,13 +77,14 @@ def test_a_service_killed_while_it_created_a_batch_fails_that_batch_and_sends_no
     script = textwrap.dedent(f"""
         import json, os
         import timeslice_verl.batch.store as s
+        from timeslice_verl.batch.lines import RequestLine
         s.INSERT_CHUNK = 100
         store = s.Store(s.Path({str(db)!r}))
         def rows():
             for i in range(1000):
                 if i == 250:
                     os._exit(9)  # kill -9 with two chunks committed, the batch still validating
-                yield (f"r{{i}}", json.dumps({{"model": "m"}}), None)
+                yield RequestLine(i + 1, f"r{{i}}", json.dumps({{"model": "m"}}))
         store.create_batch("/v1/completions", "file_x", 86400, "24h", None, rows())
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

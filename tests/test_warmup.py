@@ -33,7 +33,7 @@ def test_a_registered_tenant_is_warmed_up_and_its_first_sleep_is_never_the_yield
     async def scenario():
         a = arbiter(tmp_path)
         await a.start()
-        await a.register_tenant(vllm.url)
+        await a.register_tenant([vllm.url])
         await a.settled(60)
         seen, tenant = moves(a), a.tenancy.describe()
         yields = [t for _, t in a.journal.moves if t.action == "tenant_yield"]
@@ -58,7 +58,7 @@ def test_a_trainer_that_asks_during_the_warm_up_gets_the_gpu_with_the_tenant_asl
         a = arbiter(tmp_path)
         await a.start()
         first_sleep, go = asyncio.Event(), asyncio.Event()
-        await a.register_tenant(vllm.url)
+        await a.register_tenant([vllm.url])
         real = a.tenancy.tenant.yield_gpu
 
         async def held_yield():  # the first sleep is held until the trainer has asked
@@ -98,7 +98,7 @@ def test_no_warm_up_when_it_is_turned_off(tmp_path):
     async def scenario():
         a = arbiter(tmp_path, warm_up=False)
         await a.start()
-        await a.register_tenant(vllm.url)
+        await a.register_tenant([vllm.url])
         await a.settled(60)
         seen = moves(a)
         await a.shutdown()

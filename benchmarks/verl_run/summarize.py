@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from timeslice_verl.tools.analysis import summary, trainer_waits
+from timeslice_verl.analysis import summary, trainer_waits
 
 STEP_RE = re.compile(r"step:(\d+) - (.*)")
 GLOBAL_STEP_RE = re.compile(r"global_steps: (\d+) local_trigger_step")
@@ -53,7 +53,7 @@ def swap(records: list[dict[str, Any]]) -> str:
 
 
 def timeline_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """What a timeline alone tells of a run (the trainer wait as :func:`timeslice_verl.tools.analysis.trainer_waits`)."""
+    """What a timeline alone tells of a run (the trainer wait as :func:`timeslice_verl.analysis.trainer_waits`)."""
     waits = trainer_waits(records)
     trans = [r for r in records if r.get("hook") == "transition"]
     job = next((r["job"] for r in records if r.get("hook") == "timeslice_start"), None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import re
 import urllib.parse
+from typing import Sequence
 
 class SwapMode(str, enum.Enum):
     """How a released job's memory leaves the GPU (``timeslice.handoff.swap``, the agent's ``release``, its state
@@ -39,6 +40,19 @@ class SwapMode(str, enum.Enum):
 
 SWAP_MODES = tuple(m.value for m in SwapMode)
 """The values of :class:`SwapMode` (what a request's ``swap`` may be)."""
+SWAP_AUTO = "auto"
+"""The setting ``timeslice.handoff.swap=auto``: the trainer picks a :class:`SwapMode` per run (held as None)."""
+
+
+def swap_setting(value: object) -> SwapMode | None:
+    """A swap setting as its type: a :class:`SwapMode`, or None for ``auto``; anything else a ValueError naming the
+    choices."""
+    if value is None or value == SWAP_AUTO:
+        return None
+    try:
+        return SwapMode(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not one of {', '.join((*SWAP_MODES, SWAP_AUTO))}") from None
 
 
 class YieldBy(str, enum.Enum):
@@ -68,10 +82,12 @@ def valid_job(name: object) -> bool:
     return isinstance(name, str) and JOB_RE.fullmatch(name) is not None
 
 
-def split_urls(url: str) -> list[str]:
-    """A tenant setting's URLs: one, or several separated by commas (one vLLM per GPU of the agent);
-    none for an empty setting."""
-    return [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+def clean_urls(urls: Sequence[str]) -> list[str]:
+    """A tenant's addresses as the agent keeps them: a list, each without its trailing ``/``. A string is refused (it
+    would be taken apart letter by letter): several servers are a list, never a joined string."""
+    if isinstance(urls, str):
+        raise TypeError(f"tenant addresses are a list of URLs, got the string {urls!r:.80}")
+    return [u.strip().rstrip("/") for u in urls]
 
 
 LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"}
@@ -94,11 +110,11 @@ def server_key(url: str) -> str:
     return f"{scheme}://{host}:{port}/{parts.path.strip('/')}"
 
 
-def repeated_url(url: str) -> str | None:
-    """The first URL a tenant setting lists twice (a server can yield its GPU only once), or None. Two
-    spellings of one server (``localhost`` and ``127.0.0.1``, a default port written out) count as twice."""
+def repeated_url(urls: Sequence[str]) -> str | None:
+    """The first address a tenant lists twice (a server can yield its GPU only once), or None. Two spellings of one
+    server (``localhost`` and ``127.0.0.1``, a default port written out) count as twice."""
     seen: set[str] = set()
-    for u in split_urls(url):
+    for u in urls:
         if server_key(u) in seen:
             return u
         seen.add(server_key(u))
@@ -106,5 +122,11 @@ def repeated_url(url: str) -> str | None:
 
 
 def valid_url(url: object) -> bool:
-    """An http(s) URL with a host, or several separated by commas (no whitespace)."""
-    return isinstance(url, str) and bool(url) and all(URL_RE.fullmatch(u) is not None for u in url.split(","))
+    """One http(s) URL with a host (no whitespace, no comma: several servers are a list, never a joined string)."""
+    return isinstance(url, str) and "," not in url and URL_RE.fullmatch(url) is not None
+
+
+def valid_urls(urls: object) -> bool:
+    """A tenant's addresses: a non-empty list of URLs (:func:`valid_url`), none listed twice."""
+    return (isinstance(urls, (list, tuple)) and bool(urls) and all(valid_url(u) for u in urls)
+            and repeated_url(urls) is None)

@@ -320,8 +320,8 @@ BAD = [
     (b'{"v": 1, "id": 1, "op": "acquire", "job": "a", "timeout_s": ' + b"9" * 5000 + b"}", "bad_json"),
     (b"[" * 2000 + b"]" * 2000, "bad_json"),
     (b'{"v": 1, "id": 1, "op": "acquire", "job": "a", "timeout_s": 1' + b"0" * 309 + b"}", "bad_request"),
-    (b'{"v": 1, "id": 1, "op": "register_tenant", "url": "http://[::1"}', "bad_request"),
-    (b'{"v": 1, "id": 1, "op": "register_tenant", "url": "http://host:99999"}', "bad_request"),
+    (b'{"v": 1, "id": 1, "op": "register_tenant", "urls": ["http://[::1"]}', "bad_request"),
+    (b'{"v": 1, "id": 1, "op": "register_tenant", "urls": ["http://host:99999"]}', "bad_request"),
     (b'{"v": 1, "id": 1, "op": "acquire", "job": "a\\n"}', "bad_request"),
     (b'{"v": true, "id": 1, "op": "hello"}', "unsupported_version"),
 ]
@@ -452,9 +452,9 @@ def test_a_client_cannot_point_the_agent_at_a_remote_tenant(tmp_path):
         with agent.client() as c:
             c.call("unregister_tenant")
             with pytest.raises(AgentError, match="not on this node"):
-                c.call("register_tenant", url="http://10.20.30.40:8000")  # refused before any connection is made
-            c.call("register_tenant", url=vllm.url)  # the configured one (loopback) is fine
-            assert agent.status()["tenant"]["url"] == vllm.url
+                c.call("register_tenant", urls=["http://10.20.30.40:8000"])  # refused before any connection is made
+            c.call("register_tenant", urls=[vllm.url])  # the configured one (loopback) is fine
+            assert agent.status()["tenant"]["urls"] == [vllm.url]
     finally:
         agent.stop()
         vllm.stop()

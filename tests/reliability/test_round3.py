@@ -212,7 +212,7 @@ def test_a_second_agent_on_the_same_gpu_refuses_to_start_whatever_its_paths(tmp_
 def test_a_tenant_url_with_a_control_character_is_a_bad_request(tmp_path, procs):
     agent = AgentProc(tmp_path).start()
     procs.append(agent)
-    replies = _raw(agent.socket, *({"v": 1, "id": i, "op": "register_tenant", "url": url} for i, url in enumerate(
+    replies = _raw(agent.socket, *({"v": 1, "id": i, "op": "register_tenant", "urls": [url]} for i, url in enumerate(
         ["http://127.0.0.1:1/\x01", "http://127.0.0.1:1/a b", "http://127.0.0.1:1\x7f", "http://[::1"])), read=4)
     assert [r["error"]["code"] for r in replies] == ["bad_request"] * 4, replies
 
@@ -225,11 +225,11 @@ def test_concurrent_registrations_and_unregistrations_never_answer_internal_and_
         arbiter = _arbiter(tmp_path)
         await arbiter.start()
         for _ in range(10):
-            await arbiter.register_tenant(vllm.url)
+            await arbiter.register_tenant([vllm.url])
             order: list[str] = []
 
             async def reg() -> None:
-                await arbiter.register_tenant(vllm.url)
+                await arbiter.register_tenant([vllm.url])
                 order.append("register")
 
             async def unreg() -> None:
@@ -256,7 +256,7 @@ def test_one_server_written_two_ways_is_one_server(tmp_path, procs):
         load_settings({"tenant": {"urls": ["http://127.0.0.1:8001", "http://localhost:8001/"]}})
     agent = AgentProc(tmp_path).start()
     procs.append(agent)
-    reply = _raw(agent.socket, {"v": 1, "id": 1, "op": "register_tenant", "url": "http://localhost:9001,http://127.0.0.1:9001"},
+    reply = _raw(agent.socket, {"v": 1, "id": 1, "op": "register_tenant", "urls": ["http://localhost:9001", "http://127.0.0.1:9001"]},
                  read=1)[0]
     assert reply["error"]["code"] == "bad_request" and "listed twice" in reply["error"]["message"]
 
@@ -331,7 +331,7 @@ def test_the_watchdog_never_registers_the_tenant_again_during_a_move(tmp_path, p
 
     async def scenario() -> None:
         arbiter = _arbiter(tmp_path)
-        await arbiter.start(vllm.url)
+        await arbiter.start([vllm.url])
         arbiter.tenancy.record.state = "dead"  # it stopped answering a while ago, and answers again now
         calls: list[bool] = []
         real = arbiter.tenancy.tenant.register

@@ -20,6 +20,9 @@ CORRUPT = {
     "tenant-list": json.dumps({"version": 1, "jobs": [], "tenant": ["http://127.0.0.1:9"]}),
     "tenant-string": json.dumps({"version": 1, "jobs": [], "tenant": "http://127.0.0.1:9"}),
     "tenant-bad-url": json.dumps({"version": 1, "jobs": [], "tenant": {"url": "localhost", "state": "asleep"}}),
+    "tenant-urls-string": json.dumps({"version": 1, "jobs": [], "tenant": {"urls": "http://127.0.0.1:9", "state": "asleep"}}),
+    "tenant-urls-twice": json.dumps({"version": 1, "jobs": [], "tenant": {"urls": ["http://127.0.0.1:9", "http://localhost:9"],
+                                                                          "state": "asleep"}}),
     "deep-nesting": "[" * 5000 + "]" * 5000,
     "future-version": json.dumps({"version": 999, "jobs": [VALID_JOB]}),
     "unknown-state-holding": json.dumps({"version": 1, "jobs": [{**VALID_JOB, "state": "PARKED", "holding": True}]}),
@@ -64,3 +67,18 @@ def test_a_truncated_state_file_still_gets_its_frozen_job_thawed(tmp_path):
     finally:
         os.kill(worker.pid, signal.SIGCONT)
         worker.kill()
+
+
+@pytest.mark.parametrize("tenant, urls", [
+    ({"urls": ["http://127.0.0.1:9", "http://127.0.0.1:10"]}, ["http://127.0.0.1:9", "http://127.0.0.1:10"]),
+    ({"url": "http://127.0.0.1:9"}, ["http://127.0.0.1:9"]),  # written before the addresses were a list
+    ({"url": "http://127.0.0.1:9,http://127.0.0.1:10"}, ["http://127.0.0.1:9", "http://127.0.0.1:10"]),
+    ({"url": ""}, None),
+])
+def test_the_tenants_addresses_are_read_as_a_list_also_from_a_file_written_before(tmp_path, tenant, urls):
+    from timeslice_verl.agent.state import StateStore
+
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"version": 1, "jobs": [], "tenant": {**tenant, "state": "asleep", "sleep_level": 1}}))
+    _, record, _ = StateStore(path).load()
+    assert (record.urls if record else None) == urls

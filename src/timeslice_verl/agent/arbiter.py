@@ -28,13 +28,14 @@ from timeslice_verl.agent.journal import Journal
 from timeslice_verl.agent.tenant.peaks import Peaks
 from timeslice_verl.agent.policy import FAULTED, FROZEN, TENANT_FAULTED, JobView, World, desired, next_move
 from timeslice_verl.agent.client.protocol import ErrorCode, ProtocolError
-from timeslice_verl.agent.recovery import Recovery
+from timeslice_verl.agent.recovery import Parts, Recovery, Tasks
 from timeslice_verl.agent.state import RUNNING, Job, StateStore
 from timeslice_verl.agent.tenant.tenancy import Tenancy
 from timeslice_verl.agent.tenant.vllm import ASLEEP, AWAKE
 from timeslice_verl.agent.tenant.warmup import warm_up
 from timeslice_verl.agent.watchdog import Watchdog
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import SwapMode
 
 log = get_logger("agent")
 
@@ -59,7 +60,8 @@ class Arbiter:
         self.tenancy = Tenancy(self.journal, step_lock=self.step_lock, persist=self.persist, wake=self.wake,
                                trainer_waiting=lambda: self.book.queue[0] if self.book.queue else None, room=self._room,
                                options=tenant)
-        self.recovery = Recovery(self, agent.shutdown_timeout_s)
+        self.recovery = Recovery(Parts(self.book, self.executor, self.journal, store, self.tenancy, self.step_lock,
+                                       self.persist), agent.shutdown_timeout_s)
         self.watchdog = Watchdog(self.book, self.tenancy, step_lock=self.step_lock, interval_s=agent.watch_interval_s,
                                  reattach_grace_s=agent.reattach_grace_s, probe_interval_s=tenant.probe_interval_s,
                                  peaks=self.peaks, set_current=self.set_current)
@@ -74,8 +76,8 @@ class Arbiter:
 
     # ================================================================== start and stop
 
-    async def start(self, tenant_url: str = "", sleep_level: int = 1) -> None:
-        await self.recovery.start(tenant_url, sleep_level)
+    async def start(self, tenant_urls: list[str] | None = None, sleep_level: int = 1) -> None:
+        await self.recovery.start(tenant_urls or [], sleep_level)
         self._tasks = [asyncio.create_task(self._reconciler(), name="reconciler"),
                        asyncio.create_task(self.watchdog.run(), name="watchdog")]
         self.wake()
@@ -84,7 +86,7 @@ class Arbiter:
         """Stop serving; thaw every frozen job and wake the tenant (once)."""
         if self.book.closed:
             return
-        await self.recovery.shutdown()
+        await self.recovery.shutdown(Tasks(cancel=self.cancel_tasks, stop=self.stop_tasks, moving=lambda: self.current))
 
     def cancel_tasks(self) -> None:
         for task in self._tasks:
@@ -148,12 +150,12 @@ class Arbiter:
         return {"job": name, "attached": True, "holding": job.holding, "queued": name in self.book.queue}
 
     async def release(self, name: str, conn: int | None, *, wait: bool = False, done: bool = False,
-                      swap: str = "checkpoint", parked: list[dict[str, int]] | None = None) -> dict[str, Any]:
+                      swap: SwapMode = SwapMode.checkpoint, parked: list[dict[str, int]] | None = None) -> dict[str, Any]:
         job = self.book.jobs.get(name)
         if job is None:
             return {"job": name, "released": False, "transitions": []}
         self.book.job(name, conn)
-        if swap != "checkpoint" and not parked and not done:
+        if swap is not SwapMode.checkpoint and not parked and not done:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"swap {swap!r} needs 'parked': what each worker parked and kept")
         self._check_park_reports(parked or [])
         if not done or job.holding:  # a done after a release says nothing of how its freeze (maybe under way) swaps
@@ -196,8 +198,8 @@ class Arbiter:
         self.wake()
         return {"job": name, "accepted": True, "ttl_s": ttl}
 
-    async def register_tenant(self, url: str, sleep_level: int = 1, **kwargs: Any) -> dict[str, Any]:
-        return await self.tenancy.register(url, sleep_level, **kwargs)
+    async def register_tenant(self, urls: list[str], sleep_level: int = 1, **kwargs: Any) -> dict[str, Any]:
+        return await self.tenancy.register(urls, sleep_level, **kwargs)
 
     async def unregister_tenant(self) -> dict[str, Any]:
         return await self.tenancy.unregister()

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from timeslice_verl.agent.arbiter import Arbiter
 from timeslice_verl.agent.client.protocol import OPS
+from timeslice_verl.names import SwapMode
 
 READ_ONLY = frozenset({"hello", "status", "watch_owner"})
 """Requests that change nothing the state file records (the others are answered once their state is on disk)."""
@@ -22,12 +23,12 @@ HANDLERS: dict[str, Handler] = {
     "acquire": lambda a, args, conn, uid: a.acquire(args["job"], conn, timeout_s=args.get("timeout_s"),
                                                     pids=args.get("pids"), peer_uid=uid),
     "release": lambda a, args, conn, uid: a.release(args["job"], conn, wait=args.get("wait", False),
-                                                    done=args.get("done", False), swap=args.get("swap", "checkpoint"),
+                                                    done=args.get("done", False), swap=args.get("swap", SwapMode.checkpoint),
                                                     parked=args.get("parked")),
     "prepare": lambda a, args, conn, uid: a.prepare(args["job"], conn, args.get("ttl_s")),
     "register_pids": lambda a, args, conn, uid: a.register_pids(args["job"], args["pids"], conn, uid),
     "attach": lambda a, args, conn, uid: a.attach(args["job"], conn, holding=args.get("holding", False), peer_uid=uid),
-    "register_tenant": lambda a, args, conn, uid: a.register_tenant(args["url"], args.get("sleep_level", 1),
+    "register_tenant": lambda a, args, conn, uid: a.register_tenant(args["urls"], args.get("sleep_level", 1),
                                                                     **_supervisor(args)),
     "unregister_tenant": lambda a, args, conn, uid: a.unregister_tenant(),
     "watch_owner": lambda a, args, conn, uid: a.watch_owner(args.get("seen", ""), args.get("timeout_s")),

@@ -1,11 +1,12 @@
 """The agent's settings as two values, built once from the config by the daemon (``server.py``) and handed to the
-parts that need them: how the agent treats its jobs, and how it treats its tenant."""
+parts that need them: how the agent treats its jobs, and how it treats its tenant (kept in the tenant's room,
+:mod:`timeslice_verl.agent.tenant.options`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from timeslice_verl.agent.tenant.hold import HoldPolicy
+from timeslice_verl.agent.tenant.options import TenantOptions
 
 MAX_PREPARE_TTL_S = 60.0
 """The longest a ``prepare`` keeps the tenant asleep for a job that has not asked yet (a longer ``ttl_s`` is cut)."""
@@ -19,18 +20,6 @@ class AgentOptions:
     reattach_grace_s: float = 60.0
     park_overhead_bytes: int = 3 * 2**30
     shutdown_timeout_s: float = 10.0
-
-
-@dataclass(frozen=True)
-class TenantOptions:
-    request_timeout_s: float = 30.0
-    drain_timeout_s: float = 600.0
-    pause_mode: str = "keep"
-    reclaim_deadline_s: float = 10.0
-    probe_interval_s: float = 0.5
-    probe_timeout_s: float = 0.75
-    warm_up: bool = True
-    hold: HoldPolicy = field(default_factory=HoldPolicy)
 
 
 __all__ = ["AgentOptions", "MAX_PREPARE_TTL_S", "TenantOptions"]

@@ -6,17 +6,21 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 from timeslice_verl.agent import procfs
 from timeslice_verl.agent.freeze.base import ProcState, ThawError
-from timeslice_verl.agent.executor import identities
+from timeslice_verl.agent.executor import Executor, identities
+from timeslice_verl.agent.jobs import JobBook
+from timeslice_verl.agent.journal import Journal
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.client.protocol import ErrorCode, ProtocolError
-from timeslice_verl.agent.state import FAULTED, FROZEN, RUNNING, TRANSITIONING, Job, TenantRecord
+from timeslice_verl.agent.state import FAULTED, FROZEN, RUNNING, TRANSITIONING, Job, StateStore, TenantRecord
+from timeslice_verl.agent.tenant.tenancy import Tenancy
 from timeslice_verl.agent.tenant.vllm import ASLEEP, TenantError
 from timeslice_verl.log import get_logger
-from timeslice_verl.names import split_urls
+from timeslice_verl.names import clean_urls
 
 log = get_logger("agent")
 
@@ -24,17 +28,41 @@ START_REGISTER_S = 5.0
 """How long the agent's start waits for the configured tenant to answer its registration."""
 
 
+@dataclass
+class Parts:
+    """What the start and the shutdown bring to a consistent state: the arbiter's parts, passed by value (no
+    reference back to the arbiter)."""
+
+    book: JobBook
+    executor: Executor
+    journal: Journal
+    store: StateStore
+    tenancy: Tenancy
+    step_lock: asyncio.Lock
+    persist: Callable[[], None]
+
+
+@dataclass
+class Tasks:
+    """The arbiter's background tasks as the shutdown stops them."""
+
+    cancel: Callable[[], None]
+    stop: Callable[[float], Awaitable[None]]
+    moving: Callable[[], str]
+    """What the reconciler is doing now (``tenant …`` while it moves the tenant)."""
+
+
 class Recovery:
     """The arbiter's start and shutdown (it owns no state: it brings the other parts' to a consistent one)."""
 
-    def __init__(self, arbiter: Any, shutdown_timeout_s: float = 10.0) -> None:
-        self.a = arbiter
+    def __init__(self, parts: Parts, shutdown_timeout_s: float = 10.0) -> None:
+        self.a = parts
         self.shutdown_timeout_s = shutdown_timeout_s
 
-    async def start(self, tenant_url: str = "", sleep_level: int = 1) -> None:
+    async def start(self, tenant_urls: list[str], sleep_level: int = 1) -> None:
         """Reconcile the persisted state with reality, then start the reconciler and the watchdog."""
         a, t = self.a, self.a.tenancy
-        t.configured_url = ",".join(split_urls(tenant_url)) if tenant_url else ""
+        t.configured_urls = clean_urls(tenant_urls)
         jobs, record, extra = a.store.load()
         for name in extra.get("salvaged_jobs", []):  # the record is lost: thaw what this agent may have frozen
             await self._thaw_tagged(name)
@@ -45,36 +73,36 @@ class Recovery:
         for job in a.book.jobs.values():  # its client must come back to keep the GPU, or to keep it frozen (watchdog)
             job.orphaned_at = time.monotonic()
             job.cursor = a.journal.seq
-        url, level = tenant_url, sleep_level
-        if record and record.url.rstrip("/") != t.configured_url:
-            if tenant_url:  # the configured tenant replaces the recorded one: never leave that one asleep
+        urls, level = t.configured_urls, sleep_level
+        if record and clean_urls(record.urls) != t.configured_urls:
+            if t.configured_urls:  # the configured tenant replaces the recorded one: never leave that one asleep
                 await self._wake_forgotten(record)
             else:
-                url, level = record.url, record.sleep_level
-        if url:
+                urls, level = record.urls, record.sleep_level
+        if urls:
             try:  # a tenant that hangs never holds up the agent's start: it is retried like a dead one
-                await asyncio.wait_for(t.register(url, level, persist=False), START_REGISTER_S)
+                await asyncio.wait_for(t.register(urls, level, persist=False), START_REGISTER_S)
             except (TenantError, ProtocolError, asyncio.TimeoutError) as exc:
                 why = f"no answer within {START_REGISTER_S:g} s" if isinstance(exc, asyncio.TimeoutError) else str(exc)
                 # expected when the agent starts first (the quick start's order): not an error until it lasts
                 log.warning("tenant %s is not up yet: %s; the agent takes it when it answers (or its supervisor "
-                            "registers it)", url, why)
-                t.adopt_dead(url, level, why)
+                            "registers it)", urls, why)
+                t.adopt_dead(urls, level, why)
         a.persist()
         a.store.start_writer()  # from now on the state file is written off the event loop
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, tasks: Tasks) -> None:
         """Stop serving; thaw every frozen job and wake the tenant, so nothing is left frozen. Once."""
         a = self.a
         a.book.closed = True
         a.book.fail_all(ProtocolError(ErrorCode.SHUTTING_DOWN, "the agent is shutting down"))
-        if a.executor.current.startswith("tenant") or a.current.startswith("tenant"):
-            a.cancel_tasks()  # an HTTP call to the tenant (maybe hanging): safe to cancel
+        if a.executor.current.startswith("tenant") or tasks.moving().startswith("tenant"):
+            tasks.cancel()  # an HTTP call to the tenant (maybe hanging): safe to cancel
         # A freeze or thaw in progress finishes first (its driver calls have timeouts): cancelling the coroutine
         # would not stop the driver thread, and thawing beside it could race it.
         await a.step_lock.acquire()
         try:
-            await a.stop_tasks(self.shutdown_timeout_s)
+            await tasks.stop(self.shutdown_timeout_s)
             for job in list(a.book.jobs.values()):
                 if job.state in (FROZEN, FAULTED, TRANSITIONING) and job.pids():
                     try:
@@ -95,14 +123,14 @@ class Recovery:
             a.step_lock.release()
 
     async def _wake_forgotten(self, record: TenantRecord) -> None:
-        old = self.a.tenancy.make(record.url, record.sleep_level)
+        old = self.a.tenancy.make(record.urls, record.sleep_level)
         try:
             await old.register()
             if old.state == ASLEEP:
                 await old.reclaim()
-                log.info("restart: woke the previously registered tenant %s before switching tenants", record.url)
+                log.info("restart: woke the previously registered tenant %s before switching tenants", record.urls)
         except TenantError as exc:
-            log.info("restart: previously registered tenant %s: %s", record.url, exc)
+            log.info("restart: previously registered tenant %s: %s", record.urls, exc)
         finally:
             await old.close()
 

@@ -182,7 +182,7 @@ async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None 
         server.site.claim()
         stack.callback(os.close, take_instance_lock(state.with_name(state.name + ".lock")))  # one agent per state file
         stack.push_async_callback(arbiter.shutdown)  # reconcile with what the driver reports before serving anyone
-        await arbiter.start(settings.tenant.url, settings.tenant.sleep_level)
+        await arbiter.start(settings.tenant.urls, settings.tenant.sleep_level)
         stack.push_async_callback(server.close)
         await server.start()
         if settings.agent.metrics_port:
@@ -190,7 +190,7 @@ async def run_agent(settings: TimesliceSettings, *, ready: asyncio.Event | None 
 
             stack.callback(start_exporter(arbiter, settings.agent.metrics_host, settings.agent.metrics_port).close)
         log.info("agent %s listening on %s (backend %s, GPUs %s, tenant %s, state %s)", __version__, path, backend.name,
-                 settings.agent.gpus, settings.tenant.url or "none", state_path(settings))
+                 settings.agent.gpus, settings.tenant.urls or "none", state_path(settings))
         if ready is not None:
             ready.set()
         await server.serve_forever()

@@ -20,7 +20,7 @@ from typing import Any
 
 from timeslice_verl.agent.procfs import ProcId
 from timeslice_verl.agent.client.protocol import url_parts_ok
-from timeslice_verl.names import SWAP_MODES, split_urls, valid_job, valid_url
+from timeslice_verl.names import SWAP_MODES, SwapMode, valid_job, valid_urls
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent.state")
@@ -47,7 +47,7 @@ class Job:
     last_thaw_s: float = 0.0
     direction: str = ""
     """While TRANSITIONING: ``freeze`` or ``thaw``."""
-    swap: str = "checkpoint"
+    swap: SwapMode = SwapMode.checkpoint
     """How its last release asked the memory to leave: ``checkpoint``, ``park`` (only lock: the workers
     parked their tensors) or ``park+checkpoint``."""
     parked_bytes: int = 0
@@ -101,14 +101,15 @@ class Job:
             last_freeze_s=float(data.get("last_freeze_s", 0.0)),
             last_thaw_s=float(data.get("last_thaw_s", data.get("last_restore_s", 0.0))),  # last_restore_s: before 0.2
             direction=str(data.get("direction", "")),
-            swap=str(data.get("swap", "checkpoint")),
+            swap=SwapMode(data.get("swap", SwapMode.checkpoint)),
             parked_bytes=int(data.get("parked_bytes", 0)),
         )
 
 
 @dataclass
 class TenantRecord:
-    url: str = ""
+    urls: list[str] = field(default_factory=list)
+    """The tenant's addresses (one vLLM per GPU); empty when none is registered."""
     state: str = ""
     """``awake``, ``asleep``, ``dead`` or ``faulted``; empty when none is registered."""
     version: str = ""
@@ -116,7 +117,7 @@ class TenantRecord:
     error: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"url": self.url, "state": self.state, "version": self.version, "sleep_level": self.sleep_level, "error": self.error}
+        return {"urls": list(self.urls), "state": self.state, "version": self.version, "sleep_level": self.sleep_level, "error": self.error}
 
 
 class StateError(ValueError):
@@ -138,6 +139,17 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _recorded_urls(tenant_data: dict[str, Any]) -> list[str]:
+    """The tenant's addresses in a state file: ``urls``; a file written before they were a list has ``url`` (one
+    server, or several joined by commas — read once here, written back as a list)."""
+    if "urls" in tenant_data:
+        _need(isinstance(tenant_data["urls"], list), "tenant urls is not a list")
+        return list(tenant_data["urls"])
+    old = tenant_data.get("url", "")
+    _need(isinstance(old, str), "tenant url is not a string")
+    return [u for u in old.split(",") if u] if old else []  # legacy-state: the one reader of the joined form
+
+
 def _validate(data: Any) -> tuple[dict[str, Job], TenantRecord | None]:
     """Jobs and tenant from a parsed state file, or :class:`StateError` naming what is wrong."""
     _need(isinstance(data, dict), f"top level is {type(data).__name__}, not an object")
@@ -153,20 +165,20 @@ def _validate(data: Any) -> tuple[dict[str, Job], TenantRecord | None]:
                                                   and _int(p.get("start")) and p["start"] >= 0 for p in procs),
                   f"job {entry['name']}: {key} is not a list of (pid, start)")
         _need(isinstance(entry.get("holding", False), bool), f"job {entry['name']}: holding is not true/false")
-        _need(entry.get("swap", "checkpoint") in SWAP_MODES, f"job {entry['name']}: unknown swap {entry.get('swap')!r}")
+        _need(entry.get("swap", SwapMode.checkpoint) in SWAP_MODES, f"job {entry['name']}: unknown swap {entry.get('swap')!r}")
         _need(_int(entry.get("parked_bytes", 0)) and entry.get("parked_bytes", 0) >= 0, f"job {entry['name']}: parked_bytes is not a byte count")
         jobs[entry["name"]] = Job.from_dict(entry)
     tenant_data = data.get("tenant")
     tenant = None
     if tenant_data is not None:
         _need(isinstance(tenant_data, dict), "tenant is not an object")
-        url = tenant_data.get("url", "")
-        _need(url == "" or (valid_url(url) and all(url_parts_ok(u) for u in split_urls(url))),
-              f"tenant url {str(url)[:80]!r} is not an http(s) URL")
+        urls = _recorded_urls(tenant_data)
+        _need(urls == [] or (valid_urls(urls) and all(url_parts_ok(u) for u in urls)),
+              f"tenant urls {str(urls)[:80]} are not http(s) URLs")
         _need(tenant_data.get("state", "") in _TENANT_STATES, f"tenant state {tenant_data.get('state')!r} is unknown")
         _need(tenant_data.get("sleep_level", 1) in (1, 2) and _int(tenant_data.get("sleep_level", 1)), "tenant sleep_level is not 1 or 2")
-        known = {k: tenant_data[k] for k in ("url", "state", "version", "sleep_level", "error") if k in tenant_data}
-        tenant = TenantRecord(**{k: (str(v) if k != "sleep_level" else v) for k, v in known.items()}) if url else None
+        known = {k: str(tenant_data[k]) for k in ("state", "version", "error") if k in tenant_data}
+        tenant = TenantRecord(urls=urls, sleep_level=tenant_data.get("sleep_level", 1), **known) if urls else None
     return jobs, tenant
 
 

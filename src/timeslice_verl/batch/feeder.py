@@ -88,9 +88,9 @@ class FeederStats:
 
 
 class Feeder:
-    def __init__(self, store: Store, tenant_url: str, gate: Gate, *, policy: Policy, adapt: bool = True,
+    def __init__(self, store: Store, url: str, gate: Gate, *, policy: Policy, adapt: bool = True,
                  max_attempts: int = 5, request_timeout_s: float = 600.0, settle: bool = True) -> None:
-        self.store, self.tenant_url, self.gate = store, tenant_url.rstrip("/"), gate
+        self.store, self.url, self.gate = store, url.rstrip("/"), gate
         self.policy, self.adapt = policy, adapt
         self.max_attempts, self.request_timeout_s = max_attempts, request_timeout_s
         self.settle = settle
@@ -114,7 +114,7 @@ class Feeder:
         """Feed until cancelled (the service queued again what a killed one left in flight, before any feeder)."""
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
-        async with aiohttp.ClientSession(self.tenant_url, connector=connector, timeout=timeout) as session:
+        async with aiohttp.ClientSession(self.url, connector=connector, timeout=timeout) as session:
             parts = {"gate": self.gate.run(session), "writer": self._writer(), "feed": self._feed(session)}
             if self.settle:
                 parts["settler"] = self._settler()

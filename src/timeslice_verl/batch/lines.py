@@ -11,14 +11,36 @@ from __future__ import annotations
 
 import codecs
 import json
-from typing import Any, Iterable, Iterator, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 MAX_LINES = 50_000
 """Requests in one batch (OpenAI's own bound)."""
 MAX_CUSTOM_ID = 512
-Row = Tuple[Optional[str], Optional[str], Optional[dict]]
-"""One request line: ``(custom_id, body as JSON text, error)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class LineError:
+    """Why one line of an input file fails alone: an OpenAI error object with the line's number."""
+
+    line: int
+    message: str
+    code: str = "invalid_request"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": f"line {self.line}: {self.message}", "line": self.line}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLine:
+    """One request line of an input file as the store takes it: its ``custom_id`` (None when the line has none), its
+    body as JSON text (None when it fails), or why it fails."""
+
+    number: int
+    custom_id: str | None
+    body: str | None = None
+    error: LineError | None = None
 
 
 class BatchRefused(ValueError):
@@ -29,8 +51,8 @@ class BatchRefused(ValueError):
         self.message, self.param, self.code = message, param, code
 
 
-def _line_error(n: int, message: str, code: str = "invalid_request") -> dict[str, Any]:
-    return {"code": code, "message": f"line {n}: {message}", "line": n}
+def _failed(n: int, cid: str | None, message: str, code: str = "invalid_request") -> RequestLine:
+    return RequestLine(n, cid, None, LineError(n, message, code))
 
 
 def _no_constant(name: str) -> Any:
@@ -47,33 +69,33 @@ def _text(value: Any) -> str | None:
     return text
 
 
-def _one(n: int, raw: str, endpoint: str, models: set[str] | None) -> Row:
+def _one(n: int, raw: str, endpoint: str, models: set[str] | None) -> RequestLine:
     try:
         item = json.loads(raw, parse_constant=_no_constant)
     except ValueError as exc:
-        return None, None, _line_error(n, f"not JSON ({exc})")
+        return _failed(n, None, f"not JSON ({exc})")
     if not isinstance(item, dict):
-        return None, None, _line_error(n, "not a JSON object")
+        return _failed(n, None, "not a JSON object")
     cid = item.get("custom_id")
     if not isinstance(cid, str) or not cid or len(cid) > MAX_CUSTOM_ID:
-        return None, None, _line_error(n, f"custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters")
+        return _failed(n, None, f"custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters")
     if _text(cid) is None:
-        return None, None, _line_error(n, "custom_id holds a lone surrogate (\\ud800-\\udfff): not valid Unicode")
+        return _failed(n, None, "custom_id holds a lone surrogate (\\ud800-\\udfff): not valid Unicode")
     if item.get("method", "POST") != "POST":
-        return cid, None, _line_error(n, f"method {item.get('method')!r} is not POST")
+        return _failed(n, cid, f"method {item.get('method')!r} is not POST")
     if item.get("url") != endpoint:
-        return cid, None, _line_error(n, f"url {item.get('url')!r} is not this batch's endpoint {endpoint!r}")
+        return _failed(n, cid, f"url {item.get('url')!r} is not this batch's endpoint {endpoint!r}")
     body = item.get("body")
     if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-        return cid, None, _line_error(n, "body must be an object with a model")
+        return _failed(n, cid, "body must be an object with a model")
     if models is not None and body["model"] not in models:
         served = ", ".join(sorted(models)) or "none"
-        return cid, None, _line_error(n, f"model {body['model']!r} is not served by the tenant (served: {served})",
+        return _failed(n, cid, f"model {body['model']!r} is not served by the tenant (served: {served})",
                                       "model_not_found")
     text = _text(body)
     if text is None:
-        return cid, None, _line_error(n, "body holds a lone surrogate (\\ud800-\\udfff): not valid Unicode")
-    return cid, text, None
+        return _failed(n, cid, "body holds a lone surrogate (\\ud800-\\udfff): not valid Unicode")
+    return RequestLine(n, cid, text)
 
 
 def numbered_lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, str]]:
@@ -95,8 +117,8 @@ def numbered_lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, str]]:
         yield n + 1, buf.removesuffix("\r")
 
 
-def parse_stream(chunks: Iterable[bytes], endpoint: str, models: set[str] | None = None) -> Iterator[Row]:
-    """``(custom_id, body as JSON text, error)`` per request line of an input file, as it is read (``models``: what the
+def parse_stream(chunks: Iterable[bytes], endpoint: str, models: set[str] | None = None) -> Iterator[RequestLine]:
+    """A :class:`RequestLine` per request line of an input file, as it is read (``models``: what the
     tenant serves, if known). A line whose text no server could read — NaN, a lone surrogate — fails alone, here.
     What refuses the whole file (not UTF-8, no request, too many, a ``custom_id`` twice) raises
     :class:`BatchRefused` — possibly after rows were yielded: the consumer drops what it took."""
@@ -113,7 +135,7 @@ def parse_stream(chunks: Iterable[bytes], endpoint: str, models: set[str] | None
             raise BatchRefused(f"the input file has more than {MAX_LINES} requests; a batch takes at most {MAX_LINES}",
                                "input_file_id")
         row = _one(n, raw, endpoint, models)
-        cid = row[0]
+        cid = row.custom_id
         if cid is not None and cid in seen:
             twice.append(f"{cid!r} (lines {seen[cid]} and {n})")
         elif cid is not None:
@@ -127,7 +149,7 @@ def parse_stream(chunks: Iterable[bytes], endpoint: str, models: set[str] | None
         raise BatchRefused("the input file has no request", "input_file_id")
 
 
-def parse(content: bytes, endpoint: str, models: set[str] | None = None) -> list[Row]:
+def parse(content: bytes, endpoint: str, models: set[str] | None = None) -> list[RequestLine]:
     """:func:`parse_stream` of a whole file in memory."""
     return list(parse_stream([content], endpoint, models))
 
@@ -150,5 +172,5 @@ def error_lines(batch_id: str, rows: Iterable[Any]) -> Iterator[bytes]:
                f'"response": {r["response"] or "null"}, "error": {r["error"]}}}\n').encode()
 
 
-__all__ = ["ENDPOINTS", "MAX_LINES", "BatchRefused", "Row", "error_lines", "numbered_lines", "output_lines", "parse",
+__all__ = ["ENDPOINTS", "MAX_LINES", "BatchRefused", "LineError", "RequestLine", "error_lines", "numbered_lines", "output_lines", "parse",
            "parse_stream"]

@@ -34,10 +34,10 @@ class BatchMetrics:
         seconds = CounterMetricFamily("timeslice_batch_tenant_gpu_seconds", "Seconds the tenant has had the GPU",
                                       labels=["tenant"])
         for feeder, gate in zip(self.service.feeders, self.service.gates):
-            limit.add_metric([feeder.tenant_url], feeder.stats.limit)
-            out.add_metric([feeder.tenant_url], feeder.stats.inflight)
-            has.add_metric([feeder.tenant_url], 1.0 if gate.open else 0.0)
-            seconds.add_metric([feeder.tenant_url], gate.seconds_open())
+            limit.add_metric([feeder.url], feeder.stats.limit)
+            out.add_metric([feeder.url], feeder.stats.inflight)
+            has.add_metric([feeder.url], 1.0 if gate.open else 0.0)
+            seconds.add_metric([feeder.url], gate.seconds_open())
         yield from (limit, out, has, seconds)
 
     def render(self) -> bytes:

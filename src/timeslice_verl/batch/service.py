@@ -1,5 +1,5 @@
 """``timeslice-verl batch serve``: the batch service of one node, on ``timeslice.batch.host:port`` (127.0.0.1 by
-default), its state in ``timeslice.batch.db``, feeding ``timeslice.batch.tenant_url`` (default: every tenant of the agent's, one
+default), its state in ``timeslice.batch.db``, feeding ``timeslice.batch.tenant_urls`` (default: every tenant of the agent's, one
 feeder each, from the same queue).
 
 uvicorn serves the app and owns SIGTERM/SIGINT (a graceful stop); the feeder runs beside it for the app's lifetime.
@@ -25,7 +25,6 @@ from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.store import OPEN, Store
 from timeslice_verl.config.schema import TimesliceSettings, socket_path
 from timeslice_verl.log import get_logger
-from timeslice_verl.names import split_urls
 
 log = get_logger("batch")
 
@@ -43,17 +42,12 @@ def db_path(settings: TimesliceSettings) -> Path:
 
 
 def tenant_urls(settings: TimesliceSettings) -> list[str]:
-    """Every tenant of the node the service feeds: ``batch.tenant_url``, else the agent's (``tenant.urls``: one vLLM
+    """Every tenant of the node the service feeds: ``batch.tenant_urls``, else the agent's (``tenant.urls``: one vLLM
     per GPU of a multi-GPU trainer, each fed from the same queue)."""
-    urls = split_urls(settings.batch.tenant_url) or list(settings.tenant.urls) or split_urls(settings.tenant.url)
+    urls = list(settings.batch.tenant_urls or settings.tenant.urls)
     if not urls:
-        raise ValueError("timeslice.batch.tenant_url: no tenant to feed (set it, or timeslice.tenant.url/urls)")
-    return [u.rstrip("/") for u in urls]
-
-
-def tenant_url(settings: TimesliceSettings) -> str:
-    """The first tenant (what a single-tenant caller shows)."""
-    return tenant_urls(settings)[0]
+        raise ValueError("timeslice.batch.tenant_urls: no tenant to feed (set it, or timeslice.tenant.urls)")
+    return urls
 
 
 class Models:
@@ -140,7 +134,7 @@ class Service:
         open_s = self.seconds_open()
         batches = [{"id": r["id"], "status": r["status"], "total": r["total"], **self.store.counts(r["id"])}
                    for r in self.store.batches(limit=10) if r["status"] in OPEN]
-        each = [{"tenant": f.tenant_url, "open": g.open, "open_s": round(g.seconds_open(), 3), **_stats(f)}
+        each = [{"tenant": f.url, "open": g.open, "open_s": round(g.seconds_open(), 3), **_stats(f)}
                 for f, g in zip(self.feeders, self.gates)]
         feeder = {k: sum(e[k] for e in each) for k in ("limit", "inflight", "sent", "answered", "written", "writes")}
         feeder.update(healthy=all(f.healthy for f in self.feeders), samples=self.feeder.stats.samples[-50:],
@@ -166,4 +160,4 @@ def serve(settings: TimesliceSettings) -> None:
                 timeout_graceful_shutdown=10)
 
 
-__all__ = ["Service", "db_path", "default_db", "serve", "tenant_url", "tenant_urls"]
+__all__ = ["Service", "db_path", "default_db", "serve", "tenant_urls"]

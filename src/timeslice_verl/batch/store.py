@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal
 
+from timeslice_verl.batch.lines import RequestLine
 from timeslice_verl.batch.schema import SCHEMA_VERSION, migrate
 from timeslice_verl.batch.status import ENDED, OPEN
 from timeslice_verl.private import NotPrivate, create_private, private_file
@@ -131,8 +132,8 @@ class Store:
     # ------------------------------------------------------------------ batches
 
     def create_batch(self, endpoint: str, input_file_id: str, window_s: int, window: str, metadata: Any,
-                     lines: Iterable[tuple[str | None, str | None, dict[str, Any] | None]]) -> str:
-        """A batch of ``lines``: ``(custom_id, body as JSON text, error)`` each; a line with an error is failed from
+                     lines: Iterable[RequestLine]) -> str:
+        """A batch of ``lines`` (:class:`~timeslice_verl.batch.lines.RequestLine`); a line with an error is failed from
         the start. ``lines`` may be a generator: it is inserted as it comes, a chunk a transaction, the batch
         ``validating`` (never claimed) until the last; an exception from it (a file refused as a whole) deletes
         what was inserted and is raised."""
@@ -144,10 +145,10 @@ class Store:
         counts = {"queued": 0, "failed": 0}
         try:
             chunk: list[tuple] = []
-            for i, (cid, body, err) in enumerate(lines):
-                state = "failed" if err else "queued"
+            for i, line in enumerate(lines):
+                state = "failed" if line.error else "queued"
                 counts[state] += 1
-                chunk.append((bid, i, cid, body, state, json.dumps(err) if err else None))
+                chunk.append((bid, i, line.custom_id, line.body, state, json.dumps(line.error.to_dict()) if line.error else None))
                 if len(chunk) >= INSERT_CHUNK:
                     self._insert(chunk)
             self._insert(chunk)

@@ -137,8 +137,6 @@ def to_overrides(settings: TimesliceSettings, sections: tuple[str, ...] | None =
         if sections is not None and f.name not in sections:
             continue
         for g in dataclasses.fields(value):
-            if f.name == "tenant" and g.name == "url" and settings.tenant.urls:
-                continue  # derived from urls at validation
             out.append(f"{SECTION}.{f.name}.{g.name}={_override_value(getattr(value, g.name))}")
     return out
 

@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from timeslice_verl.log import get_logger
 from timeslice_verl.config.paths import default_runtime_dir, default_socket, socket_path, state_path  # noqa: F401,E402
-from timeslice_verl.names import JOB_TAG_ENV, SWAP_MODES, YieldBy, repeated_url, valid_job, valid_url  # noqa: F401 (re-exported)
+from timeslice_verl.names import JOB_TAG_ENV, SWAP_AUTO, SWAP_MODES, YieldBy, clean_urls, repeated_url, valid_job, valid_url  # noqa: F401 (re-exported)
 
 SECTION = "timeslice"
 log = get_logger("config")
@@ -48,7 +48,7 @@ PauseMode = Choice("PauseMode", [(v, v) for v in ("wait", "keep")])
 """How vLLM hands the GPU over (``timeslice.tenant.pause_mode``)."""
 
 
-Swap = Choice("Swap", [(v, v) for v in (*SWAP_MODES, "auto")])
+Swap = Choice("Swap", [(v, v) for v in (*SWAP_MODES, SWAP_AUTO)])
 """How the trainer's GPU memory leaves the GPU (``timeslice.handoff.swap``)."""
 
 
@@ -112,10 +112,11 @@ class TenantSettings:
     """The co-resident vLLM server that harvests the trainer's idle GPU time."""
 
     url: str = ""
-    """Base URL, e.g. ``http://127.0.0.1:8000``; empty: no tenant (the GPU just idles)."""
+    """One server's base URL, e.g. ``http://127.0.0.1:8000``: the shorthand for ``urls=[url]``; empty with ``urls``
+    empty: no tenant (the GPU just idles)."""
     urls: List[str] = field(default_factory=list)
-    """One vLLM per GPU of a multi-GPU trainer, yielding and waking together; when set it replaces ``url``,
-    e.g. ``'timeslice.tenant.urls=["http://127.0.0.1:8001","http://127.0.0.1:8002"]'``."""
+    """The tenant's addresses, the one name every part reads: one vLLM per GPU of the trainer, yielding and waking
+    together, e.g. ``'timeslice.tenant.urls=["http://127.0.0.1:8001","http://127.0.0.1:8002"]'``."""
     sleep_level: int = 1
     """vLLM sleep level: 1 keeps weights in host RAM (fast wake), 2 drops them."""
     pause_mode: PauseMode = PauseMode["keep"]
@@ -206,8 +207,8 @@ class BatchSettings:
     key_file: str = ""
     """Its API key, made 0600 at first start, read by the ``batch`` commands; empty: ``batch.key`` beside the default
     database. ``TIMESLICE_BATCH_API_KEY`` replaces it."""
-    tenant_url: str = ""
-    """The vLLM it feeds; empty: ``timeslice.tenant.url``."""
+    tenant_urls: List[str] = field(default_factory=list)
+    """The vLLM servers it feeds; empty: the agent's (``timeslice.tenant.urls``)."""
     follow_agent: bool = True
     """Send lines only while the node's agent says the tenant owns the GPU (off: whenever the tenant answers)."""
     concurrency: int = 32  # lines in flight at the start; then the number follows the tenant
@@ -318,6 +319,24 @@ def _get(settings: TimesliceSettings, dotted: str) -> Any:
     return value
 
 
+def _check_urls(settings: TimesliceSettings) -> None:
+    """Every tenant address a URL, none listed twice; ``tenant.url`` folded into an empty ``tenant.urls`` (the name read
+    after; when both are set, ``urls`` wins: an option's default ``url`` never adds a server)."""
+    t = settings.tenant
+    if t.url and not valid_url(t.url):
+        several = " (several servers: timeslice.tenant.urls=[...])" if "," in t.url else ""
+        raise ConfigError(_full_key("tenant.url"), f"{t.url!r} is not an http(s) URL{several}")
+    for key in ("tenant.urls", "batch.tenant_urls"):
+        for i, each in enumerate(_get(settings, key)):
+            if not valid_url(each):
+                raise ConfigError(_full_key(f"{key}[{i}]"), f"{each!r} is not an http(s) URL")
+        twice = repeated_url(_get(settings, key))
+        if twice:
+            raise ConfigError(_full_key(key), f"{twice!r} is listed twice (one vLLM server per GPU)")
+    t.urls = clean_urls(t.urls or ([t.url] if t.url else []))
+    settings.batch.tenant_urls = clean_urls(settings.batch.tenant_urls)
+
+
 def _check_values(settings: TimesliceSettings) -> None:
     for key, allowed in CHOICES.items():
         value = _get(settings, key)
@@ -340,23 +359,7 @@ def _check_values(settings: TimesliceSettings) -> None:
     for key, low in (("batch.concurrency", 1), ("batch.max_concurrency", 1), ("batch.max_attempts", 1)):
         if not low <= _get(settings, key) <= 100_000:
             raise ConfigError(_full_key(key), f"must be between {low} and 100000, got {_get(settings, key)}")
-    if settings.batch.tenant_url and not valid_url(settings.batch.tenant_url):
-        raise ConfigError(_full_key("batch.tenant_url"), f"{settings.batch.tenant_url!r} is not an http(s) URL")
-    for i, each in enumerate(settings.tenant.urls):
-        if not valid_url(each) or "," in each:
-            raise ConfigError(_full_key(f"tenant.urls[{i}]"), f"{each!r} is not an http(s) URL")
-    if settings.tenant.urls:  # replaces url (the options set a default one): the agent's protocol carries them joined
-        settings.tenant.url = ",".join(u.rstrip("/") for u in settings.tenant.urls)
-    url = settings.tenant.url
-    if "," in url and not settings.tenant.urls:  # the comma list of 0.1: still read, for one release
-        log.warning("timeslice.tenant.url lists several servers (%s): that is deprecated and will be refused in the next "
-                    "release; write them as timeslice.tenant.urls=[...]", url)
-    if url and not valid_url(url):
-        raise ConfigError(_full_key("tenant.url"), f"{url!r} is not an http(s) URL")
-    twice = repeated_url(url) if url else None
-    if twice:
-        raise ConfigError(_full_key("tenant.urls" if settings.tenant.urls else "tenant.url"),
-                          f"{twice!r} is listed twice (one vLLM server per GPU)")
+    _check_urls(settings)
     for entry in settings.plugins.modules:
         if not re.match(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$", entry):
             raise ConfigError(_full_key("plugins.modules"), f"{entry!r} is not 'package.module[:attr]'")

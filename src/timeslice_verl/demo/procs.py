@@ -147,7 +147,7 @@ def start_batch_service(out: Path, agent_socket: Path | None, tenant_url: str,
     service = Spawned([*CLI, "batch", "serve", *[a for kv in (
         f"timeslice.batch.port={port}", f"timeslice.batch.db={state / 'batch.sqlite'}",
         f"timeslice.batch.key_file={state / 'batch.key'}",
-        f"timeslice.batch.tenant_url={tenant_url}", f"timeslice.batch.concurrency={max(1, concurrency)}",
+        f'timeslice.batch.tenant_urls=["{tenant_url}"]', f"timeslice.batch.concurrency={max(1, concurrency)}",
         f"timeslice.batch.follow_agent={'true' if agent_socket else 'false'}",
         *([f"timeslice.agent.socket={agent_socket}"] if agent_socket else [])) for a in ("--set", kv)]],
         out / "batch.log", stop_timeout_s=30)

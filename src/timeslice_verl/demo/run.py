@@ -37,7 +37,7 @@ from timeslice_verl.demo.trainer import DemoRanks, DemoRollout, schedule
 from timeslice_verl.hooks.events import CheckpointEvent, InitWorkersEvent, RolloutEvent, TrainStepEvent, WeightSyncEvent
 from timeslice_verl.hooks.lifecycle import Lifecycle
 from timeslice_verl.log import get_logger
-from timeslice_verl.tools import analysis
+from timeslice_verl import analysis
 
 log = get_logger("demo")
 

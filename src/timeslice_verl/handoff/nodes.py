@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import SwapMode
 
 log = get_logger("handoff.nodes")
 
@@ -126,7 +127,7 @@ class NodeAgents:
             self._lost("acquire", job, errors, list(replies))
         return _merge(replies)
 
-    def release(self, job: str, *, wait: bool = False, done: bool = False, swap: str = "checkpoint",
+    def release(self, job: str, *, wait: bool = False, done: bool = False, swap: SwapMode = SwapMode.checkpoint,
                 parked: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         per_node = {node: ((job,), {"wait": wait, "done": done, "swap": swap,
                                     "parked": [{k: v for k, v in r.items() if k != "node"}

@@ -37,13 +37,13 @@ from timeslice_verl.handoff.ranks import RankLost, Ranks
 from timeslice_verl.handoff.wayback import Outcome, WayBack
 from timeslice_verl.hooks.events import PREPARE_POINT
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import SwapMode
 
 log = get_logger("handoff")
 
 FINAL_ACQUIRE_TIMEOUT_S = 120.0
 """The longest a crash or the end of the run waits to get the GPUs back (a way back under way included) before it
 releases without unparking."""
-PARKING = start.PARKING
 
 
 class Handoff:
@@ -236,7 +236,7 @@ class Handoff:
             self.report(out)
             return out
         out = HandoffFigures("release", point, detail=decision.reason)
-        if self.swap in PARKING:
+        if self.swap is not None and self.swap.parks:
             park = self._park()
             if park is None:
                 return None  # the ranks could not park: they keep the GPUs until the next release
@@ -283,8 +283,8 @@ class Handoff:
         assert self.client is not None
         if done or not out.park:
             return self.client.release(self.job, done=done)
-        if self.swap == "resident":
-            return self.client.release(self.job, swap="resident", parked=resident_entries(out.park))
+        if self.swap is SwapMode.resident:
+            return self.client.release(self.job, swap=SwapMode.resident, parked=resident_entries(out.park))
         return self.client.release(self.job, swap=self.swap, parked=park_entries(out.park))
 
     def _park(self) -> list[dict[str, Any]] | None:
@@ -330,7 +330,7 @@ class Handoff:
                      "%.2f GiB, live tensors %.2f GiB, cupy %.2f GiB", self.job, (time.perf_counter() - t0) * 1e3,
                      sync * 1e3, totals["reserved_before"] / 2**30,
                      totals["reserved_after"] / 2**30, totals["live"] / 2**30, totals["cupy_freed"] / 2**30)
-        return totals, reports if self.swap == "resident" else []
+        return totals, reports if self.swap is SwapMode.resident else []
 
     # ------------------------------------------------------------------ the end: crash and done
 

@@ -32,7 +32,7 @@ from timeslice_verl.handoff.options import HandoffOptions
 from timeslice_verl.handoff.ranks import RankLost
 from timeslice_verl.handoff.sequence import Handoff, HandoffFigures, handoff_event
 from timeslice_verl.log import get_logger
-from timeslice_verl.names import valid_job
+from timeslice_verl.names import SwapMode, swap_setting, valid_job
 from timeslice_verl.ranks.park import Parker, parker
 
 log = get_logger("adapter.spmd")
@@ -153,7 +153,7 @@ class RankHandoff:
         self.ranks.give_back = self._give_back
         given = {k: v for k, v in (("swap", swap), ("acquire_timeout_s", acquire_timeout_s),
                                    ("prepare_lead_s", prepare_lead_s)) if v is not None}
-        options = HandoffOptions(**{**(options or HandoffOptions(swap="park")).__dict__, **given})
+        options = HandoffOptions(**{**(options or HandoffOptions(swap=SwapMode.park)).__dict__, **given})
         self.handoff = Handoff(job, client=None, ranks=self.ranks, options=options, report=report, backlog=backlog)
         self.lifecycle: Any = None
 
@@ -187,12 +187,12 @@ class RankHandoff:
         return self.handoff.job
 
     @property
-    def swap(self) -> str:
+    def swap(self) -> SwapMode | None:
         return self.handoff.swap
 
     @swap.setter
-    def swap(self, value: str) -> None:
-        self.handoff.swap = value
+    def swap(self, value: SwapMode | str | None) -> None:
+        self.handoff.swap = swap_setting(value)
 
     @property
     def parker(self) -> Parker:

@@ -17,16 +17,13 @@ Handoff = Any
 """A :class:`~timeslice_verl.handoff.sequence.Handoff` (which imports this module: named here by role only)."""
 
 log = get_logger("handoff")
-PARKING = tuple(m.value for m in SwapMode if m.parks)
-
-
 def begin(h: Handoff) -> list[dict[str, Any]]:
     """The start (see the module); the pin reports, one per rank."""
     if h.ranks is None:
         return []
     reports = release_caches_reports(h)
     agent = swap_choice.agent_figures(agent_status(h))
-    if h.swap == "auto":
+    if h.swap is None:  # auto
         h.swap = h._shared(pick_swap(h, reports, agent))
     h.swap = SwapMode(h.swap)
     if h.swap.parks and not can_park(h.ranks):
@@ -88,11 +85,11 @@ def agent_status(h: Handoff) -> dict[str, Any]:
         return {}
 
 
-def pick_swap(h: Handoff, reports: list[dict[str, Any]] | None, agent: dict[str, Any]) -> str:
+def pick_swap(h: Handoff, reports: list[dict[str, Any]] | None, agent: dict[str, Any]) -> SwapMode:
     """``swap=auto``: what every GPU and host of the ranks can afford (:func:`~timeslice_verl.handoff.swap_choice.choose`)."""
     assert h.ranks is not None
     swap, why = swap_choice.choose(reports if can_park(h.ranks) else None, agent)
-    log.log(logging.INFO if swap != "checkpoint" else logging.WARNING, "[timeslice] job=%s swap=auto: %s (%s)",
+    log.log(logging.INFO if swap is not SwapMode.checkpoint else logging.WARNING, "[timeslice] job=%s swap=auto: %s (%s)",
             h.job, swap, why)
     return swap
 

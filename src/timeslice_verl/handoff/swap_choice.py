@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from timeslice_verl.names import SwapMode
+
 SPARE_FRACTION = 0.25
 SPARE_BYTES = 4 * 2**30
 RESIDENT_MARGIN_FRACTION = 0.05
@@ -64,23 +66,23 @@ def agent_figures(status: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def choose(reports: list[dict[str, Any]] | None, agent: dict[str, Any] | None = None) -> tuple[str, str]:
+def choose(reports: list[dict[str, Any]] | None, agent: dict[str, Any] | None = None) -> tuple[SwapMode, str]:
     """(swap, why) from one ``release_caches`` report per rank (``host``, ``live_after``, ``device_used``,
     ``device_total``, ``host_available``) and the agent's figures; ``reports`` None: the ranks cannot move their
     own tensors."""
     if reports is None:
-        return "checkpoint", "the ranks cannot park"
+        return SwapMode.checkpoint, "the ranks cannot park"
     if not reports:
-        return "checkpoint", "no rank reported its memory"
+        return SwapMode.checkpoint, "no rank reported its memory"
     if not any(int(r.get("live_after", 0)) for r in reports):
-        return "checkpoint", "the ranks hold no GPU memory (no CUDA here?)"
+        return SwapMode.checkpoint, "the ranks hold no GPU memory (no CUDA here?)"
     resident, why = _resident_fits(reports, agent or {})
     if resident:
-        return "resident", why
+        return SwapMode.resident, why
     park, why_park = _park_fits(reports)
     if park:
-        return "park", f"{why}; {why_park}"
-    return "checkpoint", f"{why}; {why_park}; set timeslice.handoff.swap=park to force it"
+        return SwapMode.park, f"{why}; {why_park}"
+    return SwapMode.checkpoint, f"{why}; {why_park}; set timeslice.handoff.swap=park to force it"
 
 
 def _resident_fits(reports: list[dict[str, Any]], agent: dict[str, Any]) -> tuple[bool, str]:
@@ -115,24 +117,24 @@ def _park_fits(reports: list[dict[str, Any]]) -> tuple[bool, str]:
                                       for h in sorted(need))
 
 
-def round_trip_estimate(swap: str, reports: list[dict[str, Any]] | None, pinned: list[dict[str, Any]],
+def round_trip_estimate(swap: SwapMode, reports: list[dict[str, Any]] | None, pinned: list[dict[str, Any]],
                         agent: dict[str, Any]) -> tuple[float, str]:
     """(seconds, how) a handoff of ``swap`` should take, out and back, before any was measured: the tenant's yield
     and wake, plus the bytes to move over this node's bandwidth (the slowest rank's)."""
     tenant = float(agent.get("yield_s", 0.0)) + float(agent.get("reclaim_s", 0.0)) or TENANT_S
     how = f"tenant {tenant:.2f} s" + ("" if agent.get("yield_s") else " (not timed yet)")
     reports = reports or []
-    if swap in ("park", "park+checkpoint"):
+    if swap.parks:
         moved = max((int(r.get("pinned", 0)) for r in pinned), default=0)
         gbps = min((float(r.get("copy_gbps", 0)) or PINNED_GBPS for r in pinned), default=PINNED_GBPS)
         seconds = 2 * moved / 1e9 / gbps
         how += f" + park and unpark of {moved / 2**30:.1f} GiB at {gbps:.0f} GB/s"
-        if swap == "park+checkpoint":
+        if swap is SwapMode.park_checkpoint:
             rest = max((int(r.get("device_used", 0)) - int(r.get("live_after", 0)) for r in reports), default=0)
             seconds += _driver_s(rest, agent)
             how += f" + the driver's round trip of the {rest / 2**30:.1f} GiB left"
         return tenant + seconds, how
-    if swap == "checkpoint":
+    if swap is SwapMode.checkpoint:
         moved = max((int(r.get("device_used", 0)) or int(r.get("reserved_after", 0)) for r in reports), default=0)
         return tenant + _driver_s(moved, agent), how + f" + the driver's round trip of {moved / 2**30:.1f} GiB"
     return tenant, how + " (resident: nothing moves)"

@@ -74,14 +74,14 @@ class AgentPlugin:
         self._ensure_tenant(settings)
 
     def _ensure_tenant(self, settings: Any) -> None:
-        url = settings.tenant.url
-        if not url or self.client is None or settings.agent.across_nodes:  # across nodes: each agent has its own
+        urls = settings.tenant.urls
+        if not urls or self.client is None or settings.agent.across_nodes:  # across nodes: each agent has its own
             return
         if self.client.status().get("tenant") is None:
             try:
-                self.client.register_tenant(url, sleep_level=settings.tenant.sleep_level)
+                self.client.register_tenant(urls, sleep_level=settings.tenant.sleep_level)
             except AgentError as exc:
-                log.error("[timeslice] job=%s could not register tenant %s: %s (training goes on)", self.job, url, exc)
+                log.error("[timeslice] job=%s could not register tenant %s: %s (training goes on)", self.job, urls, exc)
 
     # ------------------------------------------------------------------ handoffs (used by tests and tools)
 

@@ -237,7 +237,7 @@ class Supervisor:
                 **({"last_exit": self.last_exit, "restart_s": round(now - self.exited_at, 3)} if self.last_exit else {})}
         try:
             with AgentClient(self.agent_socket, connect_timeout_s=5.0, client="tenant-supervisor") as agent:
-                agent.register_tenant(self.register_url or self.command.url, supervisor=info)
+                agent.register_tenant([self.register_url or self.command.url], supervisor=info)
         except AgentError as exc:
             log.warning("tenant: could not register %s with the agent on %s: %s", self.register_url or self.command.url,
                         self.agent_socket, exc)

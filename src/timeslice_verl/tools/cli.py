@@ -205,7 +205,7 @@ def timeline_plot(path: str, output: str | None, json_out: str | None) -> None:
     """Draw GPU ownership over time from PATH (JSONL) and print the summary."""
     from pathlib import Path
 
-    from timeslice_verl.tools import analysis
+    from timeslice_verl import analysis
 
     try:
         records = analysis.load(path)
@@ -301,7 +301,7 @@ def _check_demo(kw: dict[str, Any], overrides: tuple[str, ...]) -> None:
 
 
 def _echo_demo(summary: dict[str, Any], solo: bool) -> None:
-    from timeslice_verl.tools import analysis
+    from timeslice_verl import analysis
 
     click.echo("")
     click.echo(summary["mode"]["label"])

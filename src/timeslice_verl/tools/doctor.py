@@ -11,8 +11,8 @@ import httpx
 from timeslice_verl.agent import procfs
 from timeslice_verl.agent.gpu import nvml
 from timeslice_verl.config.schema import JOB_TAG_ENV, NCCL_ENV, TimesliceSettings, socket_path
-from timeslice_verl.names import split_urls
 from timeslice_verl.handoff.swap_choice import agent_figures, parkable, resident_room
+from timeslice_verl.names import swap_setting
 from timeslice_verl.ranks.worker import host_available
 
 MIN_DRIVER = 570
@@ -81,9 +81,9 @@ def check_nccl_env(settings: TimesliceSettings) -> list[Check]:
 
 def check_vllm(settings: TimesliceSettings) -> list[Check]:
     """Each tenant server (one, or one per GPU with ``timeslice.tenant.urls``) follows the contract."""
-    urls = split_urls(settings.tenant.url)
+    urls = settings.tenant.urls
     if not urls:
-        return [Check("batch tenant", True, "none configured (timeslice.tenant.url is empty): the trainer's valleys stay idle")]
+        return [Check("batch tenant", True, "none configured (timeslice.tenant.urls is empty): the trainer's valleys stay idle")]
     return [_check_one_vllm(url, "" if len(urls) == 1 else f" ({url})") for url in urls]
 
 
@@ -166,7 +166,8 @@ def check_park_room(settings: TimesliceSettings) -> Check:
     detail = (f"{avail / 2**30:.1f} GiB available: swap=auto parks up to {most / 2**30:.1f} GiB of trainer state per node "
               f"(about {most / 16 / 1e9:.2f} B parameters with AdamW in fp32, 16 bytes each); "
               f"timeslice.handoff.swap={settings.handoff.swap}")
-    ok = str(settings.handoff.swap) not in ("park", "park+checkpoint") or most > 0
+    swap = swap_setting(str(settings.handoff.swap))
+    ok = not (swap and swap.parks) or most > 0
     return Check(name, ok, detail, "free host RAM, or use timeslice.handoff.swap=auto (checkpoint when park cannot fit)")
 
 

@@ -58,7 +58,7 @@ def render_status(status: dict[str, Any]) -> str:
 def _tenant_lines(tenant: dict[str, Any] | None, ladder: dict[str, Any]) -> list[str]:
     if not tenant:
         return ["tenant: none registered"]
-    line = f"tenant: vLLM {clean(tenant.get('version') or '?')} at {clean(tenant['url'])}: {tenant['state']}"
+    line = f"tenant: vLLM {clean(tenant.get('version') or '?')} at {clean(', '.join(tenant['urls']))}: {tenant['state']}"
     lines = [line + (f" — {clean(tenant['error'])}" if tenant.get("error") else "")]
     if tenant.get("wedged"):
         lines.append(f"  WEDGED (no answer while it had the GPU): {clean(', '.join(tenant['wedged']))}: a reclaim kills it")

@@ -25,6 +25,7 @@ from typing import Any
 from timeslice_verl.agent.client.protocol import MAX_REQUEST_BYTES, PROTOCOL_VERSION, peer_credentials
 from timeslice_verl.backoff import Backoff
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import SwapMode
 
 log = get_logger("agent.client")
 
@@ -316,7 +317,7 @@ class AgentClient:
         return self._job_call("acquire", job, True, reply_timeout_s=(timeout_s + 30) if timeout_s else None, **args)
 
     def release(
-        self, job: str, *, wait: bool = False, done: bool = False, swap: str = "checkpoint",
+        self, job: str, *, wait: bool = False, done: bool = False, swap: SwapMode = SwapMode.checkpoint,
         parked: list[dict[str, int]] | None = None,
     ) -> dict[str, Any]:
         """Give the GPU back; ``done``: the job has ended, so forget it instead of freezing its exiting processes.
@@ -325,8 +326,9 @@ class AgentClient:
         args: dict[str, Any] = {"wait": wait}
         if done:
             args["done"] = True
-        if swap != "checkpoint":
-            args["swap"] = swap
+        swap = SwapMode(swap)
+        if swap is not SwapMode.checkpoint:
+            args["swap"] = swap.value
             args["parked"] = [{"pid": int(r["pid"]), "parked": int(r["parked"]), "kept": int(r["kept"])} for r in parked or []]
         return self._job_call("release", job, False, reply_timeout_s=None if wait else 30, **args)
 
@@ -339,8 +341,9 @@ class AgentClient:
     def register_pids(self, job: str, pids: list[int]) -> dict[str, Any]:
         return self._job_call("register_pids", job, None, pids=list(pids), reply_timeout_s=30)
 
-    def register_tenant(self, url: str, *, sleep_level: int = 1, **supervisor: Any) -> dict[str, Any]:
-        return self.call("register_tenant", url=url, sleep_level=sleep_level, reply_timeout_s=120, **supervisor)
+    def register_tenant(self, urls: list[str], *, sleep_level: int = 1, **supervisor: Any) -> dict[str, Any]:
+        """Register the tenant: its addresses, one vLLM per GPU (a list, also for one)."""
+        return self.call("register_tenant", urls=list(urls), sleep_level=sleep_level, reply_timeout_s=120, **supervisor)
 
     def unregister_tenant(self) -> dict[str, Any]:
         return self.call("unregister_tenant", reply_timeout_s=120)

@@ -20,13 +20,15 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from timeslice_verl.names import SWAP_MODES, repeated_url, split_urls, valid_job, valid_url
+from timeslice_verl.names import SWAP_MODES, SwapMode, repeated_url, valid_job, valid_url
 
 PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 64 * 1024
 MAX_SECONDS = 30 * 86400.0
 """The longest timeout or TTL a request may ask for."""
 MAX_PIDS = 4096
+MAX_URLS = 64
+"""Servers in one tenant: one vLLM per GPU of the node."""
 MAX_BYTES = 2**50
 
 
@@ -67,7 +69,7 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True)
 class Field:
-    kind: str  # job | number | bool | pids | url | level | str | swap | parked | supervisor
+    kind: str  # job | number | bool | pids | urls | level | str | swap | parked | supervisor
     required: bool = False
 
 
@@ -80,7 +82,7 @@ OPS: dict[str, dict[str, Field]] = {
     "register_pids": {"job": Field("job", True), "pids": Field("pids", True)},
     "attach": {"job": Field("job", True), "holding": Field("bool")},
     "status": {},
-    "register_tenant": {"url": Field("url", True), "sleep_level": Field("level"), "supervisor": Field("supervisor")},
+    "register_tenant": {"urls": Field("urls", True), "sleep_level": Field("level"), "supervisor": Field("supervisor")},
     "unregister_tenant": {},
     "watch_owner": {"seen": Field("str"), "timeout_s": Field("number")},
 }
@@ -112,9 +114,13 @@ def _check(name: str, field: Field, value: Any) -> Any:
             or not all(isinstance(p, int) and not isinstance(p, bool) and 1 < p < 2**31 for p in value)
         ):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected a list of process ids, got {value!r:.200}")
-    elif kind == "url":
-        if not valid_url(value) or not all(url_parts_ok(u) for u in split_urls(value)):
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: {value!r:.200} is not an http(s) URL")
+    elif kind == "urls":
+        if not isinstance(value, list) or not 1 <= len(value) <= MAX_URLS:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: expected a list of 1 to {MAX_URLS} http(s) URLs "
+                                f"(one vLLM per GPU), got {value!r:.200}")
+        for i, u in enumerate(value):
+            if not valid_url(u) or not url_parts_ok(u):
+                raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}[{i}]: {u!r:.200} is not an http(s) URL")
         if repeated_url(value):
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: {repeated_url(value)!r:.200} is listed twice")
     elif kind == "level":
@@ -123,6 +129,7 @@ def _check(name: str, field: Field, value: Any) -> Any:
     elif kind == "swap":
         if value not in SWAP_MODES:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r}: {value!r:.60} is not one of {', '.join(SWAP_MODES)}")
+        value = SwapMode(value)
     elif kind == "parked":
         value = _parked(name, value)
     elif kind == "supervisor":

@@ -9,7 +9,6 @@ from typing import Any, Awaitable, Callable
 from timeslice_verl.agent.tenant.ladder import STEPS, Climb, TenantKilled
 from timeslice_verl.agent.tenant.vllm import ASLEEP, AWAKE, TenantDead, TenantError, TenantInfo, VllmTenant
 from timeslice_verl.log import get_logger
-from timeslice_verl.names import split_urls
 
 log = get_logger("agent.tenant")
 
@@ -28,14 +27,20 @@ class TenantGroup:
 
     def __init__(self, urls: list[str], **kwargs: Any) -> None:
         self.members = [VllmTenant(u, **kwargs) for u in urls]
-        self.info = TenantInfo(url=",".join(m.url for m in self.members), sleep_level=self.members[0].info.sleep_level)
+        self.info = TenantInfo(url=self.members[0].url, sleep_level=self.members[0].info.sleep_level)
         self.state = AWAKE
         self.dead: set[str] = set()
         """URLs of the servers that did not answer the last move."""
 
     @property
-    def url(self) -> str:
-        return self.info.url
+    def urls(self) -> list[str]:
+        """The servers' addresses, in the order they were registered."""
+        return [m.url for m in self.members]
+
+    @property
+    def name(self) -> str:
+        """How logs and the journal name it."""
+        return f"{self.members[0].url} (+{len(self.members) - 1})"
 
     @property
     def note(self) -> str:
@@ -167,9 +172,8 @@ class TenantGroup:
         return back
 
 
-def make_tenant(url: str, **kwargs: Any) -> VllmTenant | TenantGroup:
-    """One server, or a group for several URLs."""
-    urls = split_urls(url)
+def make_tenant(urls: list[str], **kwargs: Any) -> VllmTenant | TenantGroup:
+    """One server, or a group for several."""
     return VllmTenant(urls[0], **kwargs) if len(urls) == 1 else TenantGroup(urls, **kwargs)
 
 

@@ -120,7 +120,7 @@ async def yield_member(tenant: Any, deadline_s: float, *, wedged: bool = False, 
         climb.phases["confirm"] = time.monotonic() - t0
         if not answers:
             log.error("tenant %s: wedged (no answer to the agent's probe, nor within %.1f s now): stopping it",
-                      tenant.url, CONFIRM_S)
+                      tenant.name, CONFIRM_S)
             outcome = await _kill(climb, tenant, b.kill_s, kill)
             raise TenantKilled(f"ladder: kill of a wedged tenant (it stopped answering while it had the GPU): {outcome}",
                                outcome)
@@ -129,13 +129,13 @@ async def yield_member(tenant: Any, deadline_s: float, *, wedged: bool = False, 
     if not why:
         return climb
     climb.step = "abort"
-    log.warning("tenant %s: polite yield failed (%s): aborting its in-flight requests", tenant.url, why)
+    log.warning("tenant %s: polite yield failed (%s): aborting its in-flight requests", tenant.name, why)
     why2 = await _step(climb, "abort", tenant.abort_and_sleep, b.abort_s)
     if not why2:
         climb.detail = f"ladder: abort (polite: {why})"
         return climb
     climb.step = "kill"
-    log.error("tenant %s: abort failed too (%s): stopping its processes", tenant.url, why2)
+    log.error("tenant %s: abort failed too (%s): stopping its processes", tenant.name, why2)
     outcome = await _kill(climb, tenant, b.kill_s, kill)
     raise TenantKilled(f"ladder: kill after polite ({why}) and abort ({why2}): {outcome}", outcome)
 

@@ -18,6 +18,7 @@ import asyncio
 import ipaddress
 import time
 import urllib.parse
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import httpx
@@ -25,14 +26,14 @@ import httpx
 from timeslice_verl.agent.journal import Journal
 from timeslice_verl.backoff import Backoff
 from timeslice_verl.agent.tenant.ladder import TenantKilled, yield_within
-from timeslice_verl.agent.options import TenantOptions
+from timeslice_verl.agent.tenant.options import TenantOptions
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.client.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.state import TenantRecord
 from timeslice_verl.agent.tenant.vllm import ASLEEP, AWAKE, DEAD, TenantDead, TenantError, VllmTenant
 from timeslice_verl.agent.tenant.group import TenantGroup, make_tenant
 from timeslice_verl.log import get_logger
-from timeslice_verl.names import split_urls
+from timeslice_verl.names import clean_urls
 
 log = get_logger("agent")
 
@@ -60,6 +61,14 @@ class ReclaimAbandoned(Exception):
     """A tenant reclaim gave way to a trainer that asked for the GPU."""
 
 
+@dataclass
+class Registered:
+    """The registered tenant and what the agent records of it: one value, set and cleared together."""
+
+    tenant: VllmTenant | TenantGroup
+    record: TenantRecord
+
+
 class Tenancy:
     def __init__(self, journal: Journal, *, step_lock: asyncio.Lock, persist: Callable[[], None],
                  wake: Callable[[], None], trainer_waiting: Callable[[], str | None], room: Callable[[int], bool],
@@ -69,10 +78,9 @@ class Tenancy:
         o = options
         self.request_timeout_s, self.drain_timeout_s, self.pause_mode = o.request_timeout_s, o.drain_timeout_s, o.pause_mode
         self.reclaim_deadline_s, self.probe_timeout_s = o.reclaim_deadline_s, o.probe_timeout_s
-        self.configured_url = ""
-        """The tenant URL of the agent's own config: the one URL a client may not choose freely."""
-        self.tenant: VllmTenant | TenantGroup | None = None
-        self.record: TenantRecord | None = None
+        self.configured_urls: list[str] = []
+        """The tenant addresses of the agent's own config: the ones a client may register off this node."""
+        self.registered: Registered | None = None
         self.footprint = 0
         """What the tenant takes on the GPU awake (NVML: what its sleep freed)."""
         self.ladder_counts: dict[str, int] = {}
@@ -95,64 +103,77 @@ class Tenancy:
         """Sleeps since the tenant was registered: the first pays a vLLM's one-off costs, never its steady yield."""
 
     @property
-    def state(self) -> str:
-        return self.record.state if (self.tenant is not None and self.record) else ""
+    def tenant(self) -> VllmTenant | TenantGroup | None:
+        return self.registered.tenant if self.registered else None
 
-    def make(self, url: str, sleep_level: int) -> VllmTenant | TenantGroup:
-        return make_tenant(url, sleep_level=sleep_level, request_timeout_s=self.request_timeout_s,
+    @property
+    def record(self) -> TenantRecord | None:
+        return self.registered.record if self.registered else None
+
+    @property
+    def state(self) -> str:
+        return self.registered.record.state if self.registered else ""
+
+    def _now(self) -> Registered:
+        """The registered tenant a move acts on (a move runs only while one is: the step lock keeps it)."""
+        if self.registered is None:
+            raise TenantError("no tenant is registered")
+        return self.registered
+
+    def make(self, urls: list[str], sleep_level: int) -> VllmTenant | TenantGroup:
+        return make_tenant(urls, sleep_level=sleep_level, request_timeout_s=self.request_timeout_s,
                            drain_timeout_s=self.drain_timeout_s, pause_mode=self.pause_mode)
 
     # ------------------------------------------------------------------ registration
 
-    async def register(self, url: str, sleep_level: int = 1, *, persist: bool = True,
+    async def register(self, urls: list[str], sleep_level: int = 1, *, persist: bool = True,
                        supervisor: dict[str, Any] | None = None) -> dict[str, Any]:
         """Register (or re-check) the tenant: an answer ``ok`` means it is registered when it is sent."""
         async with self.lock:
-            out = await self._register(url, sleep_level, persist)
+            out = await self._register(clean_urls(urls), sleep_level, persist)
         if supervisor:
             self.supervisor = {**supervisor, "at": time.time()}
-            log.info("tenant %s: registered by its supervisor (pid %s, %s restart(s)%s)", url, supervisor.get("pid"),
+            log.info("tenant %s: registered by its supervisor (pid %s, %s restart(s)%s)", urls, supervisor.get("pid"),
                      supervisor.get("restarts", 0), f"; last: {supervisor['last_exit']}" if supervisor.get("last_exit") else "")
         return out
 
-    async def _register(self, url: str, sleep_level: int, persist: bool) -> dict[str, Any]:
-        url = ",".join(split_urls(url))
-        if not all(_loopback(u) for u in split_urls(url)) and url != self.configured_url:
-            raise ProtocolError(ErrorCode.PERMISSION, f"tenant {url!r} is not on this node (loopback): only the URL the agent "
-                                "was started with (timeslice.tenant.url) may point elsewhere")
-        if self.tenant is not None and self.tenant.url != url:
-            raise ProtocolError(ErrorCode.BUSY, f"a tenant is already registered ({self.tenant.url}); unregister it first")
+    async def _register(self, urls: list[str], sleep_level: int, persist: bool) -> dict[str, Any]:
+        if not all(_loopback(u) for u in urls) and urls != self.configured_urls:
+            raise ProtocolError(ErrorCode.PERMISSION, f"tenant {urls} is not on this node (loopback): only the addresses "
+                                "the agent was started with (timeslice.tenant.urls) may point elsewhere")
+        if self.tenant is not None and self.tenant.urls != urls:
+            raise ProtocolError(ErrorCode.BUSY, f"a tenant is already registered ({self.tenant.urls}); unregister it first")
         try:
-            tenant = self.tenant or self.make(url, sleep_level)
+            tenant = self.tenant or self.make(urls, sleep_level)
         except (httpx.InvalidURL, ValueError) as exc:  # what the HTTP client refuses is the request's fault
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field 'url': {url!r:.200} is not a URL an HTTP client takes: {exc}") from None
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"field 'urls': {urls!r:.200} is not a URL an HTTP client takes: {exc}") from None
         try:
             info = await tenant.register()
         except TenantError as exc:
             if self.tenant is None:
                 await tenant.close()
             raise ProtocolError(ErrorCode.TENANT, str(exc)) from None
+        record = TenantRecord(urls=tenant.urls, state=tenant.state, version=info.version, sleep_level=sleep_level,
+                              error=tenant.note)
         async with self.step_lock:  # never swapped under a move that uses it
-            self.tenant = tenant
+            self.registered = Registered(tenant, record)
             self.wedged.clear()
             self._misses.clear()
-        self.record = TenantRecord(url=tenant.url, state=tenant.state, version=info.version, sleep_level=sleep_level,
-                                   error=tenant.note)
         self._registered()
         if persist:
             self.persist()
         self.wake()
-        return self.record.to_dict()
+        return record.to_dict()
 
     def _registered(self) -> None:
         """A server (re)registered: its next sleep may be its first."""
         self.yields = 0
         self.warm_up_due = self.warm_up and self.state == AWAKE
 
-    def adopt_dead(self, url: str, sleep_level: int, why: str) -> None:
+    def adopt_dead(self, urls: list[str], sleep_level: int, why: str) -> None:
         """A configured tenant that did not answer at the agent's start: recorded dead, tried again later."""
-        self.tenant = self.make(url, sleep_level)
-        self.record = TenantRecord(url=url, state=DEAD, sleep_level=sleep_level, error=why)
+        self.registered = Registered(self.make(urls, sleep_level),
+                                     TenantRecord(urls=list(urls), state=DEAD, sleep_level=sleep_level, error=why))
 
     async def unregister(self) -> dict[str, Any]:
         """Forget the tenant, waking it first (it is never left asleep)."""
@@ -164,11 +185,11 @@ class Tenancy:
                     await self.reclaim(check_memory=False)
                 except Exception as exc:
                     log.error("unregister: tenant could not be woken: %s", exc)
-            url = self.tenant.url
+            urls = self.tenant.urls
             await self.tenant.close()
-            self.tenant, self.record = None, None
+            self.registered = None
             self.persist()
-        return {"unregistered": True, "url": url}
+        return {"unregistered": True, "urls": urls}
 
     async def close(self) -> None:
         if self.tenant is not None:
@@ -184,7 +205,7 @@ class Tenancy:
     async def yield_gpu(self, probe_free: Callable[[], int] | None = None, *, sleep: bool = True, why: str = "") -> None:
         """Yield the tenant within ``reclaim_deadline_s``, down the ladder if it must; ``sleep=False``: a pause alone
         (``why``: the figures that allowed it)."""
-        assert self.tenant is not None and self.record is not None
+        self._now()
         start = time.time()
         free_before = probe_free() if probe_free else 0
         wedged = set(self.wedged)
@@ -207,14 +228,14 @@ class Tenancy:
 
     async def sleep_held(self, probe_free: Callable[[], int] | None, why: str) -> None:
         """A tenant held awake goes to sleep: the trainer needs the memory (its peak grew, or a restore is due)."""
-        assert self.tenant is not None and self.record is not None
+        self._now()
         start, free_before = time.time(), probe_free() if probe_free else 0
         seconds = await self._move("tenant_sleep", self.tenant.sleep_held)
         if seconds is None:
             return
         if probe_free is not None:
             self.footprint = max(0, probe_free() - free_before)
-        self.journal.record("tenant_sleep", self.tenant.url, start, True, self.footprint, f"held tenant asleep in "
+        self.journal.record("tenant_sleep", self.tenant.name, start, True, self.footprint, f"held tenant asleep in "
                             f"{seconds:.3f} s: {why}")
         log.warning("tenant held awake put to sleep in %.3f s: %s", seconds, why)
         self.persist()
@@ -223,7 +244,7 @@ class Tenancy:
                phases: dict[str, float]) -> str:
         """A yield succeeded: the footprint it freed (unless held awake), the state, the journal; the detail
         journaled."""
-        assert self.tenant is not None and self.record is not None
+        self._now()
         if probe_free is not None:
             self.footprint = max(0, probe_free() - free_before)
         self.record.state, self.record.error = ASLEEP, self.tenant.note
@@ -231,11 +252,11 @@ class Tenancy:
         self.warm_up_due = False
         if self.yields == 1:  # said after the detail: what reads a ladder's step off its start still does
             detail = f"{detail} ({FIRST_SLEEP})"
-        self.journal.record("tenant_yield", self.tenant.url, start, True, self.footprint, detail, phases)
+        self.journal.record("tenant_yield", self.tenant.name, start, True, self.footprint, detail, phases)
         return detail
 
     async def reclaim(self, *, check_memory: bool) -> None:
-        assert self.tenant is not None and self.record is not None
+        self._now()
         if check_memory and not self.room(self.footprint):
             log.warning("not waking vLLM: it needs %.2f GiB and the GPU has less free", self.footprint / 2**30)
             return
@@ -247,7 +268,7 @@ class Tenancy:
         self.backoff_s = 0.0
         self._misses.clear()
         what = "resume" if held else "wake+resume"
-        self.journal.record("tenant_reclaim", self.tenant.url, start, True, self.footprint, f"{what} in {seconds:.3f} s")
+        self.journal.record("tenant_reclaim", self.tenant.name, start, True, self.footprint, f"{what} in {seconds:.3f} s")
         log.info("tenant reclaim: vLLM %s and serving in %.3f s", "resumed" if held else "awake", seconds)
         self.persist()
 
@@ -277,7 +298,7 @@ class Tenancy:
 
     async def _move(self, action: str, move: Callable[[], Any]) -> Any:
         """Run a tenant yield/reclaim; on failure journal it, mark the tenant dead or faulted, return None."""
-        assert self.tenant is not None and self.record is not None
+        self._now()
         start = time.time()
         try:
             if action == "tenant_reclaim":
@@ -285,7 +306,7 @@ class Tenancy:
             return await move()
         except ReclaimAbandoned as exc:  # the tenant may be half awake: the next step yields it again
             self.record.state, self.record.error = AWAKE, str(exc)
-            self.journal.record(action, self.tenant.url, start, False, detail=str(exc))
+            self.journal.record(action, self.tenant.name, start, False, detail=str(exc))
             log.info("%s (the valley ended before the tenant was awake)", exc)  # by design: the trainer comes first
             self.persist()
             return None
@@ -294,14 +315,14 @@ class Tenancy:
             return None
 
     def fail(self, action: str, start: float, exc: TenantError) -> None:
-        assert self.tenant is not None and self.record is not None
+        self._now()
         killed = isinstance(exc, TenantKilled)
         if killed:
             self.ladder("kill", str(exc))
             self.wedged.clear()
         dead = isinstance(exc, TenantDead)
         self.record.state, self.record.error = (DEAD if dead else TENANT_FAULTED), str(exc)
-        self.journal.record(action, self.tenant.url, start, False, detail=str(exc))
+        self.journal.record(action, self.tenant.name, start, False, detail=str(exc))
         again = STOPPED_AGAIN if killed and exc.nothing_stopped else MOVE_AGAIN  # type: ignore[attr-defined]
         self.backoff_s = again.next(self.backoff_s)
         self.retry_at = time.monotonic() + self.backoff_s  # no hot loop on a failing tenant
@@ -329,7 +350,7 @@ class Tenancy:
                 return False
             self.record.state, self.record.version, self.record.error = tenant.state, info.version, tenant.note
             self._registered()
-        log.info("tenant %s answers again (%s)", tenant.url, tenant.state)
+        log.info("tenant %s answers again (%s)", tenant.name, tenant.state)
         return True
 
     async def revive_members(self, current: Callable[[str], None]) -> bool:

@@ -85,6 +85,16 @@ class VllmTenant:
     def url(self) -> str:
         return self.info.url
 
+    @property
+    def urls(self) -> list[str]:
+        """The tenant's addresses (one server: its own), what the agent records and compares."""
+        return [self.info.url]
+
+    @property
+    def name(self) -> str:
+        """How logs and the journal name it."""
+        return self.info.url
+
     note = ""
     """What is wrong while moves still succeed (a group's left-out servers); shown as the tenant's error."""
 

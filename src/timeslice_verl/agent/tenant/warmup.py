@@ -56,14 +56,14 @@ async def yield_politely(tenancy: Tenancy, probe_free: Callable[[], int] | None,
     try:
         seconds = await asyncio.wait_for(tenant.yield_gpu(), deadline or None)
     except asyncio.TimeoutError:  # a sleep that lands late is seen by the probe, and woken
-        tenancy.journal.record("tenant_yield", tenant.url, start, False, detail=f"{label}: not asleep within {deadline:g} s")
-        log.warning("tenant %s: %s given up: not asleep within %g s", tenant.url, label, deadline)
+        tenancy.journal.record("tenant_yield", tenant.name, start, False, detail=f"{label}: not asleep within {deadline:g} s")
+        log.warning("tenant %s: %s given up: not asleep within %g s", tenant.name, label, deadline)
         return False
     except TenantError as exc:
         tenancy.fail("tenant_yield", start, exc)
         return False
     detail = tenancy.slept(start, free_before, probe_free, f"{label}: pause+sleep in {seconds:.3f} s", {"polite": seconds})
-    log.info("tenant %s: %s", tenant.url, detail)
+    log.info("tenant %s: %s", tenant.name, detail)
     tenancy.persist()
     return True
 
