@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from summarize import _records, timeline_figures  # noqa: E402
 
 DOCS = ("README.md", "docs/measured.md", "guides/rl-batch-interleaving/README.md", "guides/multi-gpu-trainers.md",
-        "docs/architecture.md")
+        "docs/architecture.md", "guides/batch-cluster.md")
 BLOCK = re.compile(r"(<!-- figures:([\w-]+) -->\n)(.*?)(<!-- /figures -->)", re.S)
 
 
@@ -264,7 +264,21 @@ def harvest_cpu(folder: Path = RESULTS / "2026-12-01-cpu-harvest") -> str:
     return "\n".join(lines)
 
 
+def cluster_queue() -> str:
+    """benchmarks/cluster_queue.py on this 2-core CPU machine (2026-12-02): one PostgreSQL queue, 1/2/4 feeders each
+    beside a stand-in of 100 lines/s."""
+    rows = json.loads((RESULTS / "2026-12-02-cpu-cluster-queue" / "cluster-queue.json").read_text())["rows"]
+    lines = ["| feeders | lines/s | tenants' capacity, lines/s | vs capacity | CPU ms per line: feeders / API / database |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['feeders']} | {r['lines_per_s']:.1f} | {r['capacity_lines_per_s']:.0f} | {r['vs_capacity']:.3f} | "
+                     f"{r['cpu_ms_per_line_feeders']:.2f} / {r['cpu_ms_per_line_api']:.2f} / "
+                     f"{r['cpu_ms_per_line_database']:.2f} |")
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "cluster-queue": cluster_queue,
     "harvest-h200": harvest_h200, "harvest-h200-pause": harvest_h200_pause, "harvest-cpu": harvest_cpu,
     "harvest-cpu-stream": lambda: harvest_cpu(RESULTS / "2026-12-02-cpu-harvest"),
     "valleys-h200": valleys_h200, "valleys-round5-h200": valleys_round5_h200, "valleys-round6-h200": valleys_round6_h200, "ladder-cpu": ladder_cpu, "ladder-h200": ladder_h200,

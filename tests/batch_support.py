@@ -42,12 +42,15 @@ def write_requests(path: Path, n: int, *, endpoint: str = "/v1/completions", mod
 class BatchServiceProc:
     """``timeslice-verl batch serve`` in its own process (so a test can ``kill -9`` it), its state in ``db``."""
 
-    def __init__(self, tmp: Path, tenant_url: str, *, agent_socket: Path | None = None, extra: tuple[str, ...] = ()) -> None:
-        self.tmp, self.port = tmp, free_port()
+    def __init__(self, tmp: Path, tenant_url: str, *, agent_socket: Path | None = None, extra: tuple[str, ...] = (),
+                 command: tuple[str, ...] = ("serve",), env: dict[str, str] | None = None) -> None:
+        """``command``: ``serve``, ``serve --api-only`` or ``feed``; ``env``: added to the process's (a DSN, a key)."""
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.tmp, self.port, self.env = tmp, free_port(), {**os.environ, **(env or {})}
         self.db = tmp / "batch.sqlite"
         self.key_file = tmp / "batch.key"
         self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [PY, "-m", "timeslice_verl", "--log-level", "DEBUG", "batch", "serve",
+        self.args = [PY, "-m", "timeslice_verl", "--log-level", "DEBUG", "batch", *command,
                      "--set", f"timeslice.batch.port={self.port}", "--set", f"timeslice.batch.db={self.db}",
                      "--set", f"timeslice.batch.key_file={self.key_file}",
                      "--set", f'timeslice.batch.tenant_urls={json.dumps([tenant_url] if tenant_url else [])}', "--set", "timeslice.batch.poll_s=0.05",
@@ -60,7 +63,7 @@ class BatchServiceProc:
     def start(self) -> BatchServiceProc:
         self.starts += 1
         self._log = open(self.tmp / f"batch-{self.starts}.log", "w")
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
         eventually(self._up, what="the batch service answers")
         return self
 
@@ -75,8 +78,8 @@ class BatchServiceProc:
 
     @property
     def key(self) -> str:
-        """The key the service made at its first start (a client's ``--api-key``)."""
-        return self.key_file.read_text().strip()
+        """The key the service made at its first start (a client's ``--api-key``), or the one it was given."""
+        return self.env.get("TIMESLICE_BATCH_API_KEY") or self.key_file.read_text().strip()
 
     def http(self, timeout: float = 60) -> httpx.Client:
         """A client that sends the service's key."""

@@ -294,3 +294,49 @@ def test_an_agent_told_every_gpu_of_a_node_without_nvml_refuses_to_start_saying_
                                        "timeslice.tenant.url="])
     assert result.exit_code != 0
     assert "timeslice.agent.gpus=[] means every GPU of the node, but NVML is unavailable" in result.output
+
+
+# --------------------------------------------------------------------------- the cluster queue (issue 38)
+
+CLUSTER = K8S / "cluster"
+
+
+def _overlaid_tenant() -> dict:
+    """The tenant DaemonSet as the cluster overlay makes it: its strategic-merge patch applied to the container it
+    names (lists of containers merge by name; a container's command, args and env are replaced or merged by name)."""
+    base = _by_kind("DaemonSet", "vllm-tenant")
+    patch = yaml.safe_load((CLUSTER / "feeder.patch.yaml").read_text())
+    assert (patch["kind"], patch["metadata"]["name"]) == ("DaemonSet", "vllm-tenant")
+    for change in patch["spec"]["template"]["spec"]["containers"]:
+        target = next(c for c in base["spec"]["template"]["spec"]["containers"] if c["name"] == change["name"])
+        env = {e["name"]: e for e in target.get("env", [])}
+        env.update({e["name"]: e for e in change.pop("env", [])})
+        target.update(change)
+        target["env"] = list(env.values())
+    return base
+
+
+def test_the_cluster_overlay_validates_and_its_settings_compose():
+    kustomization = yaml.safe_load((CLUSTER / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["..", "batch-api.yaml"]
+    assert [p["path"] for p in kustomization["patches"]] == ["feeder.patch.yaml"]
+    api_docs = [d for d in yaml.safe_load_all((CLUSTER / "batch-api.yaml").read_text()) if d]
+    tenant = _overlaid_tenant()
+    for doc in [*api_docs, tenant]:
+        _validate(doc)
+    feeder = next(c for c in tenant["spec"]["template"]["spec"]["containers"] if c["name"] == "batch")
+    api = api_docs[0]["spec"]["template"]["spec"]["containers"][0]
+    for container, command in ((feeder, ["timeslice-verl", "batch", "feed"]),
+                               (api, ["timeslice-verl", "batch", "serve", "--api-only"])):
+        assert container["command"] == command
+        settings = compose("interleave", [a.removeprefix("--set=") for a in container["args"]])
+        assert str(settings.batch.store) == "postgresql" and not settings.batch.dsn_file
+        env = {e["name"]: e for e in container["env"]}
+        assert env["TIMESLICE_BATCH_DSN"]["valueFrom"]["secretKeyRef"] == {"name": "timeslice-batch-dsn", "key": "dsn"}
+        assert not any("postgresql://" in a for a in container["args"]), "the DSN never on a command line"
+    service = api_docs[1]
+    assert set(service["spec"]["selector"].items()) <= set(api_docs[0]["spec"]["template"]["metadata"]["labels"].items())
+    guide = (ROOT / "guides" / "batch-cluster.md").read_text()
+    for name in ("deploy/k8s/cluster/kustomization.yaml", "timeslice-batch-dsn", "CloudNativePG", "batch feed",
+                 "--api-only"):
+        assert name in guide, name

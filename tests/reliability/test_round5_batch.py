@@ -9,11 +9,12 @@ import pytest
 
 pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
 
+from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from timeslice_verl.batch.app import make_app  # noqa: E402
-from timeslice_verl.batch.auth import KEY_ENV, NoKey, RequireKey, client_key, service_key  # noqa: E402
-from timeslice_verl.batch.store import Store, StoreError  # noqa: E402
+from timeslice_verl.batch.auth import KEY_ENV, NoKey, RequireKey, client_key, service_keys  # noqa: E402
+from timeslice_verl.batch.store import Store, StoreError, StoreUnavailable  # noqa: E402
 
 KEY = "k" * 24
 CALLS = [("get", "/v1/files"), ("get", "/v1/files/file_x/content"), ("delete", "/v1/files/file_x"),
@@ -26,7 +27,7 @@ def guarded(tmp_path):
     store = Store(tmp_path / "b.sqlite")
     app = make_app(store, models=lambda: {"m"}, kick=lambda: None, summary=lambda: {"lines": {}}, metrics=lambda: b"",
                    max_file_bytes=4096)
-    with TestClient(RequireKey(app, KEY)) as client:
+    with TestClient(RequireKey(app, [KEY])) as client:
         yield client
     store.close()
 
@@ -53,16 +54,16 @@ def test_the_key_is_made_once_private_and_read_back_by_clients(tmp_path, monkeyp
     path = tmp_path / "state" / "batch.key"
     with pytest.raises(NoKey, match="start `timeslice-verl batch serve` once"):
         client_key(str(path))
-    key, source = service_key(str(path))
+    (key,), source = service_keys(str(path))
     assert source == str(path) and len(key) >= 32
     assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert service_key(str(path))[0] == key == client_key(str(path))  # not made again
+    assert service_keys(str(path))[0] == [key] and key == client_key(str(path))  # not made again
     assert client_key(str(path), "given-key-given-key") == "given-key-given-key"
     monkeypatch.setenv(KEY_ENV, "from-the-env-from-the-env")
-    assert service_key(str(path)) == ("from-the-env-from-the-env", KEY_ENV)
+    assert service_keys(str(path)) == (["from-the-env-from-the-env"], KEY_ENV)
     monkeypatch.setenv(KEY_ENV, "short")
     with pytest.raises(NoKey, match=KEY_ENV):
-        service_key(str(path))
+        service_keys(str(path))
 
 
 @pytest.mark.parametrize("mode, message", [(0o644, "readable by others"), (0o622, "writable by others")])
@@ -74,7 +75,7 @@ def test_a_key_file_others_can_read_or_write_is_refused(tmp_path, monkeypatch, m
     with pytest.raises(NoKey, match=message):
         client_key(str(path))
     with pytest.raises(ValueError, match=message):
-        service_key(str(path))
+        service_keys(str(path))
 
 
 def test_a_key_file_that_is_a_link_is_refused(tmp_path, monkeypatch):
@@ -82,7 +83,7 @@ def test_a_key_file_that_is_a_link_is_refused(tmp_path, monkeypatch):
     (tmp_path / "real").write_text(KEY)
     (tmp_path / "batch.key").symlink_to(tmp_path / "real")
     with pytest.raises(ValueError, match="symbolic link"):
-        service_key(str(tmp_path / "batch.key"))
+        service_keys(str(tmp_path / "batch.key"))
 
 
 def test_an_explicit_database_is_made_0600_in_a_0700_directory(tmp_path):
@@ -124,7 +125,6 @@ def test_a_database_another_user_made_is_refused(tmp_path):
 def test_a_full_database_is_a_json_error_naming_the_cause_and_the_feeder_holds_then_resumes(tmp_path):
     """Item 4: SQLite's own page limit stands in for a full disk (the same error: database or disk is full)."""
     import asyncio
-    import sqlite3
 
     from timeslice_verl.batch.concurrency import Policy
     from timeslice_verl.batch.feeder import Feeder
@@ -145,7 +145,7 @@ def test_a_full_database_is_a_json_error_naming_the_cause_and_the_feeder_holds_t
     def flaky() -> str:
         calls.append(1)
         if len(calls) < 3:
-            raise sqlite3.OperationalError("database or disk is full")
+            raise StoreUnavailable("database or disk is full")  # what the store raises for SQLite's OperationalError
         return "written"
 
     feeder = Feeder(store, "http://127.0.0.1:9", Gate(None), policy=Policy())
@@ -314,3 +314,27 @@ def test_has_more_is_exact(tmp_path):
         assert page["has_more"] is True
         assert client.get(f"/v1/batches?limit=2&after={page['last_id']}").json()["has_more"] is False
     store.close()
+
+
+def test_several_keys_each_open_the_service_and_their_batches_are_recorded_under_different_owners(tmp_path, monkeypatch):
+    from timeslice_verl.batch.auth import owner_of
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    path = tmp_path / "batch.key"
+    path.write_text(f"{KEY}\n# the second team\n{'t' * 24}\n")
+    path.chmod(0o600)
+    keys, _ = service_keys(str(path))
+    assert keys == [KEY, "t" * 24] and client_key(str(path)) == KEY
+    seen = []
+    app = FastAPI()
+
+    @app.get("/who")
+    def who(request: Request) -> dict:
+        seen.append(request.state.owner)
+        return {}
+
+    with TestClient(RequireKey(app, keys)) as client:
+        for k in keys:
+            assert client.get("/who", headers={"Authorization": f"Bearer {k}"}).status_code == 200
+        assert client.get("/who", headers={"Authorization": "Bearer nope-nope-nope-nope"}).status_code == 401
+    assert seen == [owner_of(KEY), owner_of("t" * 24)] and KEY not in seen[0]

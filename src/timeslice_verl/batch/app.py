@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from typing import Any, Callable
 
 from fastapi import FastAPI, File, Form, Request, UploadFile
@@ -20,7 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from timeslice_verl.batch.bodies import CreateBatch
 from timeslice_verl.batch.files import Files, TooLarge
 from timeslice_verl.batch.lines import BatchRefused, error_lines, output_lines, parse_stream
-from timeslice_verl.batch.store import OPEN, Store
+from timeslice_verl.batch.store import OPEN, Store, StoreUnavailable
 
 OUT, ERR = "file-out-", "file-err-"
 
@@ -53,14 +52,15 @@ def batch_object(store: Store, row: dict[str, Any]) -> dict[str, Any]:
 
 def make_app(store: Store, *, models: Callable[[], set[str] | None], kick: Callable[[], None], summary: Callable[[], dict],
              metrics: Callable[[], bytes], max_file_bytes: int, problem: Callable[[], str] = lambda: "",
-             chunk_bytes: int = 4 << 20) -> FastAPI:
+             chunk_bytes: int = 4 << 20, api: bool = True) -> FastAPI:
     """The service's app over ``store`` (``models``: what the tenant serves, if known; ``kick``: new lines to send;
     ``problem``: why the service cannot do its work now, if it cannot; ``chunk_bytes``: the most of a file held at
-    once)."""
+    once; ``api``: the OpenAI Batch API too, else only health, figures and metrics — a feeder of a cluster)."""
     app = FastAPI(title="timeslice-verl batch", version="1")
-    files = Files(store)
-    _files(app, store, files, max_file_bytes, chunk_bytes)
-    _batches(app, store, files, models, kick)
+    if api:
+        files = Files(store)
+        _files(app, store, files, max_file_bytes, chunk_bytes)
+        _batches(app, store, files, models, kick)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -71,8 +71,8 @@ def make_app(store: Store, *, models: Callable[[], set[str] | None], kick: Calla
         msg = str(first.get("msg", "is not valid")).removeprefix("Value error, ")
         return refuse(400, msg if where and msg.startswith(where) else f"{where or 'the request body'}: {msg}", where)
 
-    @app.exception_handler(sqlite3.OperationalError)
-    async def storage(request: Request, exc: sqlite3.OperationalError) -> JSONResponse:
+    @app.exception_handler(StoreUnavailable)
+    async def storage(request: Request, exc: StoreUnavailable) -> JSONResponse:
         return refuse(503, f"the batch service's database {store.path} cannot be written: {exc}", None,
                       "storage_unavailable")
 
@@ -160,7 +160,7 @@ def _result_file(store: Store, fid: str) -> dict[str, Any] | None:
 
 def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[], set[str] | None], kick: Callable[[], None]) -> None:
     @app.post("/v1/batches")
-    async def create(body: CreateBatch) -> Any:
+    async def create(body: CreateBatch, request: Request) -> Any:
         fid = body.input_file_id
         chunks = await asyncio.to_thread(files.chunks, fid)
         if chunks is None:
@@ -168,7 +168,8 @@ def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[], set[
         lines = parse_stream(chunks, body.endpoint, await asyncio.to_thread(models))  # read, parsed and inserted as it comes
         try:
             bid = await asyncio.to_thread(store.create_batch, body.endpoint, fid, 86400, body.completion_window,
-                                          body.metadata, lines)
+                                          body.metadata, lines, owner=getattr(request.state, "owner", ""),
+                                          priority=body.priority)
         except BatchRefused as exc:
             return refuse(400, exc.message, exc.param, exc.code)
         kick()

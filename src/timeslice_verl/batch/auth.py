@@ -9,6 +9,7 @@ another user given the key).
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import secrets
@@ -42,14 +43,24 @@ def _valid(key: str, where: str) -> str:
     return key
 
 
-def service_key(setting: str) -> tuple[str, str]:
-    """The key the service requires, and where it came from: the environment, or the file (made on first use)."""
+def service_keys(setting: str) -> tuple[list[str], str]:
+    """The keys the service takes, and where they came from: the environment (one), or the file (made on first use
+    with one; a line each, ``#`` comments: a team or user each, whose batches share the tenant fairly)."""
     if os.environ.get(KEY_ENV):
-        return _valid(os.environ[KEY_ENV], KEY_ENV), KEY_ENV
+        return [_valid(os.environ[KEY_ENV], KEY_ENV)], KEY_ENV
     path = key_file(setting)
     create_private(path, "timeslice.batch.key_file", (secrets.token_urlsafe(32) + "\n").encode())
     private_file(path, "timeslice.batch.key_file", readable_by_others=False)
-    return _valid(path.read_text(), str(path)), str(path)
+    keys = [_valid(line, f"{path} line {n}") for n, line in enumerate(path.read_text().splitlines(), 1)
+            if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise NoKey(f"{path}: holds no key")
+    return keys, str(path)
+
+
+def owner_of(key: str) -> str:
+    """The owner a key's batches are recorded under (never the key itself): what the fair share is between."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def client_key(setting: str, given: str = "") -> str:
@@ -63,7 +74,8 @@ def client_key(setting: str, given: str = "") -> str:
         if not private_file(path, "timeslice.batch.key_file", readable_by_others=False):
             raise NoKey(f"no batch service key in {path}: start `timeslice-verl batch serve` once on this machine "
                             f"(it makes the key), or give it with --api-key or {KEY_ENV}")
-        return _valid(path.read_text(), str(path))
+        first = next(line for line in path.read_text().splitlines() + [""] if line.strip() and not line.startswith("#"))
+        return _valid(first, str(path))
     except PermissionError:
         raise NoKey(f"{path}: not readable by you; give the key with --api-key or {KEY_ENV}") from None
     except NoKey:
@@ -73,17 +85,24 @@ def client_key(setting: str, given: str = "") -> str:
 
 
 class RequireKey:
-    """ASGI middleware: 401 in OpenAI's error shape unless the request carries the key (compared in constant time)."""
+    """ASGI middleware: 401 in OpenAI's error shape unless the request carries one of the keys (each compared in
+    constant time); the request's ``state.owner`` says whose it is."""
 
-    def __init__(self, app: Any, key: str) -> None:
-        self.app, self._expected = app, f"Bearer {key}".encode()
+    def __init__(self, app: Any, keys: list[str]) -> None:
+        self.app = app
+        self._expected = [(f"Bearer {k}".encode(), owner_of(k)) for k in keys]
 
     async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         given = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
-        if hmac.compare_digest(given, self._expected):
+        owner = ""
+        for expected, who in self._expected:  # every key compared: the time says nothing of which matched
+            if hmac.compare_digest(given, expected):
+                owner = who
+        if owner:
+            scope.setdefault("state", {})["owner"] = owner
             await self.app(scope, receive, send)
             return
         what = "a wrong API key" if given else "no API key"
@@ -96,4 +115,4 @@ class RequireKey:
         await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["KEY_ENV", "NoKey", "RequireKey", "client_key", "default_key_file", "key_file", "service_key"]
+__all__ = ["KEY_ENV", "NoKey", "RequireKey", "client_key", "default_key_file", "key_file", "owner_of", "service_keys"]

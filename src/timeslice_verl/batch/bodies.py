@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from timeslice_verl.batch.lines import ENDPOINTS
 
@@ -39,6 +39,9 @@ class CreateBatch(BaseModel):
     endpoint: str
     completion_window: str
     metadata: Optional[Dict[str, str]] = None
+    priority: int = Field(0, ge=-100, le=100)
+    """Ours, not OpenAI's (the OpenAI client sends it with ``extra_body``): a batch of a higher priority is sent first
+    (validation above users' work); equal priorities share the tenant between API keys."""
 
     @field_validator("endpoint")
     @classmethod

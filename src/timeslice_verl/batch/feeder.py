@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import sqlite3
+import os
+import secrets
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +30,7 @@ import aiohttp
 from timeslice_verl.backoff import Backoff
 from timeslice_verl.batch.concurrency import Climb, Policy, Sample, next_limit, parse_metrics
 from timeslice_verl.batch.gate import Gate
-from timeslice_verl.batch.store import Line, Outcome, Store
+from timeslice_verl.batch.store import LEASE_S, Line, Outcome, Store, StoreUnavailable
 from timeslice_verl.log import get_logger
 
 log = get_logger("batch")
@@ -89,8 +91,12 @@ class FeederStats:
 
 class Feeder:
     def __init__(self, store: Store, url: str, gate: Gate, *, policy: Policy, adapt: bool = True,
-                 max_attempts: int = 5, request_timeout_s: float = 600.0, settle: bool = True) -> None:
+                 max_attempts: int = 5, request_timeout_s: float = 600.0, settle: bool = True,
+                 lease_s: float = LEASE_S) -> None:
         self.store, self.url, self.gate = store, url.rstrip("/"), gate
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        """Whose lines these are in the store (one queue, several nodes): renewed while the feeder lives."""
+        self.lease_s = lease_s
         self.policy, self.adapt = policy, adapt
         self.max_attempts, self.request_timeout_s = max_attempts, request_timeout_s
         self.settle = settle
@@ -115,7 +121,8 @@ class Feeder:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
         async with aiohttp.ClientSession(self.url, connector=connector, timeout=timeout) as session:
-            parts = {"gate": self.gate.run(session), "writer": self._writer(), "feed": self._feed(session)}
+            parts = {"gate": self.gate.run(session), "writer": self._writer(), "feed": self._feed(session),
+                     "lease": self._renew()}
             if self.settle:
                 parts["settler"] = self._settler()
             if self.adapt:
@@ -162,7 +169,7 @@ class Feeder:
 
     async def _claim(self, n: int) -> None:
         try:
-            lines = await self._db(self.store.claim, n, time.time())
+            lines = await self._db(self.store.claim, n, time.time(), self.holder, self.lease_s)
             self._ready.extend(lines)
         finally:
             self._claiming = False
@@ -226,7 +233,7 @@ class Feeder:
         while True:
             try:
                 result = await asyncio.to_thread(fn, *args)
-            except sqlite3.OperationalError as exc:
+            except StoreUnavailable as exc:
                 if self.healthy:
                     log.error("batch: the database %s cannot be written (%s): holding, trying again", self.store.path, exc)
                 self.healthy, self.problem = False, f"the database {self.store.path} cannot be written: {exc}"
@@ -251,6 +258,14 @@ class Feeder:
             self.stats.writes += 1
             if any(o.state == "queued" for o in batch):
                 self._room.set()
+
+    async def _renew(self) -> None:
+        """Keep the lease of every line this feeder holds (sent, or claimed and not sent yet) while it lives: a
+        feeder that is gone stops renewing, and its lines go back to the queue when the lease runs out."""
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            if self.stats.inflight or self._ready:
+                await self._db(self.store.renew, self.holder, time.time() + self.lease_s)
 
     async def _settler(self) -> None:
         while True:

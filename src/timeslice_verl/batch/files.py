@@ -23,10 +23,12 @@ class Files:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def sweep(self) -> int:
-        """At start: drop the chunks of uploads that never finished."""
+    def sweep(self, idle_s: float = 0.0) -> int:
+        """Drop the chunks of uploads that never finished: at one node's start, all of them; where several API
+        replicas share the store, those not written to for ``idle_s`` (another replica's upload is under way)."""
         with self.store.transaction() as db:
-            return db.execute("DELETE FROM file_chunks WHERE file_id NOT IN (SELECT id FROM files)").rowcount
+            return db.execute("DELETE FROM file_chunks WHERE file_id NOT IN (SELECT id FROM files) AND at <= ?",
+                              (time.time() - idle_s,)).rowcount
 
     def writer(self, max_bytes: int) -> Upload:
         return Upload(self.store, max_bytes)
@@ -66,13 +68,14 @@ class Upload:
             self.abandon()
             raise TooLarge(f"the file is larger than {self.max_bytes} bytes (timeslice.batch.max_file_mb)")
         with self.store.transaction() as db:
-            db.execute("INSERT INTO file_chunks VALUES (?, ?, ?)", (self.fid, self.seq, data))
+            db.execute("INSERT INTO file_chunks (file_id, seq, data, at) VALUES (?, ?, ?, ?)",
+                       (self.fid, self.seq, data, time.time()))
         self.seq += 1
 
     def finish(self, purpose: str, filename: str) -> dict[str, Any]:
         with self.store.transaction() as db:
-            db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?)", (self.fid, purpose, filename, self.size,
-                                                                       int(time.time()), b""))
+            db.execute("INSERT INTO files (id, purpose, filename, bytes, created_at, content) VALUES (?, ?, ?, ?, ?, ?)",
+                       (self.fid, purpose, filename, self.size, int(time.time()), b""))
         return self.store.file(self.fid)  # type: ignore[return-value]
 
     def abandon(self) -> None:

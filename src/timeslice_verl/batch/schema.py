@@ -1,20 +1,29 @@
-"""The batch store's schema and its migrations, one step per version, each in the transaction that sets the version.
+"""The batch store's schema and its migrations — one list of steps both engines run, each step in the transaction
+that sets the version.
 
 Version 2 (issue 36) keeps each batch's counters on its row and indexes lines by ``(batch_id, state, idx)``, so a
-claim, a result and the question "has this batch ended" no longer scan the batch. A database of version 1 is
-brought forward in place at start (its counters computed once). Version 3 keeps uploaded files in chunks (an upload
-and a batch's creation never hold a whole file in memory) and a batch's ``errors`` (a creation that did not finish).
+claim, a result and the question "has this batch ended" no longer scan the batch. Version 3 keeps uploaded files in
+chunks and a batch's ``errors`` (a creation that did not finish). Version 4 (issue 38) lets several nodes share one
+queue: a line in flight has a holder, a lease and a fencing token (an answer from a holder whose lease was taken
+over is discarded); a batch has an owner (its API key), a priority, a creation order of its own and a lease while
+it is created; a file's chunks say when they were written (an upload that stopped is swept, not one under way).
+
+The steps are written in the SQL both engines speak; :func:`for_postgresql` maps SQLite's type names. SQLite keeps
+its version in ``PRAGMA user_version``, PostgreSQL in the table ``timeslice_schema`` (the migration holds an advisory
+lock: replicas that start together migrate once).
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
+from typing import Any
 
 from timeslice_verl.log import get_logger
 
 log = get_logger("batch")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 V1 = """
 CREATE TABLE files (
   id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
@@ -44,26 +53,61 @@ UPDATE batches SET
   inflight = (SELECT COUNT(*) FROM lines l WHERE l.batch_id = batches.id AND l.state = 'inflight'),
   done = (SELECT COUNT(*) FROM lines l WHERE l.batch_id = batches.id AND l.state = 'done'),
   failed = (SELECT COUNT(*) FROM lines l WHERE l.batch_id = batches.id AND l.state = 'failed'),
-  retried = (SELECT TOTAL(MAX(attempts - 1, 0)) FROM lines l WHERE l.batch_id = batches.id),
-  tokens = (SELECT TOTAL(tokens) FROM lines l WHERE l.batch_id = batches.id)
+  retried = (SELECT COALESCE(SUM(CASE WHEN attempts > 1 THEN attempts - 1 ELSE 0 END), 0) FROM lines l
+             WHERE l.batch_id = batches.id),
+  tokens = (SELECT COALESCE(SUM(tokens), 0) FROM lines l WHERE l.batch_id = batches.id)
 """
 V3 = """
 CREATE TABLE file_chunks (file_id TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (file_id, seq));
 ALTER TABLE batches ADD COLUMN errors TEXT
 """
-STEPS = {1: V1, 2: V2, 3: V3}
+V4 = """
+ALTER TABLE lines ADD COLUMN holder TEXT;
+ALTER TABLE lines ADD COLUMN lease_until REAL NOT NULL DEFAULT 0;
+ALTER TABLE lines ADD COLUMN token INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX lines_held ON lines (holder) WHERE state = 'inflight';
+ALTER TABLE batches ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+ALTER TABLE batches ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE batches ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE batches ADD COLUMN creating_until REAL NOT NULL DEFAULT 0;
+CREATE INDEX batches_open ON batches (status, priority, seq);
+ALTER TABLE file_chunks ADD COLUMN at REAL NOT NULL DEFAULT 0
+"""
+STEPS = {1: V1, 2: V2, 3: V3, 4: V4}
 """The statements that bring a database of version ``n - 1`` to version ``n``."""
+SQLITE_ONLY = {4: ["UPDATE batches SET seq = rowid"]}
+"""What a step does on SQLite alone (before version 4 the creation order was SQLite's ``rowid``)."""
+ADVISORY_LOCK = 7_351_038_438
+"""PostgreSQL's advisory lock key held while the schema moves (one migration, whatever the replicas)."""
 
 
-class SchemaError(sqlite3.DatabaseError):
-    """A database of a version this one does not know (a newer release's)."""
+class SchemaError(RuntimeError):
+    """A database of a version this one does not know (a newer release's), or damaged."""
 
 
-def migrate(db: sqlite3.Connection, where: str) -> None:
-    """Bring ``db`` to :data:`SCHEMA_VERSION`, a step per transaction; refuse a version from the future."""
-    version = db.execute("PRAGMA user_version").fetchone()[0]
+def statements(version: int) -> list[str]:
+    return [s.strip() for s in STEPS[version].split(";") if s.strip()]
+
+
+_PG_TYPES = [(r"\bBLOB\b", "BYTEA"), (r"\bREAL\b", "DOUBLE PRECISION"), (r"\bINTEGER\b", "BIGINT")]
+
+
+def for_postgresql(statement: str) -> str:
+    """A step's statement in PostgreSQL's type names (the SQL is otherwise the same)."""
+    for pattern, name in _PG_TYPES:
+        statement = re.sub(pattern, name, statement)
+    return statement
+
+
+def _check_version(version: int) -> None:
     if version > SCHEMA_VERSION or version < 0:
         raise SchemaError(f"has schema {version}; this version reads {SCHEMA_VERSION} (and older)")
+
+
+def migrate_sqlite(db: sqlite3.Connection, where: str) -> None:
+    """Bring an SQLite database to :data:`SCHEMA_VERSION`, a step per transaction; refuse a version from the future."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    _check_version(version)
     if version:
         problem = db.execute("PRAGMA quick_check").fetchone()[0]
         if problem != "ok":
@@ -72,7 +116,7 @@ def migrate(db: sqlite3.Connection, where: str) -> None:
         version += 1
         db.execute("BEGIN IMMEDIATE")
         try:
-            for statement in filter(str.strip, STEPS[version].split(";")):
+            for statement in [*statements(version), *SQLITE_ONLY.get(version, [])]:
                 db.execute(statement)
             db.execute(f"PRAGMA user_version={version}")
         except BaseException:
@@ -84,4 +128,23 @@ def migrate(db: sqlite3.Connection, where: str) -> None:
             log.info("batch: %s brought to schema %d", where, version)
 
 
-__all__ = ["SCHEMA_VERSION", "SchemaError", "migrate"]
+def migrate_postgresql(conn: Any, where: str) -> None:
+    """Bring a PostgreSQL database to :data:`SCHEMA_VERSION`, each step in a transaction under the advisory lock."""
+    while True:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK,))
+            conn.execute("CREATE TABLE IF NOT EXISTS timeslice_schema (version BIGINT NOT NULL)")
+            row = conn.execute("SELECT version FROM timeslice_schema").fetchone()
+            version = int(row["version"]) if row else 0
+            _check_version(version)
+            if version == SCHEMA_VERSION:
+                return
+            version += 1
+            for statement in statements(version):
+                conn.execute(for_postgresql(statement))
+            conn.execute("DELETE FROM timeslice_schema")
+            conn.execute("INSERT INTO timeslice_schema (version) VALUES (%s)", (version,))
+        log.info("batch: %s brought to schema %d", where, version)
+
+
+__all__ = ["SCHEMA_VERSION", "SchemaError", "for_postgresql", "migrate_postgresql", "migrate_sqlite", "statements"]

@@ -9,6 +9,7 @@ Lines the service had in flight when it was killed are sent again when it starts
 from __future__ import annotations
 
 import asyncio
+import enum
 import contextlib
 import os
 import time
@@ -17,12 +18,12 @@ from typing import Any, AsyncIterator
 
 import httpx
 
-from timeslice_verl.batch.auth import RequireKey, service_key
+from timeslice_verl.batch.auth import RequireKey, service_keys
 from timeslice_verl.batch.concurrency import Policy
 from timeslice_verl.batch.feeder import Feeder
 from timeslice_verl.batch.files import Files
 from timeslice_verl.batch.gate import Gate
-from timeslice_verl.batch.store import OPEN, Store
+from timeslice_verl.batch.store import CREATING_S, OPEN, Store
 from timeslice_verl.config.schema import TimesliceSettings, socket_path
 from timeslice_verl.log import get_logger
 
@@ -39,6 +40,28 @@ def default_db() -> Path:
 
 def db_path(settings: TimesliceSettings) -> Path:
     return Path(settings.batch.db).expanduser() if settings.batch.db else default_db()
+
+
+class Role(str, enum.Enum):
+    """What one process of the service does: ``all`` (one node: the API and a feeder per tenant), ``api`` (the API
+    alone: a replica of a cluster's), ``feed`` (a node's feeders alone, beside its tenants)."""
+
+    all = "all"
+    api = "api"
+    feed = "feed"
+
+    @property
+    def feeds(self) -> bool:
+        return self is not Role.api
+
+
+def open_store(settings: TimesliceSettings) -> Store:
+    """The queue the settings name: the node's SQLite file, or the cluster's PostgreSQL (its DSN never a setting)."""
+    if str(settings.batch.store) == "postgresql":
+        from timeslice_verl.batch.pg import open_postgresql
+
+        return Store(open_postgresql(settings.batch.dsn_file))
+    return Store(db_path(settings))
 
 
 def tenant_urls(settings: TimesliceSettings) -> list[str]:
@@ -70,44 +93,49 @@ class Models:
 class Service:
     """The store, the gate, the feeder and the app of one node's batch service."""
 
-    def __init__(self, settings: TimesliceSettings) -> None:
+    def __init__(self, settings: TimesliceSettings, role: Role = Role.all) -> None:
         from timeslice_verl.batch.app import make_app
         from timeslice_verl.batch.metrics import BatchMetrics
 
         b = settings.batch
-        self.settings, self.urls = settings, tenant_urls(settings)
-        self.url = self.urls[0]
-        self.store = Store(db_path(settings))
+        self.role = role
+        self.urls = tenant_urls(settings) if role.feeds else list(b.tenant_urls or settings.tenant.urls)
+        self.settings, self.url = settings, (self.urls or [""])[0]
+        self.store = open_store(settings)
         sock = str(socket_path(settings)) if b.follow_agent else None
         policy = Policy(start=min(b.concurrency, b.max_concurrency), ceiling=b.max_concurrency)
-        self.gates = [Gate(sock, poll_s=b.poll_s) for _ in self.urls]
+        self.gates = [Gate(sock, poll_s=b.poll_s) for _ in self.urls] if role.feeds else []
         """One per tenant: the agent's word for all, each tenant's own health (a restarting server stops only its
         own lines)."""
         self.feeders = [Feeder(self.store, url, gate, policy=policy, adapt=b.adapt_concurrency, max_attempts=b.max_attempts,
-                               request_timeout_s=b.request_timeout_s, settle=i == 0)
+                               request_timeout_s=b.request_timeout_s, settle=i == 0, lease_s=b.lease_s)
                         for i, (url, gate) in enumerate(zip(self.urls, self.gates))]
-        self.gate, self.feeder = self.gates[0], self.feeders[0]
         self.metrics = BatchMetrics(self)
-        self.app = make_app(self.store, models=Models(self.url), kick=self.kick, summary=self.summary,
+        self.app = make_app(self.store, models=Models(self.url) if self.url else lambda: None, kick=self.kick,
+                            summary=self.summary, api=role is not Role.feed,
                             metrics=self.metrics.render, max_file_bytes=int(b.max_file_mb * 2**20),
                             chunk_bytes=max(1, int(b.chunk_mb * 2**20)),
                             problem=lambda: "; ".join(f.problem for f in self.feeders if f.problem))
         self.app.router.lifespan_context = self._lifespan
-        key, self.key_source = service_key(b.key_file)
-        self.asgi = RequireKey(self.app, key)
+        keys, self.key_source = service_keys(b.key_file)
+        self.asgi = RequireKey(self.app, keys)
         """What uvicorn serves: the app behind its key."""
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Any) -> AsyncIterator[None]:
-        swept = await asyncio.to_thread(Files(self.store).sweep)
-        if swept:
-            log.warning("batch: dropped %d chunk(s) of uploads that did not finish", swept)
-        recovered = await asyncio.to_thread(self.store.recover)  # once, before any feeder claims
-        if recovered:
-            log.warning("batch: %d line(s) were in flight when the service stopped: queued again", recovered)
+        shared = self.store.dialect.shared
+        if self.role is not Role.feed:
+            swept = await asyncio.to_thread(Files(self.store).sweep, CREATING_S if shared else 0.0)
+            if swept:
+                log.warning("batch: dropped %d chunk(s) of uploads that did not finish", swept)
+        if self.role.feeds or shared:  # one node: all it held; a cluster: what no live feeder holds
+            recovered = await asyncio.to_thread(self.store.recover, everything=not shared)  # before any claim
+            if recovered:
+                log.warning("batch: %d line(s) were in flight when their feeder stopped: queued again", recovered)
         tasks = [asyncio.create_task(f.run(), name=f"batch-feeder-{i}") for i, f in enumerate(self.feeders)]
-        log.info("batch: feeding %s (gate: %s), state in %s, key in %s", ", ".join(self.urls), self.gate.source,
-                 self.store.path, self.key_source)
+        log.info("batch (%s): feeding %s (gate: %s), state in %s, key in %s", self.role.value,
+                 ", ".join(self.urls) if self.role.feeds else "nothing (the API alone)",
+                 self.gates[0].source if self.gates else "-", self.store.path, self.key_source)
         try:
             yield
         finally:
@@ -137,10 +165,12 @@ class Service:
         each = [{"tenant": f.url, "open": g.open, "open_s": round(g.seconds_open(), 3), **_stats(f)}
                 for f, g in zip(self.feeders, self.gates)]
         feeder = {k: sum(e[k] for e in each) for k in ("limit", "inflight", "sent", "answered", "written", "writes")}
-        feeder.update(healthy=all(f.healthy for f in self.feeders), samples=self.feeder.stats.samples[-50:],
+        feeder.update(healthy=all(f.healthy for f in self.feeders),
+                      samples=self.feeders[0].stats.samples[-50:] if self.feeders else [],
                       problem="; ".join(f.problem for f in self.feeders if f.problem))
-        return {"tenant": self.url, "tenants": each,
-                "gate": {"open": any(g.open for g in self.gates), "source": self.gate.source, "open_s": round(open_s, 3)},
+        return {"tenant": self.url, "tenants": each, "role": self.role.value,
+                "gate": {"open": any(g.open for g in self.gates), "source": self.gates[0].source if self.gates else "-",
+                         "open_s": round(open_s, 3)},
                 "feeder": feeder, "lines": totals, "open_batches": batches,
                 "tokens_per_s_open": round(totals["tokens"] / open_s, 3) if open_s > 0 else None}
 
@@ -151,13 +181,13 @@ def _stats(feeder: Feeder) -> dict[str, Any]:
             "writes": st.writes}
 
 
-def serve(settings: TimesliceSettings) -> None:
-    """Run the service until SIGTERM/SIGINT."""
+def serve(settings: TimesliceSettings, role: Role = Role.all) -> None:
+    """Run the service (or its API alone, or its feeders alone) until SIGTERM/SIGINT."""
     import uvicorn
 
-    service = Service(settings)
+    service = Service(settings, role)
     uvicorn.run(service.asgi, host=settings.batch.host, port=settings.batch.port, log_level="warning",
                 timeout_graceful_shutdown=10)
 
 
-__all__ = ["Service", "db_path", "default_db", "serve", "tenant_urls"]
+__all__ = ["Role", "Service", "db_path", "default_db", "open_store", "serve", "tenant_urls"]

@@ -19,9 +19,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from timeslice_verl.log import get_logger
 from timeslice_verl.config.paths import default_runtime_dir, default_socket, socket_path, state_path  # noqa: F401,E402
+from timeslice_verl.config.checks import SECTION, ConfigError, _full_key, check_urls as _check_urls, no_dsn_in_store as _no_dsn_in_store  # noqa: F401 (re-exported)
 from timeslice_verl.names import JOB_TAG_ENV, SWAP_AUTO, SWAP_MODES, YieldBy, clean_urls, repeated_url, valid_job, valid_url  # noqa: F401 (re-exported)
 
-SECTION = "timeslice"
 log = get_logger("config")
 NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "NCCL_P2P_DISABLE": "1"}
 """What NCCL in trainer workers needs to survive CUDA checkpoint/restore."""
@@ -48,16 +48,10 @@ PauseMode = Choice("PauseMode", [(v, v) for v in ("wait", "keep")])
 """How vLLM hands the GPU over (``timeslice.tenant.pause_mode``)."""
 
 
+StoreKind = Choice("StoreKind", [(v, v) for v in ("sqlite", "postgresql")])
+"""Where the batch queue is kept (``timeslice.batch.store``)."""
 Swap = Choice("Swap", [(v, v) for v in (*SWAP_MODES, SWAP_AUTO)])
 """How the trainer's GPU memory leaves the GPU (``timeslice.handoff.swap``)."""
-
-
-class ConfigError(ValueError):
-    """A bad ``timeslice`` setting. The message names the key."""
-
-    def __init__(self, key: str, message: str) -> None:
-        self.key = key
-        super().__init__(f"{key}: {message}")
 
 
 @dataclass
@@ -202,8 +196,17 @@ class BatchSettings:
     host: str = "127.0.0.1"
     """Where the service listens (and its clients find it); loopback: only this node reaches it."""
     port: int = 8090
+    store: StoreKind = StoreKind["sqlite"]
+    """Where the queue is: ``sqlite`` (the file ``db``: one node) or ``postgresql`` (one queue for a cluster: any number
+    of ``batch serve --api-only`` replicas and a ``batch feed`` per node; its DSN from ``TIMESLICE_BATCH_DSN`` or
+    ``dsn_file``, never on a command line)."""
     db: str = ""
     """Its SQLite file; empty: ``$XDG_STATE_HOME/timeslice-verl/batch.sqlite`` (``~/.local/state/…``)."""
+    dsn_file: str = ""
+    """``store=postgresql``: a file only you can read holding the DSN (``TIMESLICE_BATCH_DSN`` replaces it)."""
+    lease_s: float = 30.0
+    """How long a line a feeder claimed stays its own without a renewal: a node that goes away gives its lines back
+    after this."""
     key_file: str = ""
     """Its API key, made 0600 at first start, read by the ``batch`` commands; empty: ``batch.key`` beside the default
     database. ``TIMESLICE_BATCH_API_KEY`` replaces it."""
@@ -266,6 +269,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "agent.park_overhead_gib": (0.0, 1024.0, True),
     "agent.shutdown_timeout_s": (0.0, DAY_S, False),
     "tenant.request_timeout_s": (0.0, DAY_S, False),
+    "batch.lease_s": (0.0, DAY_S, False),
     "tenant.awake_margin_gib": (0.0, 1024.0, True),
     "tenant.drain_timeout_s": (0.0, 30 * DAY_S, False),
     "tenant.reclaim_deadline_s": (0.0, DAY_S, True),
@@ -283,13 +287,6 @@ RANGES: dict[str, tuple[float, float, bool]] = {
 """The meaningful range of each float setting (0 where it is allowed means "off" or "no bound", as the key says)."""
 
 
-def _full_key(key: Any) -> str:
-    key = str(key or "").strip(".")
-    if key.startswith(SECTION + ".") or key == SECTION:
-        return key
-    return f"{SECTION}.{key}" if key else SECTION
-
-
 def load_settings(section: Any = None) -> TimesliceSettings:
     """Validate a ``timeslice`` section (DictConfig, dict or None) into :class:`TimesliceSettings`."""
     schema = OmegaConf.structured(TimesliceSettings)
@@ -302,6 +299,7 @@ def load_settings(section: Any = None) -> TimesliceSettings:
     try:
         if isinstance(section, DictConfig):
             section = OmegaConf.to_container(section, resolve=True)
+        _no_dsn_in_store(section)
         merged = OmegaConf.merge(schema, section)
         settings: TimesliceSettings = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as exc:
@@ -317,24 +315,6 @@ def _get(settings: TimesliceSettings, dotted: str) -> Any:
     for part in dotted.split("."):
         value = getattr(value, part)
     return value
-
-
-def _check_urls(settings: TimesliceSettings) -> None:
-    """Every tenant address a URL, none listed twice; ``tenant.url`` folded into an empty ``tenant.urls`` (the name read
-    after; when both are set, ``urls`` wins: an option's default ``url`` never adds a server)."""
-    t = settings.tenant
-    if t.url and not valid_url(t.url):
-        several = " (several servers: timeslice.tenant.urls=[...])" if "," in t.url else ""
-        raise ConfigError(_full_key("tenant.url"), f"{t.url!r} is not an http(s) URL{several}")
-    for key in ("tenant.urls", "batch.tenant_urls"):
-        for i, each in enumerate(_get(settings, key)):
-            if not valid_url(each):
-                raise ConfigError(_full_key(f"{key}[{i}]"), f"{each!r} is not an http(s) URL")
-        twice = repeated_url(_get(settings, key))
-        if twice:
-            raise ConfigError(_full_key(key), f"{twice!r} is listed twice (one vLLM server per GPU)")
-    t.urls = clean_urls(t.urls or ([t.url] if t.url else []))
-    settings.batch.tenant_urls = clean_urls(settings.batch.tenant_urls)
 
 
 def _check_values(settings: TimesliceSettings) -> None:

@@ -13,6 +13,9 @@ from typing import Any, Callable
 import click
 
 from timeslice_verl.config.schema import ConfigError, TimesliceSettings, socket_path
+from timeslice_verl.log import get_logger
+
+log = get_logger("batch")
 
 
 def _settings(overrides: tuple[str, ...]) -> TimesliceSettings:
@@ -71,15 +74,32 @@ def batch_group() -> None:
 
 
 @batch_group.command("serve")
+@click.option("--api-only", is_flag=True, help="The API alone, feeding no tenant: a replica of a cluster's (timeslice.batch."
+              "store=postgresql), beside a `batch feed` on every node.")
 @SET
-def serve_cmd(overrides: tuple[str, ...]) -> None:
+def serve_cmd(api_only: bool, overrides: tuple[str, ...]) -> None:
     """Run the batch service (foreground; SIGTERM or Ctrl-C to stop). Needs the 'batch' extra."""
+    _run_service(overrides, "api" if api_only else "all")
+
+
+@batch_group.command("feed")
+@SET
+def feed_cmd(overrides: tuple[str, ...]) -> None:
+    """Feed this node's tenants from the cluster's queue (timeslice.batch.store=postgresql), gated by the node's agent;
+    serves /health and /metrics only. Needs the 'batch' extra."""
+    _run_service(overrides, "feed")
+
+
+def _run_service(overrides: tuple[str, ...], role: str) -> None:
     try:
-        from timeslice_verl.batch.service import serve
+        from timeslice_verl.batch.service import Role, serve
     except ImportError as exc:
         raise click.ClickException(f"the batch service needs the 'batch' extra: pip install 'timeslice-verl[batch]' ({exc})")
+    settings = _settings(overrides)
+    if role != "all" and str(settings.batch.store) != "postgresql":
+        log.warning("batch %s over SQLite: only processes of this node share %s", role, settings.batch.db or "the default file")
     try:
-        serve(_settings(overrides))
+        serve(settings, Role(role))
     except (ValueError, RuntimeError, OSError) as exc:
         raise _fail(exc) from None
 

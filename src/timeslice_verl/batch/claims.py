@@ -1,0 +1,190 @@
+"""The batch store's lines in motion: claimed under a lease, renewed, answered once, put back when their holder is
+gone. Kept apart from :mod:`~timeslice_verl.batch.store` (files, batches, their ends); :class:`LineQueue` is the part
+of :class:`~timeslice_verl.batch.store.Store` that the feeders use.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Literal
+
+from timeslice_verl.batch.engine import Dialect, Tx
+from timeslice_verl.batch.share import Waiting, plan
+
+LEASE_S = 30.0
+"""How long a claimed line stays its feeder's without a renewal (a feeder renews every third of it)."""
+
+
+@dataclass(frozen=True)
+class Line:
+    batch_id: str
+    idx: int
+    custom_id: str
+    body: str
+    """The request's body as JSON text (sent as it was uploaded)."""
+    attempts: int
+    endpoint: str
+    token: int = 0
+    """The claim's fencing token: an answer counts only while the line still carries it."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one try of a line: ``done`` (its response), ``queued`` (again, from ``next_at``) or ``failed``."""
+
+    line: Line
+    state: Literal["done", "queued", "failed"]
+    response: str | None = None
+    """JSON text: ``{"status_code", "request_id", "body"}``."""
+    error: str | None = None
+    tokens: int = 0
+    next_at: float = 0.0
+
+
+_INTERRUPTED = json.dumps({"object": "list", "data": [{
+    "code": "interrupted", "line": None, "param": "input_file_id",
+    "message": "the batch service stopped while it created this batch: create it again"}]})
+
+
+class LineQueue:
+    """Claims, renewals, results and recovery (the store provides ``transaction``, ``query``, ``dialect``,
+    ``_lock_batches`` and ``_settle``)."""
+
+    dialect: Dialect
+
+    def transaction(self) -> Any: ...  # provided by the store
+
+    def query(self, sql: str, args: tuple = ()) -> list[Any]: ...
+
+    def _lock_batches(self, db: Tx, ids: Any) -> None: ...
+
+    @staticmethod
+    def _settle(db: Tx, bid: str, now: int) -> None: ...
+
+    def recover(self, *, everything: bool = True) -> int:
+        """Lines in flight back to the queue, creations that will not finish failed, saying so (their lines were never
+        sent). ``everything``: all of them (one node's service at its start: nothing else holds any); else only those
+        whose lease ran out (a cluster: the holder, or the creator, is gone)."""
+        n, now = 0, time.time()
+        lease = "" if everything else " AND lease_until < ?"
+        creating = "" if everything else " AND creating_until < ?"
+        late = () if everything else (now,)
+        for row in self.query("SELECT id FROM batches WHERE status = 'validating'" + creating + " ORDER BY id", late):
+            with self.transaction() as db:
+                self._lock_batches(db, [row["id"]])
+                if db.execute("UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, total = 0, queued = 0, "
+                              "failed = 0 WHERE id = ? AND status = 'validating'" + creating,
+                              (int(now), _INTERRUPTED, row["id"], *late)).rowcount:
+                    db.execute("DELETE FROM lines WHERE batch_id = ?", (row["id"],))
+        for row in self.query("SELECT id FROM batches WHERE inflight > 0 ORDER BY id"):
+            with self.transaction() as db:
+                self._lock_batches(db, [row["id"]])
+                moved = db.execute("UPDATE lines SET state = 'queued', next_at = 0, holder = NULL WHERE batch_id = ? AND "
+                                   "state = 'inflight'" + lease, (row["id"], *late)).rowcount
+                if moved:
+                    db.execute("UPDATE batches SET inflight = inflight - ?, queued = queued + ? WHERE id = ?",
+                               (moved, moved, row["id"]))
+                n += moved
+        return n
+
+    def claim(self, n: int, now: float, holder: str = "", lease_s: float = LEASE_S) -> list[Line]:
+        """Up to ``n`` lines ready to send (:func:`~timeslice_verl.batch.share.plan`: priority, owners' share, creation
+        order; input order within a batch), marked in flight for ``holder`` until ``now + lease_s`` (one more try
+        each, a new fencing token). Lines another feeder holds are passed over."""
+        out: list[Line] = []
+        if n <= 0:
+            return out
+        with self.transaction() as db:
+            rows = db.execute("SELECT id, endpoint, priority, owner, seq, queued, inflight FROM batches WHERE status = "
+                              "'in_progress' AND queued > 0 ORDER BY id" + self.dialect.lock).fetchall()
+            endpoint = {r["id"]: r["endpoint"] for r in rows}
+            waiting = [Waiting(r["id"], r["priority"], r["owner"], r["seq"], r["queued"], r["inflight"]) for r in rows]
+            for bid, k in plan(waiting, n):
+                got = db.execute("SELECT idx, custom_id, body, attempts, token FROM lines WHERE batch_id = ? AND state = "
+                                 "'queued' AND next_at <= ? ORDER BY idx LIMIT ?" + self.dialect.skip_locked,
+                                 (bid, now, k)).fetchall()
+                if not got:
+                    continue
+                db.executemany("UPDATE lines SET state = 'inflight', attempts = attempts + 1, holder = ?, lease_until = ?, "
+                               "token = token + 1 WHERE batch_id = ? AND idx = ?",
+                               [(holder, now + lease_s, bid, r["idx"]) for r in got])
+                again = sum(1 for r in got if r["attempts"])
+                db.execute("UPDATE batches SET queued = queued - ?, inflight = inflight + ?, retried = retried + ? "
+                           "WHERE id = ?", (len(got), len(got), again, bid))
+                out += [Line(bid, r["idx"], r["custom_id"], r["body"], r["attempts"] + 1, endpoint[bid], r["token"] + 1)
+                        for r in got]
+        return out
+
+    def renew(self, holder: str, until: float) -> int:
+        """Extend the lease of every line ``holder`` has in flight (its feeder lives); how many."""
+        with self.transaction() as db:
+            return db.execute("UPDATE lines SET lease_until = ? WHERE holder = ? AND state = 'inflight'",
+                              (until, holder)).rowcount
+
+    def release(self, lines: list[Line]) -> int:
+        """Lines claimed and never sent go back to the queue, their try not counted."""
+        moved: dict[str, int] = {}
+        with self.transaction() as db:
+            self._lock_batches(db, [ln.batch_id for ln in lines])
+            for ln in lines:
+                if db.execute("UPDATE lines SET state = 'queued', attempts = attempts - 1, holder = NULL WHERE batch_id = ? "
+                              "AND idx = ? AND state = 'inflight' AND token = ?", (ln.batch_id, ln.idx, ln.token)).rowcount:
+                    moved[ln.batch_id] = moved.get(ln.batch_id, 0) + 1
+            for bid, k in moved.items():
+                again = sum(1 for ln in lines if ln.batch_id == bid and ln.attempts > 1)
+                db.execute("UPDATE batches SET inflight = inflight - ?, queued = queued + ?, retried = retried - ? "
+                           "WHERE id = ?", (k, k, again, bid))
+                self._settle(db, bid, int(time.time()))
+        return sum(moved.values())
+
+    def record(self, outcomes: list[Outcome]) -> int:
+        """Write many lines' outcomes in one transaction; how many took effect. A line no longer in flight under the
+        token it was sent with — answered already, put back after its lease ran out and claimed again, or its batch
+        cancelled meanwhile — is left as it is: its answer is discarded."""
+        moved: dict[str, dict[str, int]] = {}
+        now = time.time()
+        with self.transaction() as db:
+            self._lock_batches(db, [o.line.batch_id for o in outcomes])
+            for o in outcomes:
+                ln, held = o.line, (o.line.batch_id, o.line.idx, o.line.token)
+                if o.state == "done":
+                    cur = db.execute("UPDATE lines SET state = 'done', response = ?, tokens = ?, done_at = ?, holder = NULL "
+                                     "WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?",
+                                     (o.response, o.tokens, now, *held))
+                elif o.state == "queued":
+                    cur = db.execute("UPDATE lines SET state = 'queued', next_at = ?, holder = NULL WHERE batch_id = ? AND "
+                                     "idx = ? AND state = 'inflight' AND token = ?", (o.next_at, *held))
+                else:
+                    cur = db.execute("UPDATE lines SET state = 'failed', error = ?, response = ?, holder = NULL WHERE "
+                                     "batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?",
+                                     (o.error, o.response, *held))
+                if cur.rowcount:
+                    c = moved.setdefault(ln.batch_id, {"queued": 0, "done": 0, "failed": 0, "n": 0, "tokens": 0})
+                    c[o.state] += 1
+                    c["n"] += 1
+                    c["tokens"] += o.tokens if o.state == "done" else 0
+            for bid, c in moved.items():
+                db.execute("UPDATE batches SET inflight = inflight - ?, queued = queued + ?, done = done + ?, "
+                           "failed = failed + ?, tokens = tokens + ? WHERE id = ?",
+                           (c["n"], c["queued"], c["done"], c["failed"], c["tokens"], bid))
+                self._settle(db, bid, int(now))
+        return sum(c["n"] for c in moved.values())
+
+    def done(self, line: Line, response: dict[str, Any], tokens: int) -> None:
+        self.record([Outcome(line, "done", response=json.dumps(response), tokens=tokens)])
+
+    def again(self, line: Line, delay_s: float) -> None:
+        self.record([Outcome(line, "queued", next_at=time.time() + delay_s)])
+
+    def failed(self, line: Line, error: dict[str, Any], response: dict[str, Any] | None = None) -> None:
+        self.record([Outcome(line, "failed", error=json.dumps(error), response=json.dumps(response) if response else None)])
+
+    def results(self, bid: str, state: str) -> Iterator[Any]:
+        """The ended lines of a batch in input order (``done``: the output file, ``failed``: the error file)."""
+        return iter(self.query("SELECT idx, custom_id, response, error FROM lines WHERE batch_id = ? AND state = ? "
+                               "ORDER BY idx", (bid, state)))
+
+
+__all__ = ["LEASE_S", "Line", "LineQueue", "Outcome"]

@@ -1,0 +1,64 @@
+"""The checks of a ``timeslice`` section that need more than a type: the error they raise (naming the key), the
+tenant's addresses, a DSN that must not be a setting. Kept apart from :mod:`~timeslice_verl.config.schema` (the
+schema itself)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from timeslice_verl.names import clean_urls, repeated_url, valid_url
+
+SECTION = "timeslice"
+
+
+class ConfigError(ValueError):
+    """A bad ``timeslice`` setting. The message names the key."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"{key}: {message}")
+
+
+def _full_key(key: Any) -> str:
+    key = str(key or "").strip(".")
+    if key.startswith(SECTION + ".") or key == SECTION:
+        return key
+    return f"{SECTION}.{key}" if key else SECTION
+
+
+def _get(settings: Any, dotted: str) -> Any:
+    value: Any = settings
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def no_dsn_in_store(section: Any) -> None:
+    """A DSN written as ``batch.store`` would sit on a command line and in every log: refused, without echoing it."""
+    store = (section.get("batch") or {}).get("store") if isinstance(section, dict) else None
+    if isinstance(store, str) and store not in ("sqlite", "postgresql"):
+        looks = "://" in store or "=" in store or "@" in store
+        raise ConfigError(_full_key("batch.store"), ("holds what looks like a DSN: " if looks else "is not one of "
+                          "'sqlite', 'postgresql'; ") + "write timeslice.batch.store=postgresql and give the DSN in "
+                          "TIMESLICE_BATCH_DSN or in a file only you can read (timeslice.batch.dsn_file)")
+
+
+def check_urls(settings: Any) -> None:
+    """Every tenant address a URL, none listed twice; ``tenant.url`` folded into an empty ``tenant.urls`` (the name read
+    after; when both are set, ``urls`` wins: an option's default ``url`` never adds a server)."""
+    t = settings.tenant
+    if t.url and not valid_url(t.url):
+        several = " (several servers: timeslice.tenant.urls=[...])" if "," in t.url else ""
+        raise ConfigError(_full_key("tenant.url"), f"{t.url!r} is not an http(s) URL{several}")
+    for key in ("tenant.urls", "batch.tenant_urls"):
+        for i, each in enumerate(_get(settings, key)):
+            if not valid_url(each):
+                raise ConfigError(_full_key(f"{key}[{i}]"), f"{each!r} is not an http(s) URL")
+        twice = repeated_url(_get(settings, key))
+        if twice:
+            raise ConfigError(_full_key(key), f"{twice!r} is listed twice (one vLLM server per GPU)")
+    t.urls = clean_urls(t.urls or ([t.url] if t.url else []))
+    settings.batch.tenant_urls = clean_urls(settings.batch.tenant_urls)
+
+
+__all__ = ["SECTION", "ConfigError", "check_urls", "no_dsn_in_store"]
