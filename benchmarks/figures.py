@@ -206,6 +206,8 @@ def _harvest_log(run: Path) -> dict[str, Any]:
             out["capacity"].append(json.loads(line)["capacity"])
         elif line.startswith('{"service_alone"'):
             out["alone"] = json.loads(line)["service_alone"]
+        elif line.startswith('{"service_fixed"'):
+            out.setdefault("fixed", []).append(json.loads(line)["service_fixed"])
     return out
 
 
@@ -226,15 +228,15 @@ def harvest_h200() -> str:
     return "\n".join(lines)
 
 
-def harvest_h200_pause() -> str:
+def harvest_h200_pause(folder: Path = RESULTS / "2026-12-02-h200-harvest",
+                       code: dict[str, str] | None = None) -> str:
     """benchmarks/harvest.py on one H200 (2026-12-02), 20 000 lines: yields that only pause the tenant where memory
     allows; each run's capacity and the time-sliced rows, as ratios within the run."""
-    folder = RESULTS / "2026-12-02-h200-harvest"
     lines = ["| run | code | mix | capacity best, tokens/s | service alone / capacity | profile | serving / capacity | "
              "idle / capacity | step ratio | wait median / max s | tokens per tenant-GPU s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    code = {"run1": "9eda120 + tenants", "run2": "9eda120 + tenants", "run3": "40b5e63"}
-    for run in ("run1", "run2", "run3"):
+    code = code or {"run1": "9eda120 + tenants", "run2": "9eda120 + tenants", "run3": "40b5e63"}
+    for run in code:
         got = _harvest_log(folder / run)
         best = max(c["tokens_per_s"] for c in got["capacity"])
         alone = _f(got["alone"]["tokens_per_s"] / best, 3) if "alone" in got else "–"
@@ -243,6 +245,22 @@ def harvest_h200_pause() -> str:
             lines.append(f"| {run[-1]} | {code[run]} | {r['mix_tokens']} | {best:.0f} | {alone} | {r['profile']} | "
                          f"{_f(r['serving_vs_capacity'], 3)} | {_f(r['idle_vs_capacity'], 3)} | {_f(r['step_ratio'], 4)} | "
                          f"{_f(r['wait_s_median'], 3)} / {_f(r['wait_s_max'], 3)} | {r['tokens_per_gpu_s']:.0f} |")
+    return "\n".join(lines)
+
+
+START256 = RESULTS / "2026-12-02-h200-harvest-start256"
+
+
+def harvest_start256_service() -> str:
+    """Run 4 of 2026-12-02-h200-harvest-start256: the service alone starting at 256 in flight, then held at 256 and at
+    512, against the capacity measured in the same run."""
+    got = _harvest_log(START256 / "run4")
+    best = max(c["tokens_per_s"] for c in got["capacity"])
+    lines = ["| the service alone, 6 000 lines of 48 tokens | tokens/s | / capacity | CPU ms per line |", "|---|---|---|---|"]
+    for label, r in [(f"starts at 256, follows vLLM (limit at end {got['alone']['limit_at_end']})", got["alone"]),
+                     *((f"held at {r['fixed']}", r) for r in got.get("fixed", []))]:
+        lines.append(f"| {label} | {r['tokens_per_s']:.0f} | {_f(r['tokens_per_s'] / best, 3)} | "
+                     f"{_f(r['service_cpu_ms_per_line'], 2)} |")
     return "\n".join(lines)
 
 
@@ -279,6 +297,9 @@ def cluster_queue() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "cluster-queue": cluster_queue,
+    "harvest-h200-start256": lambda: harvest_h200_pause(START256, {"run4": "start 256", "run5": "start 256",
+                                                                   "run6": "start 256"}),
+    "harvest-h200-start256-service": harvest_start256_service,
     "harvest-h200": harvest_h200, "harvest-h200-pause": harvest_h200_pause, "harvest-cpu": harvest_cpu,
     "harvest-cpu-stream": lambda: harvest_cpu(RESULTS / "2026-12-02-cpu-harvest"),
     "valleys-h200": valleys_h200, "valleys-round5-h200": valleys_round5_h200, "valleys-round6-h200": valleys_round6_h200, "ladder-cpu": ladder_cpu, "ladder-h200": ladder_h200,

@@ -106,12 +106,20 @@ def capacity(url: str, path: Path, per_level: int, levels: list[int], sampler: S
     return out
 
 
-def service_alone(url: str, path: Path, out: Path, lines: int, sampler: Sampler) -> dict[str, Any]:
-    sampler.phase = "service-alone"
+def service_alone(url: str, path: Path, out: Path, lines: int, sampler: Sampler, fixed: int = 0,
+                  start: int = 32) -> dict[str, Any]:
+    """(b): the service feeds the batch alone; ``fixed``: that many in flight throughout (the limit not adapted).
+    The feeder's own limit and in-flight count are sampled every 100 ms beside vLLM's (``feeder.jsonl``)."""
+    sampler.phase = f"service-alone{f'-fixed-{fixed}' if fixed else ''}"
     out.mkdir(parents=True, exist_ok=True)
-    service, service_url, key = start_batch_service(out, None, url, 32)
+    extra = ("timeslice.batch.adapt_concurrency=false", f"timeslice.batch.max_concurrency={max(fixed, 1024)}") \
+        if fixed else ()
+    service, service_url, key = start_batch_service(out, None, url, fixed or start, extra=extra)
     client = BatchClient(service_url, key, timeout_s=600)
     proc = psutil.Process(service.proc.pid)
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_feeder, args=(service_url, key, out / "feeder.jsonl", stop), daemon=True)
+    watcher.start()
     try:
         t_upload = time.monotonic()
         fid = client.upload(path)["id"]
@@ -123,18 +131,32 @@ def service_alone(url: str, path: Path, out: Path, lines: int, sampler: Sampler)
         cpu = sum(proc.cpu_times()[:2]) - cpu0
         fig, summary = client.figures(bid), client.summary()
     finally:
+        stop.set()
+        watcher.join()
         client.close()
         service.stop()
     return {"lines": lines, "status": b["status"], "completed": fig["completed"], "failed": sum(fig["failed"].values()),
             "retried": fig["retried"], "wall_s": round(wall, 2), "tokens": fig["tokens"],
             "tokens_per_s": round(fig["tokens"] / wall, 1), "tokens_per_open_s": summary.get("tokens_per_s_open"),
             "upload_s": round(t0 - t_upload, 2), "service_cpu_ms_per_line": round(1000 * cpu / max(1, lines), 3),
-            "limit_at_end": (summary.get("feeder") or {}).get("limit")}
+            "limit_at_end": (summary.get("feeder") or {}).get("limit"), "fixed": fixed}
+
+
+def _watch_feeder(url: str, key: str, path: Path, stop: threading.Event) -> None:
+    """The feeder's limit and lines in flight every 100 ms (what vLLM's own counts are set beside)."""
+    with path.open("a") as f, httpx.Client(base_url=url, timeout=2, headers={"Authorization": f"Bearer {key}"}) as http:
+        while not stop.wait(0.1):
+            try:
+                feeder = http.get("/timeslice/summary").json().get("feeder") or {}
+            except (httpx.HTTPError, ValueError):
+                continue
+            f.write(json.dumps({"t": round(time.time(), 3), "limit": feeder.get("limit"), "inflight": feeder.get("inflight"),
+                                "answered": feeder.get("answered"), "written": feeder.get("written")}) + "\n")
 
 
 def timesliced(args: argparse.Namespace, url: str, mix: int, profile: str, best: float, sampler: Sampler) -> dict[str, Any]:
     base = DemoOptions(steps=args.steps, rollout_s=args.rollout_s, train_s=args.train_s, device=args.device, gib=args.gib,
-                       vllm_url=url, clients=32, seed=args.seed, batch_lines=args.lines, max_tokens=mix, profile=profile)
+                       vllm_url=url, clients=args.start_inflight, seed=args.seed, batch_lines=args.lines, max_tokens=mix, profile=profile)
     folder = args.out / f"mix-{mix}" / profile
     sampler.phase = f"solo-{mix}-{profile}"
     solo = run_demo(replace(base, out=folder / "solo", solo=True))
@@ -164,6 +186,9 @@ def main() -> int:
     ap.add_argument("--levels", default="32,128,256,512")
     ap.add_argument("--profiles", default="fleet,longtail")
     ap.add_argument("--parts", default="a,b,c", help="which of (a) capacity, (b) service alone, (c) time-sliced")
+    ap.add_argument("--start-inflight", type=int, default=256, help="the service's lines in flight at the start "
+                    "(timeslice.batch.concurrency) in (b) and (c); then the limit follows vLLM")
+    ap.add_argument("--alone-fixed", default="", help="(b) again at these fixed numbers in flight, e.g. 256,512")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--gib", type=float, default=8.0)
     ap.add_argument("--steps", type=int, default=12)
@@ -194,9 +219,15 @@ def main() -> int:
                 best = max((c["tokens_per_s"] for c in got.get("capacity", [])), default=0.0)
                 if "b" in parts:
                     got["service_alone"] = service_alone(url, _head(path, args.alone_lines), args.out / f"mix-{mix}" / "service",
-                                                         args.alone_lines or args.lines, sampler)
+                                                         args.alone_lines or args.lines, sampler, start=args.start_inflight)
                     got["service_alone"]["vs_capacity"] = round(got["service_alone"]["tokens_per_s"] / best, 4) if best else None
                     print(json.dumps({"service_alone": got["service_alone"]}), flush=True)
+                for fixed in (int(x) for x in args.alone_fixed.split(",") if x):
+                    row = service_alone(url, _head(path, args.alone_lines), args.out / f"mix-{mix}" / f"service-{fixed}",
+                                        args.alone_lines or args.lines, sampler, fixed)
+                    row["vs_capacity"] = round(row["tokens_per_s"] / best, 4) if best else None
+                    got.setdefault("service_fixed", []).append(row)
+                    print(json.dumps({"service_fixed": row}), flush=True)
                 if "c" in parts and best:
                     got["timesliced"] = [timesliced(args, url, mix, p, best, sampler) for p in args.profiles.split(",")]
                 path.unlink()
@@ -242,6 +273,9 @@ def table(result: dict[str, Any]) -> str:
             s = got["service_alone"]
             out.append(f"  service alone: {s['tokens_per_s']:.0f} tokens/s ({s['vs_capacity']} of capacity), "
                        f"{s['completed']}/{s['lines']} lines, limit at end {s['limit_at_end']}")
+        for s in got.get("service_fixed", []):
+            out.append(f"  service, {s['fixed']} in flight: {s['tokens_per_s']:.0f} tokens/s ({s['vs_capacity']} of capacity), "
+                       f"{s['completed']}/{s['lines']} lines")
         for r in got.get("timesliced", []):
             out.append(f"  {r['profile']:9} serving/capacity {r['serving_vs_capacity']}  idle/capacity {r['idle_vs_capacity']}  "
                        f"step ratio {r['step_ratio']}  wait median {r['wait_s_median']} s max {r['wait_s_max']} s  "

@@ -2,6 +2,8 @@
 # The harvest benchmark on one H200 (issue 36), from the repo root there, in calls made back to back:
 #   bash benchmarks/harvest_h200.sh setup   stash vLLM's payload part0, build the test model
 #   bash benchmarks/harvest_h200.sh start   part1: unpack vLLM 0.24, start it (0.35 of the GPU), tagged
+#   (a payload in three parts, when the working tree and a part pass the 64 MiB a call carries: PARTS=DIR for
+#    setup (part0), stash (part1) and start (part2), each call carrying its part)
 #   bash benchmarks/harvest_h200.sh run ARGS…   benchmarks/harvest.py --vllm-url … ARGS (vLLM stays up between calls)
 # Here, beforehand: the vLLM recipe copied to .gpu/vllm and its build_payload.sh run into .gpu/parts; the project's
 # pure-Python needs the GPU image lacks (hydra-core, omegaconf, antlr4 4.9.3, python-multipart) in .gpu/pydeps.tar.xz.
@@ -10,9 +12,17 @@ OUT=${OUT:-harvest-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 case "$1" in
-  setup) bash .gpu/vllm/gpu_setup.sh 0 .gpu/parts ;;
+  setup) bash .gpu/vllm/gpu_setup.sh 0 "${PARTS:-.gpu/parts}" ;;  # stashes the parts carried, builds the model
+  stash) mkdir -p /root/parts && cp "${PARTS:-.gpu/parts}"/site.tar.xz.part* "${PARTS:-.gpu/parts}"/SHA256SUMS /root/parts/ ;;
   start)
-    bash .gpu/vllm/gpu_setup.sh 1 .gpu/parts || exit
+    if [ -n "${PARTS:-}" ]; then  # the payload in more parts than gpu_setup.sh's two (a working tree that grew)
+      bash "$0" stash || exit
+      cat /root/parts/site.tar.xz.part? > /root/site.tar.xz && (cd /root && sed 's#  site.tar.xz#  /root/site.tar.xz#' \
+        parts/SHA256SUMS | sha256sum -c -) && rm -rf /tmp/site && tar -xJf /root/site.tar.xz -C /tmp || exit 5
+      for i in $(seq 1 90); do grep -q '"params"' /root/make_model.log 2>/dev/null && break; sleep 1; done
+    else
+      bash .gpu/vllm/gpu_setup.sh 1 .gpu/parts || exit
+    fi
     tar -xJf .gpu/pydeps.tar.xz -C /root
     source .gpu/vllm/vllm_env.sh
     export TIMESLICE_TENANT=1  # the reclaim ladder may stop it
@@ -28,6 +38,6 @@ case "$1" in
     rc=$?
     tail -c 20000 /root/vllm.log > "$WORK/vllm-tail.log"
     grep -v " INFO " "$WORK/harvest.log" | tail -40
-    tar -czf "$OUT/$(basename "$WORK").tgz" -C "$WORK" --exclude='input-*.jsonl' --exclude='head-*.jsonl' .  # $OUT takes 8 files
+    tar -czf "$OUT/$(basename "$WORK").tgz" -C "$WORK" --exclude='input-*.jsonl' --exclude='head-*.jsonl' --exclude='*.sqlite*' --exclude='batch-input.jsonl' --exclude='*-output*.jsonl' .  # $OUT takes 8 files
     exit $rc ;;
 esac

@@ -214,7 +214,7 @@ class BatchSettings:
     """The vLLM servers it feeds; empty: the agent's (``timeslice.tenant.urls``)."""
     follow_agent: bool = True
     """Send lines only while the node's agent says the tenant owns the GPU (off: whenever the tenant answers)."""
-    concurrency: int = 32  # lines in flight at the start; then the number follows the tenant
+    concurrency: int = 256  # lines in flight at the start (a full running batch from the first valley); then the number follows the tenant
     max_concurrency: int = 1024
     adapt_concurrency: bool = True
     """Follow vLLM's ``/metrics``: its running batch full, a short queue inside it (off: always ``concurrency``)."""

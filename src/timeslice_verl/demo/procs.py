@@ -141,15 +141,16 @@ def _answering(proc: Spawned, health: str, timeout_s: float, what: str) -> Spawn
 
 
 def start_batch_service(out: Path, agent_socket: Path | None, tenant_url: str,
-                        concurrency: int) -> tuple[Spawned, str, str]:
-    """The batch service, its state (database and key) in ``out/batch-state`` (0700); it, its URL, its key."""
+                        concurrency: int, extra: tuple[str, ...] = ()) -> tuple[Spawned, str, str]:
+    """The batch service, its state (database and key) in ``out/batch-state`` (0700); it, its URL, its key
+    (``extra``: more ``timeslice.batch.KEY=VALUE`` settings)."""
     port, state = free_port(), out / "batch-state"
     service = Spawned([*CLI, "batch", "serve", *[a for kv in (
         f"timeslice.batch.port={port}", f"timeslice.batch.db={state / 'batch.sqlite'}",
         f"timeslice.batch.key_file={state / 'batch.key'}",
         f'timeslice.batch.tenant_urls=["{tenant_url}"]', f"timeslice.batch.concurrency={max(1, concurrency)}",
         f"timeslice.batch.follow_agent={'true' if agent_socket else 'false'}",
-        *([f"timeslice.agent.socket={agent_socket}"] if agent_socket else [])) for a in ("--set", kv)]],
+        *([f"timeslice.agent.socket={agent_socket}"] if agent_socket else []), *extra) for a in ("--set", kv)]],
         out / "batch.log", stop_timeout_s=30)
     url = f"http://127.0.0.1:{port}"
     service = _answering(service, f"{url}/health", 60, "the batch service")
