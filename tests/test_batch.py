@@ -284,7 +284,8 @@ def test_watch_owner_answers_once_the_gpu_changes_hands(agent, procs):
         t.start()
         trainer.acquire("job-a")
         t.join(90)
-        assert seen and seen[0]["owner"] == "job:job-a"
+        assert seen and seen[0]["owner"] == "transitioning"  # from the tenant's yield on: no line sent into it
+        assert watcher.watch_owner("transitioning", 60)["owner"] == "job:job-a"
         assert watcher.watch_owner("job:job-a", 0.05)["owner"] == "job:job-a"  # unchanged: answered at the bound
 
 

@@ -252,3 +252,28 @@ def test_one_batch_feeds_every_tenant_of_the_node_each_line_answered_once(tmp_pa
     assert sum(served) == 400 and min(served) > 0, served
     assert [e["tenant"] for e in summary["tenants"]] == [t.url for t in tenants]
     assert [e["answered"] for e in summary["tenants"]] == served
+
+
+def test_the_owner_is_no_longer_the_tenant_from_the_first_call_of_its_yield(tmp_path, procs):
+    """A batch service sends only while the tenant owns the GPU. While the tenant is being paused (its ``/pause``
+    answers 3 s late here) new lines would only pile into a server being stopped — and a busy API server answers the
+    pause later still: the owner is ``transitioning`` from the yield's first call, the tenant still awake."""
+    import threading
+
+    from agent_support import AgentProc, FakeVllmProc, spawn_worker
+
+    tenant = FakeVllmProc("--slow-s", "3", "--slow-on", "pause:keep")
+    procs.append(tenant)
+    agent = AgentProc(tmp_path, tenant_url=tenant.url).start()
+    procs += [agent, spawn_worker("job-a")]
+    with agent.client() as watcher, agent.client() as trainer:
+        assert watcher.watch_owner("", timeout_s=5)["owner"] == "tenant"
+        got: list = []
+        acquire = threading.Thread(target=lambda: got.append(trainer.acquire("job-a", timeout_s=120)))
+        acquire.start()
+        first = watcher.watch_owner("tenant", timeout_s=30)
+        acquire.join()
+        trainer.release("job-a")
+    assert first == {"owner": "transitioning", "tenant": "awake"}, first
+    yielded = [t for t in got[0]["transitions"] if t["action"] == "tenant_yield"]
+    assert yielded and yielded[-1]["ok"] and tenant.stats()["pauses"].get("keep", 0) >= 1

@@ -41,6 +41,10 @@ log = get_logger("agent")
 
 MAX_GPU_BYTES = 2**40
 """Without NVML, what no GPU's memory reaches: the bound on a rank's park figures."""
+YIELDING = "tenant yield"
+"""What the reconciler does while the tenant gives the GPU back: from its first call the owner is no longer the
+tenant, so a batch service stops sending new lines into a server being paused (a busy API server answers the pause
+later)."""
 WATCH_MAX_S = 30.0
 """The longest a ``watch_owner`` waits before it answers with the owner unchanged."""
 
@@ -273,7 +277,7 @@ class Arbiter:
             fit = self.peaks.fit(self.book.jobs.get(target.name) if target is not None else None)
             needs_room = target is not None and target.needs_room and target.state in (FROZEN, FAULTED)
             pause_only = fit.pause_only and not needs_room
-            await self._tenant("tenant yield", self.tenancy.yield_gpu(free, sleep=not pause_only, why=fit.why))
+            await self._tenant(YIELDING, self.tenancy.yield_gpu(free, sleep=not pause_only, why=fit.why))
         elif move.kind == "tenant_sleep":
             why = self.peaks.why if world.tenant_tight else "a thaw brings the trainer's memory back"
             await self._tenant("tenant sleep", self.tenancy.sleep_held(free, why))
@@ -298,6 +302,8 @@ class Arbiter:
 
     async def _tenant(self, what: str, move: Any) -> None:
         self.current = what
+        if what == YIELDING:  # the owner is no longer the tenant: its batch service stops sending at once
+            self._moved.set()
         try:
             await move
         finally:
@@ -338,7 +344,7 @@ class Arbiter:
         for job in jobs:
             if job.holding and job.state == RUNNING:
                 return f"job:{job.name}"
-        if self.tenancy.state == AWAKE:
+        if self.tenancy.state == AWAKE and self.current != YIELDING:
             return "tenant"
         if self.current or self.executor.current:
             return "transitioning"
