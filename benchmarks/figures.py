@@ -298,7 +298,7 @@ def cluster_queue() -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "cluster-queue": cluster_queue,
     "harvest-h200-start256": lambda: harvest_h200_pause(START256, {"run4": "start 256", "run5": "start 256",
-                                                                   "run6": "start 256"}),
+                                                                   "run6": "start 256", "run7": "+ gate at yield"}),
     "harvest-h200-start256-service": harvest_start256_service,
     "harvest-h200": harvest_h200, "harvest-h200-pause": harvest_h200_pause, "harvest-cpu": harvest_cpu,
     "harvest-cpu-stream": lambda: harvest_cpu(RESULTS / "2026-12-02-cpu-harvest"),
