@@ -309,8 +309,12 @@ def test_a_failing_wake_up_is_retried_with_backoff(tmp_path):
             c.acquire("backoff-job")
             c.release("backoff-job")
         eventually(lambda: vllm.stats()["wake_up_calls"] >= 3, what="three tries to wake the tenant")
-        delays = [float(d) for d in re.findall(r"next try in ([0-9.]+) s", agent.log())]
-        assert delays[:3] == [0.5, 1.0, 2.0], f"no hot loop: the delay doubles ({delays})"
+
+        def delays() -> list[float]:  # the agent logs a try's delay after the tenant answered it: read it when written
+            return [float(d) for d in re.findall(r"next try in ([0-9.]+) s", agent.log())]
+
+        eventually(lambda: len(delays()) >= 3, what="three failed tries logged with their delay")
+        assert delays()[:3] == [0.5, 1.0, 2.0], f"no hot loop: the delay doubles ({delays()})"
 
 
 # --------------------------------------------------------------------------- 11. bad input
