@@ -3,8 +3,9 @@
 For each completion length (``--mixes 48,512``), against one vLLM and one batch input file (the demo's prompts,
 ``ignore_eos``, so every line is exactly that long):
 
-* **(a) capacity** — an async client keeps 32 / 128 / 256 / 512 requests in flight (``--capacity-lines`` each):
-  the server's tokens/s, dedicated; the best is the reference;
+* **(a) capacity** — an async client keeps 32 / 128 / 256 / 512 requests in flight (``--capacity-per-level`` × that
+  many lines each): the server's tokens/s, dedicated, over the whole level and steady (from the first answer to the
+  last request sent); the best steady rate is the reference (the whole level's rate reads low on short levels);
 * **(b) the service alone** — ``timeslice-verl batch serve`` feeds the whole batch (``--lines``), no trainer:
   tokens per second of the run;
 * **(c) time-sliced** — the demo's trainer on the ``fleet`` and ``longtail`` schedules (``--profiles``), solo and
@@ -78,20 +79,31 @@ class Sampler:
 
 
 async def _capacity(url: str, bodies: list[bytes], inflight: int) -> dict[str, Any]:
-    sem, tokens = asyncio.Semaphore(inflight), []
+    """``inflight`` requests kept out until the bodies run out. Besides the whole run's rate, the steady rate: tokens
+    answered between the first answer (the pipeline primed) and the last request sent (from then on fewer are out) —
+    what a batch service that keeps the server full can get; short runs' start and end read the whole rate low."""
+    sem, done = asyncio.Semaphore(inflight), []
+    sent = {"n": 0, "last": 0.0}
     async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=3600)) as session:
         async def one(body: bytes) -> None:
-            async with sem, session.post("/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"}) as resp:
-                data = await resp.json()
-                tokens.append(int(data["usage"]["completion_tokens"]))
+            async with sem:
+                sent["n"] += 1
+                sent["last"] = time.monotonic()
+                async with session.post("/v1/completions", data=body, headers={"Content-Type": "application/json"}) as resp:
+                    data = await resp.json()
+                done.append((time.monotonic(), int(data["usage"]["completion_tokens"])))
 
         t0 = time.monotonic()
         await asyncio.gather(*(one(b) for b in bodies))
         wall = time.monotonic() - t0
-    return {"inflight": inflight, "lines": len(bodies), "wall_s": round(wall, 3), "tokens": sum(tokens),
-            "tokens_per_s": round(sum(tokens) / wall, 1), "lines_per_s": round(len(bodies) / wall, 1)}
+    tokens = sum(n for _, n in done)
+    first = min(t for t, _ in done)
+    steady = [n for t, n in done if first < t <= sent["last"]]
+    span = sent["last"] - first
+    return {"inflight": inflight, "lines": len(bodies), "wall_s": round(wall, 3), "tokens": tokens,
+            "tokens_per_s": round(tokens / wall, 1), "lines_per_s": round(len(bodies) / wall, 1),
+            "steady_tokens_per_s": round(sum(steady) / span, 1) if span > 0 and steady else None}
 
 
 def capacity(url: str, path: Path, per_level: int, levels: list[int], sampler: Sampler) -> list[dict[str, Any]]:
@@ -216,7 +228,7 @@ def main() -> int:
                 result["mixes"][str(mix)] = got
                 if "a" in parts:
                     got["capacity"] = capacity(url, path, args.capacity_per_level, [int(x) for x in args.levels.split(",")], sampler)
-                best = max((c["tokens_per_s"] for c in got.get("capacity", [])), default=0.0)
+                best = max((c.get("steady_tokens_per_s") or c["tokens_per_s"] for c in got.get("capacity", [])), default=0.0)
                 if "b" in parts:
                     got["service_alone"] = service_alone(url, _head(path, args.alone_lines), args.out / f"mix-{mix}" / "service",
                                                          args.alone_lines or args.lines, sampler, start=args.start_inflight)
