@@ -111,7 +111,7 @@ class SqliteEngine:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock, _unavailable(sqlite3.OperationalError):
+        with self._lock, unavailable(sqlite3.OperationalError):
             self.db.execute("BEGIN IMMEDIATE")
             try:
                 yield self.db
@@ -127,7 +127,7 @@ class SqliteEngine:
                 raise
 
     def query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
-        with self._lock, _unavailable(sqlite3.OperationalError):
+        with self._lock, unavailable(sqlite3.OperationalError):
             return self.db.execute(sql, args).fetchall()
 
     def close(self) -> None:
@@ -136,7 +136,7 @@ class SqliteEngine:
 
 
 @contextlib.contextmanager
-def _unavailable(*kinds: type[BaseException]) -> Iterator[None]:
+def unavailable(*kinds: type[BaseException]) -> Iterator[None]:
     """The engine's own "cannot reach or write the database now" errors, as :class:`StoreUnavailable`."""
     try:
         yield
@@ -144,4 +144,4 @@ def _unavailable(*kinds: type[BaseException]) -> Iterator[None]:
         raise StoreUnavailable(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
 
 
-__all__ = ["Dialect", "Engine", "POSTGRESQL", "SQLITE", "SqliteEngine", "StoreError", "StoreUnavailable", "Tx"]
+__all__ = ["Dialect", "Engine", "POSTGRESQL", "SQLITE", "SqliteEngine", "StoreError", "StoreUnavailable", "Tx", "unavailable"]

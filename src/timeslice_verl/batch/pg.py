@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from timeslice_verl.batch.engine import POSTGRESQL, StoreError, StoreUnavailable, _unavailable
+from timeslice_verl.batch.engine import POSTGRESQL, StoreError, StoreUnavailable, unavailable
 from timeslice_verl.batch.schema import SchemaError, migrate_postgresql
 from timeslice_verl.private import NotPrivate, private_file
 
@@ -105,11 +105,11 @@ class PostgresEngine:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[_Tx]:
-        with _unavailable(*self._errors), self.pool.connection() as conn, conn.transaction():
+        with unavailable(*self._errors), self.pool.connection() as conn, conn.transaction():
             yield _Tx(conn)
 
     def query(self, sql: str, args: tuple = ()) -> list[dict[str, Any]]:
-        with _unavailable(*self._errors), self.pool.connection() as conn:
+        with unavailable(*self._errors), self.pool.connection() as conn:
             return conn.execute(_pg(sql), args).fetchall()
 
     def close(self) -> None:

@@ -26,7 +26,8 @@ def _full_key(key: Any) -> str:
     return f"{SECTION}.{key}" if key else SECTION
 
 
-def _get(settings: Any, dotted: str) -> Any:
+def setting_at(settings: Any, dotted: str) -> Any:
+    """The value of a dotted key (``batch.port``) of a settings object."""
     value: Any = settings
     for part in dotted.split("."):
         value = getattr(value, part)
@@ -51,14 +52,14 @@ def check_urls(settings: Any) -> None:
         several = " (several servers: timeslice.tenant.urls=[...])" if "," in t.url else ""
         raise ConfigError(_full_key("tenant.url"), f"{t.url!r} is not an http(s) URL{several}")
     for key in ("tenant.urls", "batch.tenant_urls"):
-        for i, each in enumerate(_get(settings, key)):
+        for i, each in enumerate(setting_at(settings, key)):
             if not valid_url(each):
                 raise ConfigError(_full_key(f"{key}[{i}]"), f"{each!r} is not an http(s) URL")
-        twice = repeated_url(_get(settings, key))
+        twice = repeated_url(setting_at(settings, key))
         if twice:
             raise ConfigError(_full_key(key), f"{twice!r} is listed twice (one vLLM server per GPU)")
     t.urls = clean_urls(t.urls or ([t.url] if t.url else []))
     settings.batch.tenant_urls = clean_urls(settings.batch.tenant_urls)
 
 
-__all__ = ["SECTION", "ConfigError", "check_urls", "no_dsn_in_store"]
+__all__ = ["SECTION", "ConfigError", "check_urls", "no_dsn_in_store", "setting_at"]

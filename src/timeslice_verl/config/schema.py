@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from timeslice_verl.log import get_logger
 from timeslice_verl.config.paths import default_runtime_dir, default_socket, socket_path, state_path  # noqa: F401,E402
-from timeslice_verl.config.checks import SECTION, ConfigError, _full_key, check_urls as _check_urls, no_dsn_in_store as _no_dsn_in_store  # noqa: F401 (re-exported)
+from timeslice_verl.config.checks import SECTION, ConfigError, _full_key, setting_at, check_urls as _check_urls, no_dsn_in_store as _no_dsn_in_store  # noqa: F401 (re-exported)
 from timeslice_verl.names import JOB_TAG_ENV, SWAP_AUTO, SWAP_MODES, YieldBy, clean_urls, repeated_url, valid_job, valid_url  # noqa: F401 (re-exported)
 
 log = get_logger("config")
@@ -310,20 +310,13 @@ def load_settings(section: Any = None) -> TimesliceSettings:
     return settings
 
 
-def _get(settings: TimesliceSettings, dotted: str) -> Any:
-    value: Any = settings
-    for part in dotted.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def _check_values(settings: TimesliceSettings) -> None:
     for key, allowed in CHOICES.items():
-        value = _get(settings, key)
+        value = setting_at(settings, key)
         if value not in allowed:
             raise ConfigError(_full_key(key), f"{value!r} is not one of {', '.join(map(repr, allowed))}")
     for key, (low, high, low_ok) in RANGES.items():
-        value = float(_get(settings, key))
+        value = float(setting_at(settings, key))
         if not math.isfinite(value) or value > high or value < low or (value == low and not low_ok):
             bound = f">= {low:g}" if low_ok else f"> {low:g}"
             raise ConfigError(_full_key(key), f"must be a number {bound} and <= {high:g}, got {value}")
@@ -334,11 +327,11 @@ def _check_values(settings: TimesliceSettings) -> None:
     if any(g < 0 for g in settings.agent.gpus):
         raise ConfigError(_full_key("agent.gpus"), f"GPU indices must be >= 0, got {settings.agent.gpus}")
     for key in ("agent.metrics_port", "batch.port"):
-        if not 0 <= _get(settings, key) <= 65535:
-            raise ConfigError(_full_key(key), f"not a TCP port: {_get(settings, key)}")
+        if not 0 <= setting_at(settings, key) <= 65535:
+            raise ConfigError(_full_key(key), f"not a TCP port: {setting_at(settings, key)}")
     for key, low in (("batch.concurrency", 1), ("batch.max_concurrency", 1), ("batch.max_attempts", 1)):
-        if not low <= _get(settings, key) <= 100_000:
-            raise ConfigError(_full_key(key), f"must be between {low} and 100000, got {_get(settings, key)}")
+        if not low <= setting_at(settings, key) <= 100_000:
+            raise ConfigError(_full_key(key), f"must be between {low} and 100000, got {setting_at(settings, key)}")
     _check_urls(settings)
     for entry in settings.plugins.modules:
         if not re.match(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$", entry):
