@@ -46,6 +46,23 @@ def test_register_yield_reclaim_round_trip(server):
     run(_with_tenant(server.url, scenario))
 
 
+def test_a_hold_is_one_request_and_its_reclaim_wakes_a_server_put_to_sleep_meanwhile(server):
+    """The trainer waits for a pause-only yield: it sends ``/pause`` alone (nothing read back); the reclaim, off the
+    trainer's path, finds a server that something put to sleep meanwhile and wakes it before resuming."""
+    async def scenario(t: VllmTenant):
+        await t.register()
+        before = dict(server.engine.stats()["control_calls"])
+        await t.yield_gpu(sleep=False)
+        after = server.engine.stats()["control_calls"]
+        assert {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)} == {"/pause": 1}
+        assert t.held and server.engine.paused and not server.engine.sleeping
+        server.engine.sleep("keep")  # someone else's /sleep while held
+        await t.reclaim()
+        assert t.state == AWAKE and not server.engine.sleeping and not server.engine.paused
+
+    run(_with_tenant(server.url, scenario))
+
+
 def test_yield_waits_for_in_flight_requests_instead_of_aborting_them(server):
     results = []
     t = threading.Thread(target=lambda: results.append(server.engine.generate(50)))

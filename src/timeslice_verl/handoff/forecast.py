@@ -14,7 +14,9 @@
   them). With ``k`` missing ``a`` seconds after the last sample came, the remaining wait is one of those that
   outlasted ``a``, less ``a``: even arrivals give one exact answer, a long tail a spread, Poisson arrivals forget
   the age — whatever the rollout's shape, from its own record. Until a count has :data:`MIN_TAIL` of them, the
-  expectation ``(k − min(λa, 0.95)) / λ`` at rate ``λ`` stands in.
+  same quantile of the time to ``k`` Poisson arrivals at rate ``λ`` (an Erlang's), less the next one's progress
+  ``min(λa, 0.95) / λ``, stands in (the expectation did before: a way back late in half the valleys of a short run).
+  The way back trusts its own valley's rate after :data:`MIN_ARRIVALS` samples, the release's until then.
 * **When to come back.** Starting the way back (``w`` seconds: the tenant's yield, the thaw, the unpark) at ``f``
   costs ``late_cost`` per second the trainer then waits and 1 per second the GPU sits back with the trainer
   unused; the expected cost is lowest when the batch is ready before ``f + w`` with probability
@@ -42,7 +44,10 @@ LATE_COST = 4.0
 COLD_TRIP_S = 1.0
 """With nothing to forecast a valley by, it is lent only when the handoff's round trip is estimated below this."""
 MIN_TAIL = 5
-"""Remaining waits a count of missing samples needs before they, not the rate's expectation, time the way back."""
+"""Remaining waits a count of missing samples needs before they, not the rate's Erlang quantile, time the way back."""
+MIN_ARRIVALS = 6
+"""Arrivals a valley's own rate needs before it is trusted over the plan's (two samples a moment apart after a
+weight sync's pause read as a rate ten times too low: the way back then never fired in a run's second valley)."""
 PROGRESS_CAP = 0.95
 
 
@@ -170,6 +175,12 @@ class ValleyPlan:
     valleys: tuple[float, ...] = ()
     """Recent valley lengths (for trainers without a backlog signal)."""
 
+    def pace(self, arrivals: ArrivalRate) -> float | None:
+        """The rate the way back times the valley by: its own arrivals' once there are :data:`MIN_ARRIVALS`, else the
+        release's."""
+        own = arrivals.rate() if arrivals.count >= MIN_ARRIVALS else None
+        return own or self.rate
+
     def expected(self, missing: int | None, rate: float | None, age_s: float) -> float | None:
         rate = rate or self.rate
         if missing is None or not rate:
@@ -185,9 +196,11 @@ class ValleyPlan:
         rate = rate or self.rate
         if missing is not None and rate:
             tail = self.tails[missing] if missing < len(self.tails) else ()
-            if self.lead_s > 0 or len(tail) < MIN_TAIL:
-                lead = self.lead_s or self.way_back_s
-                return max(0.0, remaining(missing, rate, age_s) - lead)
+            if self.lead_s > 0:
+                return max(0.0, remaining(missing, rate, age_s) - self.lead_s)
+            if len(tail) < MIN_TAIL:  # the level's quantile of the time to ``missing`` arrivals at this rate
+                progress = min(rate * max(0.0, age_s), PROGRESS_CAP) / rate
+                return max(0.0, erlang_quantile(self.level, missing, rate) - progress - self.way_back_s)
             ahead = [u / rate - age_s for u in tail if u / rate > age_s]
             if not ahead:  # longer than any valley of this run at this count: now
                 return 0.0
@@ -329,5 +342,5 @@ class ValleyForecast:
                           lead_s=self.lead_s, valleys=tuple(self.valleys))
 
 
-__all__ = ["COLD_TRIP_S", "LATE_COST", "MIN_TAIL", "MARGIN", "ArrivalRate", "Decision", "ValleyForecast", "ValleyPlan",
+__all__ = ["COLD_TRIP_S", "LATE_COST", "MIN_ARRIVALS", "MIN_TAIL", "MARGIN", "ArrivalRate", "Decision", "ValleyForecast", "ValleyPlan",
            "erlang_cdf", "erlang_quantile", "quantile", "remaining"]

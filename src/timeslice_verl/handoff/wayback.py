@@ -92,7 +92,7 @@ class WayBack:
                 if backlog is not None:
                     arrivals.observe(now, *backlog)
                 missing = None if backlog is None else max(0, backlog[1] - backlog[0])
-                rate = arrivals.rate() or plan.rate
+                rate = plan.pace(arrivals)
                 age = now - (arrivals.last_arrival or run.released)
                 due = plan.due_in(missing, rate, age_s=age, elapsed_s=now - run.released)
                 with self._lock:

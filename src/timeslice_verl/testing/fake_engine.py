@@ -65,6 +65,8 @@ class FakeVllm:
         self.waiting = self.completed = self.aborted = self.sleeps = 0
         self.generated = 0
         self.pauses: dict[str, int] = {}
+        self.control_calls: dict[str, int] = {}
+        """Requests to each control path (``/pause``, ``/is_paused`` …): what a yield costs in round trips."""
         self.child_pid = 0
         self._ids = 0
 
@@ -74,6 +76,7 @@ class FakeVllm:
                 "sleeping": self.sleeping, "paused": self.paused, "running": len(self.running), "waiting": self.waiting,
                 "completed": self.completed, "aborted": self.aborted, "sleeps": self.sleeps, "version": self.version,
                 "wake_up_calls": self.wake_up_calls, "pauses": dict(self.pauses), "child_pid": self.child_pid,
+                "control_calls": dict(self.control_calls),
                 "generated": self.generated,
                 "pid": os.getpid(),
             }

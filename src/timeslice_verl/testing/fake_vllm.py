@@ -137,6 +137,9 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def _route(self, path: str, query: dict[str, list[str]], post: bool) -> None:
+        if path in DEV_PATHS:
+            with self.engine.cond:
+                self.engine.control_calls[path] = self.engine.control_calls.get(path, 0) + 1
         if self._fault(path, query):
             return
         if path in DEV_PATHS and not self.engine.dev_mode:

@@ -136,7 +136,7 @@ def _valley(sim, f: ValleyForecast, released: float, required: int, way_back_s: 
         arrivals.observe(tp, sim.queued, required)
         f.observe_backlog(tp, (sim.queued, required))
         reads.append((tp, (sim.queued, required)))
-        missing, rate = required - sim.queued, arrivals.rate() or plan.rate
+        missing, rate = required - sim.queued, plan.pace(arrivals)
         age = tp - (arrivals.last_arrival or released)
         due = plan.due_in(missing, rate, age_s=age, elapsed_s=tp - released)
         if due is not None and due <= 0:

@@ -200,19 +200,26 @@ class VllmTenant:
         """Hold requests, then sleep (``sleep=False``: hold only). Returns seconds spent; never sleeps a serving
         engine."""
         t0 = time.perf_counter()
+        if not sleep:
+            return await self._hold(t0)
         if await self._get_flag("/is_sleeping"):
             self.state, self.held = ASLEEP, False
             return time.perf_counter() - t0
         if self.info.pause == "wait":
             await self._pause(self.pause_mode, timeout=self.drain_timeout_s + self.request_timeout_s)
-        elif not sleep:
-            raise TenantError(f"vLLM {self.info.version} at {self.url} has no /pause: it can only yield by sleeping")
         else:
             await self._drain()
-        if sleep:
-            await self._sleep()
-        else:
-            self.state, self.held = ASLEEP, True
+        await self._sleep()
+        return time.perf_counter() - t0
+
+    async def _hold(self, t0: float) -> float:
+        """A pause-only yield: one request, ``/pause`` (vLLM answers it once the engine stopped scheduling), since the
+        trainer waits for it (a busy API server took 0.06–0.34 s a request on an H200). Nothing is read back here:
+        the reclaim, off the trainer's path, checks whether the server was put to sleep meanwhile."""
+        if self.info.pause != "wait":
+            raise TenantError(f"vLLM {self.info.version} at {self.url} has no /pause: it can only yield by sleeping")
+        await self._pause(self.pause_mode, timeout=self.drain_timeout_s + self.request_timeout_s, check=False)
+        self.state, self.held = ASLEEP, True
         return time.perf_counter() - t0
 
     async def sleep_held(self) -> float:
@@ -230,7 +237,7 @@ class VllmTenant:
         await self._sleep()
         return time.perf_counter() - t0
 
-    async def _pause(self, mode: str, *, timeout: float | None = None) -> None:
+    async def _pause(self, mode: str, *, timeout: float | None = None, check: bool = True) -> None:
         try:
             await self._request("POST", "/pause", timeout=timeout, mode=mode)
         except TenantError as exc:
@@ -240,7 +247,7 @@ class VllmTenant:
                         "first) from now on", self.url)
             self.pause_mode = "wait"
             await self._request("POST", "/pause", timeout=timeout, mode="wait")
-        if not await self._get_flag("/is_paused"):
+        if check and not await self._get_flag("/is_paused"):
             raise TenantError(f"vLLM at {self.url} accepted /pause but reports is_paused=false: not sleeping it")
 
     async def _sleep(self) -> None:
@@ -277,7 +284,8 @@ class VllmTenant:
     async def reclaim(self) -> float:
         """Wake up (unless held awake), then resume admitting requests. Returns seconds spent."""
         t0 = time.perf_counter()
-        if not self.held:  # held awake: only the pause to undo
+        # held awake: only the pause to undo, unless something put the server to sleep since (the hold reads nothing)
+        if not self.held or await self._get_flag("/is_sleeping"):
             await self._request("POST", "/wake_up")
             if await self._get_flag("/is_sleeping"):
                 raise TenantError(f"vLLM at {self.url} accepted /wake_up but still reports is_sleeping=true")
