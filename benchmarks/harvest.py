@@ -4,8 +4,9 @@ For each completion length (``--mixes 48,512``), against one vLLM and one batch 
 ``ignore_eos``, so every line is exactly that long):
 
 * **(a) capacity** — an async client keeps 32 / 128 / 256 / 512 requests in flight (``--capacity-per-level`` × that
-  many lines each): the server's tokens/s, dedicated, over the whole level and steady (from the first answer to the
-  last request sent); the best steady rate is the reference (the whole level's rate reads low on short levels);
+  many lines each): the server's tokens/s, dedicated, over the whole level and steady (vLLM's own count of generated
+  tokens from the first answer to the last request sent); the best steady rate is the reference (the whole level's
+  rate reads low on short levels);
 * **(b) the service alone** — ``timeslice-verl batch serve`` feeds the whole batch (``--lines``), no trainer:
   tokens per second of the run;
 * **(c) time-sliced** — the demo's trainer on the ``fleet`` and ``longtail`` schedules (``--profiles``), solo and
@@ -78,32 +79,44 @@ class Sampler:
                                         "waiting": s.waiting, "kv": s.kv_usage}) + "\n")
 
 
+async def _generated(session: aiohttp.ClientSession) -> tuple[float, float | None]:
+    """(when, vLLM's ``generation_tokens_total``) — the server's own count of the tokens it generated."""
+    async with session.get("/metrics") as resp:
+        sample = parse_metrics(await resp.text())
+    return time.monotonic(), sample.generated if sample is not None else None
+
+
 async def _capacity(url: str, bodies: list[bytes], inflight: int) -> dict[str, Any]:
-    """``inflight`` requests kept out until the bodies run out. Besides the whole run's rate, the steady rate: tokens
-    answered between the first answer (the pipeline primed) and the last request sent (from then on fewer are out) —
-    what a batch service that keeps the server full can get; short runs' start and end read the whole rate low."""
-    sem, done = asyncio.Semaphore(inflight), []
-    sent = {"n": 0, "last": 0.0}
+    """``inflight`` requests kept out until the bodies run out. Besides the whole run's rate, the steady rate: the
+    tokens vLLM generated (its own counter) from the first answer (the pipeline primed) to the last request sent (from
+    then on fewer are out) — what a batch service that keeps the server full can get; the start and end of a short
+    run read the whole rate low. (Counting the answers that came in that span instead read twice the rate where
+    answers of one length come in waves: the span opens at the end of the first wave and closes at the end of the
+    second, which both fall in it.)"""
+    sem, done, marks = asyncio.Semaphore(inflight), [], {}
+    sent = {"n": 0}
     async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=3600)) as session:
         async def one(body: bytes) -> None:
             async with sem:
                 sent["n"] += 1
-                sent["last"] = time.monotonic()
+                if sent["n"] == len(bodies):
+                    marks["last"] = asyncio.ensure_future(_generated(session))
                 async with session.post("/v1/completions", data=body, headers={"Content-Type": "application/json"}) as resp:
                     data = await resp.json()
                 done.append((time.monotonic(), int(data["usage"]["completion_tokens"])))
+                if "first" not in marks:
+                    marks["first"] = asyncio.ensure_future(_generated(session))
 
         t0 = time.monotonic()
         await asyncio.gather(*(one(b) for b in bodies))
         wall = time.monotonic() - t0
+        (t1, g1), (t2, g2) = await marks["first"], await marks["last"]
     tokens = sum(n for _, n in done)
-    first = min(t for t, _ in done)
-    steady = [n for t, n in done if first < t <= sent["last"]]
-    span = sent["last"] - first
+    steady = (g2 - g1) / (t2 - t1) if g1 is not None and g2 is not None and t2 > t1 else None
     return {"inflight": inflight, "lines": len(bodies), "wall_s": round(wall, 3), "tokens": tokens,
             "tokens_per_s": round(tokens / wall, 1), "lines_per_s": round(len(bodies) / wall, 1),
-            "steady_tokens_per_s": round(sum(steady) / span, 1) if span > 0 and steady else None}
+            "steady_s": round(t2 - t1, 3), "steady_tokens_per_s": round(steady, 1) if steady else None}
 
 
 def capacity(url: str, path: Path, per_level: int, levels: list[int], sampler: Sampler) -> list[dict[str, Any]]:

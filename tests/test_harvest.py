@@ -142,18 +142,22 @@ def test_vllms_metrics_read_as_a_sample(text, sample):
 P = Policy(start=32, ceiling=1024, min_queue=4, queue_fraction=0.1)
 
 
-@pytest.mark.parametrize("limit, inflight, sample, expected, why", [
-    (32, 32, Sample(32, 0), 48, "no queue inside vLLM and our limit used: grow by half"),
-    (32, 10, Sample(10, 0), 32, "our limit is not what holds vLLM back: hold"),
-    (512, 512, Sample(256, 256), 282, "vLLM full at 256: what it runs plus the wanted queue (26)"),
-    (300, 300, Sample(256, 30), 300, "a queue near the wanted one: hold"),
-    (300, 300, Sample(200, 10, 0.99), 300, "KV cache full with requests waiting: hold"),
-    (1000, 1000, Sample(1000, 0), 1024, "never past the ceiling"),
-    (2, 2, Sample(0, 40), 4, "at least the wanted queue"),
-    (77, 77, None, 77, "no metrics: as it is"),
+@pytest.mark.parametrize("limit, inflight, sample, previous, expected, why", [
+    (32, 32, Sample(32, 0), None, 48, "no queue inside vLLM and our limit used: grow by half"),
+    (32, 10, Sample(10, 0), None, 32, "our limit is not what holds vLLM back: hold"),
+    (512, 512, Sample(256, 256), Sample(256, 250), 282, "vLLM full at 256: what it runs plus the wanted queue (26)"),
+    (512, 512, Sample(256, 256), None, 512, "a long queue at the first sample since the gate opened: wait for a second"),
+    (384, 384, Sample(44, 300), Sample(10, 320), 384, "a queue behind a running count still growing: admission, hold"),
+    (384, 384, Sample(44, 300), Sample(380, 0), 384, "a wave of answers ended and its lines were sent again: hold"),
+    (384, 384, Sample(200, 100, 0.95), None, 220, "a queue and the KV cache nearly full: full at once"),
+    (300, 300, Sample(256, 30), Sample(256, 30), 300, "a queue near the wanted one: hold"),
+    (300, 300, Sample(200, 10, 0.99), None, 300, "KV cache full with requests waiting: hold"),
+    (1000, 1000, Sample(1000, 0), None, 1024, "never past the ceiling"),
+    (2, 2, Sample(0, 40), Sample(0, 40), 4, "at least the wanted queue"),
+    (77, 77, None, None, 77, "no metrics: as it is"),
 ])
-def test_the_in_flight_limit_follows_the_tenant(limit, inflight, sample, expected, why):
-    assert next_limit(limit, inflight, sample, P)[0] == expected, why
+def test_the_in_flight_limit_follows_the_tenant(limit, inflight, sample, previous, expected, why):
+    assert next_limit(limit, inflight, sample, P, previous=previous)[0] == expected, why
 
 
 @pytest.mark.parametrize("limit, rate, climb, now, expected, why", [
@@ -172,22 +176,24 @@ def test_growing_stops_where_it_buys_no_more_tokens(limit, rate, climb, now, exp
 
 @pytest.mark.parametrize("sample, expected, why", [
     (Sample(48, 0), 48, "no queue and our limit used, but the window at 48 is too short to judge: hold"),
-    (Sample(48, 40), 48 + 5, "a queue far past the wanted one: shrink at once, settled or not"),
+    (Sample(48, 40), 48 + 5, "a queue far past the wanted one, the server full: shrink at once, settled or not"),
     (Sample(48, 0, 0.99), 48, "KV cache full: hold"),
 ])
 def test_an_unsettled_limit_only_shrinks_or_holds(sample, expected, why):
-    assert next_limit(48, 48, sample, P, None, Climb(900.0, 32), 5.0, settled=False)[0] == expected, why
+    assert next_limit(48, 48, sample, P, None, Climb(900.0, 32), 5.0, settled=False, previous=sample)[0] == expected, why
 
 
 def _series(server_max: int, knee: int, steps: int = 60, past: float = 0.0) -> list[int]:
     """A server that runs at most ``server_max`` at once and generates in proportion to what runs up to ``knee``;
     past it the rate falls by ``past`` per doubling."""
-    limit, climb, seen = 32, Climb(), []
+    limit, climb, seen, previous = 32, Climb(), [], None
     for t in range(steps):
         running = min(limit, server_max)
         rate = 1000.0 * min(running, knee) * (1 - past) ** math.log2(max(1.0, running / knee)) if t else None
-        limit, climb = next_limit(limit, limit, Sample(running, limit - running), P, rate, climb, float(t))
+        sample = Sample(running, limit - running)
+        limit, climb = next_limit(limit, limit, sample, P, rate, climb, float(t), previous=previous)
         seen.append(limit)
+        previous = sample
     return seen
 
 

@@ -10,8 +10,11 @@ batch), never more than the ceiling. Pure: vLLM's ``/metrics`` in, a number out;
   the GPU's compute knee every request is slower and the steps longer); then probe again. A rate about flat
   (within ``gain``) probes on in smaller steps: on an H200 with short completions vLLM's API server, not the GPU,
   sets the pace, and more in flight keeps its running batch fuller between the waves of answers.
-* **A queue longer than wanted**: the server is full (``max_num_seqs`` or its KV cache): shrink to what it runs plus
-  the wanted queue.
+* **A queue longer than wanted while the server is full**: shrink to what it runs plus the wanted queue. Full: its KV
+  cache nearly so, or a long queue at two samples in a row with no more running at the second (``max_num_seqs``).
+  A queue behind a running count still growing is admission, not a full server: lines sent at once when a wave of
+  answers ends, or the held requests re-admitted after a wake-up, wait a step or two for their prefill (on an H200
+  with 512-token answers, shrinking on that one sample took the limit from 384 to 44 for the rest of a run).
 * **KV cache nearly full** with requests waiting: hold (more would only wait or be preempted).
 * Without metrics (not vLLM, or they cannot be read) the limit stays where it is.
 
@@ -64,6 +67,8 @@ class Policy:
     hold_s: float = 30.0
     busy: float = 0.9
     """We use our limit when at least this share of it is in flight: only then can the limit be what holds vLLM back."""
+    kv_high: float = 0.9
+    """KV-cache usage from which a queue inside vLLM means the server is full."""
 
     def wanted_queue(self, running: float) -> int:
         return max(self.min_queue, math.ceil(self.queue_fraction * running))
@@ -99,20 +104,34 @@ def parse_metrics(text: str) -> Sample | None:
                   sums["generated"] if counted else None)
 
 
+def full(sample: Sample, previous: Sample | None, policy: Policy) -> bool:
+    """A long queue inside vLLM because it can run no more (not because it is still admitting what just came)."""
+    if sample.waiting <= 2 * policy.wanted_queue(sample.running):
+        return False
+    if sample.kv_usage is not None and sample.kv_usage >= policy.kv_high:
+        return True
+    return previous is not None and previous.waiting > 2 * policy.wanted_queue(previous.running) \
+        and sample.running <= previous.running
+
+
 def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy, rate: float | None = None,
-               climb: Climb = Climb(), now: float = 0.0, settled: bool = True) -> tuple[int, Climb]:
+               climb: Climb = Climb(), now: float = 0.0, settled: bool = True,
+               previous: Sample | None = None) -> tuple[int, Climb]:
     """The limit after one sample (``inflight``: our lines out now; ``rate``: tokens/s generated over the window the
     limit has settled for, None when unknown — the gate was closed meanwhile), and the climb's new state.
     ``settled``: the window at this limit is long enough to judge it; until then the limit only shrinks or holds
-    (a one-second rate is mostly the noise of answers finishing in waves)."""
+    (a one-second rate is mostly the noise of answers finishing in waves). ``previous``: the sample before, taken
+    while the gate stayed open (None after it opened)."""
     def clamp(n: int) -> int:
         return max(policy.floor, min(policy.ceiling, n))
 
     if sample is None:
         return clamp(limit), climb
     want = policy.wanted_queue(sample.running)
-    if sample.waiting > 2 * want:
+    if full(sample, previous, policy):
         return clamp(int(sample.running) + want), climb
+    if sample.waiting > 2 * want:  # still admitting: wait for the next sample
+        return clamp(limit), climb
     if sample.kv_usage is not None and sample.kv_usage >= policy.kv_full and sample.waiting > 0:
         return clamp(limit), climb
     if not settled:
@@ -135,4 +154,4 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
     return clamp(max(limit + 1, math.ceil(limit * growth))), climb
 
 
-__all__ = ["Climb", "Policy", "Sample", "next_limit", "parse_metrics"]
+__all__ = ["Climb", "Policy", "Sample", "full", "next_limit", "parse_metrics"]

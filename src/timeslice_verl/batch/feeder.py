@@ -275,16 +275,16 @@ class Feeder:
     async def _follow(self, session: aiohttp.ClientSession) -> None:
         """Sample the tenant's ``/metrics`` while the gate is open; move the limit by the policy. The generation rate
         is taken only over an interval the gate stayed open through (a sleeping tenant generates nothing)."""
-        climb, last = Climb(), None
+        climb, last, previous = Climb(), None, None
         window = Window()
         while True:
             if not self.gate.open:
-                last = None  # the window keeps what it has: it goes on in the next valley
+                last = previous = None  # the window keeps what it has: it goes on in the next valley
                 await self.gate.wait_open()
             sample = await self._sample(session)
             now, opened = time.monotonic(), self.gate.open
             if sample is None or not opened:
-                last = None
+                last = previous = None
             else:
                 if window.limit != self.stats.limit:
                     window = Window(self.stats.limit)  # a window opens a sample after the change
@@ -296,7 +296,8 @@ class Feeder:
                 rate = window.tokens / window.seconds if window.seconds and sample.generated is not None else None
                 before = self.stats.limit
                 self.stats.limit, climb = next_limit(before, self.stats.inflight, sample, self.policy,
-                                                     rate if settled else None, climb, now, settled)
+                                                     rate if settled else None, climb, now, settled, previous)
+                previous = sample
                 if self.stats.limit != before:
                     last = None
                 self.stats.samples = [*self.stats.samples[-599:], (time.time(), sample.running, sample.waiting)]
