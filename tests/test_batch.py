@@ -198,6 +198,28 @@ def test_the_openai_python_client_creates_polls_and_downloads_a_batch(tmp_path, 
         client.batches.retrieve("batch_nope")
 
 
+def test_answers_with_unicode_line_separators_stay_one_line_each_for_every_reader(tmp_path, procs, vllm):
+    """vLLM writes its answers' text as it is (U+2028, U+2029, U+0085 raw inside JSON strings: valid JSON, but line
+    ends to Python's ``splitlines``): the output file escapes them, so each answer is one line however it is split."""
+    service = BatchServiceProc(tmp_path, vllm.url).start()
+    procs.append(service)
+    prompts = {f"req-{i}": f"a\u2028b\u2029c\x85d {i}" for i in range(6)}
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"custom_id": cid, "method": "POST", "url": "/v1/completions",
+                                                           "body": {"model": "m", "prompt": p, "max_tokens": 2}}) + "\n"
+                                               for cid, p in prompts.items()))
+    client = service.http()
+    fid = client.post("/v1/files", files={"file": ("in.jsonl", (tmp_path / "in.jsonl").read_bytes())},
+                      data={"purpose": "batch"}).json()["id"]
+    bid = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/completions",
+                                           "completion_window": "24h"}).json()["id"]
+    batch = eventually(lambda: (b := client.get(f"/v1/batches/{bid}").json())["status"] == "completed" and b,
+                       what="batch done")
+    text = client.get(f"/v1/files/{batch['output_file_id']}/content").text
+    answers = [json.loads(line) for line in text.splitlines()]
+    assert len(answers) == len(prompts) and "\u2028" not in text and "\x85" not in text
+    assert all(a["response"]["body"]["choices"][0]["text"].startswith(f"echo:{prompts[a['custom_id']]}") for a in answers)
+
+
 def test_the_cli_submits_follows_and_downloads(tmp_path, procs, vllm):
     service = BatchServiceProc(tmp_path, vllm.url).start()
     procs.append(service)

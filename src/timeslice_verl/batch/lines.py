@@ -158,18 +158,26 @@ def _request_id(batch_id: str, idx: int) -> str:
     return f"batch_req_{batch_id.removeprefix('batch_')}_{idx}"
 
 
+LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+"""Characters JSON leaves raw inside a string (vLLM's answers carry them as they are) that Python's ``splitlines``
+and JavaScript's older parsers take for line ends: written escaped, the same JSON, one line for every reader (a
+512-token answer of the test model on an H200 broke a reader that split the output file that way)."""
+
+
 def output_lines(batch_id: str, rows: Iterable[Any]) -> Iterator[bytes]:
-    """The output file: one line per request that was answered (the stored response is JSON text, written as is)."""
+    """The output file: one line per request that was answered (the stored response is JSON text, written as is but
+    for :data:`LINE_BREAKS`)."""
     for r in rows:
         yield (f'{{"id": {json.dumps(_request_id(batch_id, r["idx"]))}, "custom_id": {json.dumps(r["custom_id"])}, '
-               f'"response": {r["response"]}, "error": null}}\n').encode()
+               f'"response": {r["response"].translate(LINE_BREAKS)}, "error": null}}\n').encode()
 
 
 def error_lines(batch_id: str, rows: Iterable[Any]) -> Iterator[bytes]:
     """The error file: one line per request that failed (for good), with why."""
     for r in rows:
+        response = (r["response"] or "null").translate(LINE_BREAKS)
         yield (f'{{"id": {json.dumps(_request_id(batch_id, r["idx"]))}, "custom_id": {json.dumps(r["custom_id"])}, '
-               f'"response": {r["response"] or "null"}, "error": {r["error"]}}}\n').encode()
+               f'"response": {response}, "error": {r["error"].translate(LINE_BREAKS)}}}\n').encode()
 
 
 __all__ = ["ENDPOINTS", "MAX_LINES", "BatchRefused", "LineError", "RequestLine", "error_lines", "numbered_lines", "output_lines", "parse",

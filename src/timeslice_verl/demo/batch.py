@@ -79,8 +79,8 @@ class DemoBatch:
             (self.out / name).unlink(missing_ok=True)
             if batch.get(key):
                 self.client.download(batch[key], self.out / name)
-        ids = [json.loads(line)["custom_id"] for name in ("batch-output.jsonl", "batch-errors.jsonl")
-               if (self.out / name).exists() for line in (self.out / name).read_text().splitlines()]
+        ids = [json.loads(line)["custom_id"] for name in ("batch-output.jsonl", "batch-errors.jsonl")  # JSON Lines: "\n"
+               if (self.out / name).exists() for line in (self.out / name).read_text().split("\n") if line]
         failed = dict(fig["failed"])
         cancelled = failed.pop("batch_cancelled", 0)
         gpu_s = gate["open_s"]

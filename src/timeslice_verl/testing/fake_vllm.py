@@ -107,7 +107,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
         data = body if isinstance(body, bytes) else (
-            json.dumps(body) if content_type == "application/json" else str(body)).encode()
+            json.dumps(body, ensure_ascii=False) if content_type == "application/json" else str(body)).encode()  # as vLLM
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
