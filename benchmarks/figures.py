@@ -264,6 +264,30 @@ def harvest_start256_service() -> str:
     return "\n".join(lines)
 
 
+SESSION3 = RESULTS / "2026-12-02-h200-harvest-session3"
+
+
+def harvest_h200_session3() -> str:
+    """Runs 8–10 (one H200, 2026-12-02, third session): every ratio over the best whole-level rate of the same run's
+    capacity (an async client at 32/128/256/512 in flight: no estimator), beside the reference the run itself used."""
+    code = {"run8": "09b1462", "run9": "09b1462", "run10": "b334c21"}
+    lines = ["| run | code | mix | capacity, whole level best / the run's reference, tokens/s | service alone / capacity | "
+             "profile | serving / capacity | idle / capacity | step ratio | wait median / max s | tokens per tenant-GPU s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in code:
+        got = _harvest_log(SESSION3 / run)
+        best = max(c["tokens_per_s"] for c in got["capacity"])
+        ref = max(c.get("steady_tokens_per_s") or c["tokens_per_s"] for c in got["capacity"])
+        alone = _f(got["alone"]["tokens_per_s"] / best, 3) if "alone" in got else "–"
+        for row_path in sorted((SESSION3 / run).glob("row-*.json")):
+            r = json.loads(row_path.read_text())
+            idle = r["tokens"] / r["trainer_idle_s"] / best
+            lines.append(f"| {run[3:]} | {code[run]} | {r['mix_tokens']} | {best:.0f} / {ref:.0f} | {alone} | {r['profile']} | "
+                         f"{_f(r['tokens_per_gpu_s'] / best, 3)} | {_f(idle, 3)} | {_f(r['step_ratio'], 4)} | "
+                         f"{_f(r['wait_s_median'], 3)} / {_f(r['wait_s_max'], 3)} | {r['tokens_per_gpu_s']:.0f} |")
+    return "\n".join(lines)
+
+
 def harvest_cpu(folder: Path = RESULTS / "2026-12-01-cpu-harvest") -> str:
     """benchmarks/harvest_cpu.py on this 2-core CPU machine: the service alone against the stand-in of known capacity,
     this tree and the tree before the change (38d0fd7) one after the other."""
@@ -300,6 +324,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "harvest-h200-start256": lambda: harvest_h200_pause(START256, {"run4": "start 256", "run5": "start 256",
                                                                    "run6": "start 256", "run7": "+ gate at yield"}),
     "harvest-h200-start256-service": harvest_start256_service,
+    "harvest-h200-session3": harvest_h200_session3,
     "harvest-h200": harvest_h200, "harvest-h200-pause": harvest_h200_pause, "harvest-cpu": harvest_cpu,
     "harvest-cpu-stream": lambda: harvest_cpu(RESULTS / "2026-12-02-cpu-harvest"),
     "valleys-h200": valleys_h200, "valleys-round5-h200": valleys_round5_h200, "valleys-round6-h200": valleys_round6_h200, "ladder-cpu": ladder_cpu, "ladder-h200": ladder_h200,
