@@ -76,7 +76,7 @@ class Sampler:
                     s = None
                 if s is not None:
                     f.write(json.dumps({"t": round(time.time(), 3), "phase": self.phase, "running": s.running,
-                                        "waiting": s.waiting, "kv": s.kv_usage}) + "\n")
+                                        "waiting": s.waiting, "kv": s.kv_usage, "generated": s.generated}) + "\n")
 
 
 async def _generated(session: aiohttp.ClientSession) -> tuple[float, float | None]:
@@ -179,6 +179,22 @@ def _watch_feeder(url: str, key: str, path: Path, stop: threading.Event) -> None
                                 "answered": feeder.get("answered"), "written": feeder.get("written")}) + "\n")
 
 
+def valley_tokens(run_jsonl: Path, inflight: Path, phase: str) -> list[dict[str, Any]]:
+    """Each lent valley of a time-sliced run (a release to the next acquire, from its ``run.jsonl``) with the tokens
+    vLLM generated in it (its counter, as the sampler read it in ``phase``)."""
+    events = [json.loads(x) for x in run_jsonl.read_text().split("\n") if x]
+    marks = [(e["time"], e["action"]) for e in events if e.get("hook") == "handoff" and e.get("ok", True)]
+    reads = [(r["t"], r["generated"]) for r in (json.loads(x) for x in inflight.read_text().split("\n") if x)
+             if r.get("phase") == phase and r.get("generated") is not None]
+    out = []
+    for (t0, a0), (t1, a1) in zip(marks, marks[1:]):
+        inside = [g for t, g in reads if t0 <= t <= t1]
+        if a0 == "release" and a1 == "acquire" and len(inside) >= 2:
+            out.append({"start": round(t0, 3), "seconds": round(t1 - t0, 3), "tokens": round(inside[-1] - inside[0]),
+                        "tokens_per_s": round((inside[-1] - inside[0]) / (t1 - t0), 1) if t1 > t0 else None})
+    return out
+
+
 def timesliced(args: argparse.Namespace, url: str, mix: int, profile: str, best: float, sampler: Sampler) -> dict[str, Any]:
     base = DemoOptions(steps=args.steps, rollout_s=args.rollout_s, train_s=args.train_s, device=args.device, gib=args.gib,
                        vllm_url=url, clients=args.start_inflight, seed=args.seed, batch_lines=args.lines, max_tokens=mix, profile=profile)
@@ -195,7 +211,9 @@ def timesliced(args: argparse.Namespace, url: str, mix: int, profile: str, best:
               "capacity_tokens_per_s": best,
               "serving_vs_capacity": round(batch["tokens_per_gpu_s"] / best, 4) if batch.get("tokens_per_gpu_s") else None,
               "idle_vs_capacity": round(tokens / valley_s / best, 4) if valley_s else None,
-              "lost": batch.get("lost"), "twice": batch.get("twice")})
+              "lost": batch.get("lost"), "twice": batch.get("twice"),
+              "valleys": valley_tokens(folder / "auto" / "run.jsonl", args.out / "inflight.jsonl",
+                                       f"timesliced-{mix}-{profile}")})
     (args.out / f"row-{mix}-{profile}.json").write_text(json.dumps(r, indent=1) + "\n")
     return r
 

@@ -283,3 +283,30 @@ def test_the_owner_is_no_longer_the_tenant_from_the_first_call_of_its_yield(tmp_
     assert first == {"owner": "transitioning", "tenant": "awake"}, first
     yielded = [t for t in got[0]["transitions"] if t["action"] == "tenant_yield"]
     assert yielded and yielded[-1]["ok"] and tenant.stats()["pauses"].get("keep", 0) >= 1
+
+
+def test_the_harvest_benchmark_counts_each_valleys_tokens_from_vllms_counter(tmp_path):
+    """benchmarks/harvest.py: a valley is a release to the next acquire; its tokens, vLLM's counter read across it in
+    the run's own phase (reads of other phases and outside the valley do not count)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("harvest_bench", bench / "harvest.py")
+        harvest = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(harvest)
+    finally:
+        sys.path.remove(str(bench))
+    run = tmp_path / "run.jsonl"
+    run.write_text("".join(json.dumps({"hook": "handoff", "time": t, "action": a, "ok": True}) + "\n" for t, a in
+                           [(0.0, "acquire"), (1.0, "release"), (5.0, "acquire"), (6.0, "release"), (8.0, "acquire")]))
+    reads = [(0.5, "p", 0), (1.1, "p", 100), (3.0, "p", 900), (4.9, "p", 2100), (3.5, "other", 10**6),
+             (5.5, "p", 2100), (6.2, "p", 2200), (7.9, "p", 2600)]
+    inflight = tmp_path / "inflight.jsonl"
+    inflight.write_text("".join(json.dumps({"t": t, "phase": ph, "running": 1, "waiting": 0, "generated": g}) + "\n"
+                                for t, ph, g in reads))
+    got = harvest.valley_tokens(run, inflight, "p")
+    assert [(v["seconds"], v["tokens"]) for v in got] == [(4.0, 2000), (2.0, 400)]
