@@ -125,7 +125,7 @@ def test_a_state_file_of_another_schema_is_refused_not_overwritten(tmp_path):
 def api(tmp_path):
     store = Store(tmp_path / "b.sqlite")
     kicks = []
-    app = make_app(store, models=lambda: {"m"}, kick=lambda: kicks.append(1), summary=lambda: {}, metrics=lambda: b"",
+    app = make_app(store, models=lambda role: {"m"}, kick=lambda: kicks.append(1), summary=lambda: {}, metrics=lambda: b"",
                    max_file_bytes=4096)
     with TestClient(app) as client:
         yield client, store, kicks

@@ -44,6 +44,19 @@ SWAP_AUTO = "auto"
 """The setting ``timeslice.handoff.swap=auto``: the trainer picks a :class:`SwapMode` per run (held as None)."""
 
 
+class TenantRole(str, enum.Enum):
+    """What a tenant serves, and so which batches its lines come from (the batch service's ``tenant_role`` of a
+    batch, the feeder's of its tenant): one type from the config to the store."""
+
+    batch = "batch"
+    """Users' batches (``timeslice.tenant.urls``, ``timeslice.batch.tenant_urls``)."""
+    policy = "policy"
+    """Validation runs of the trainer's policy (``timeslice.validate.policy_url``): only its lines, only there."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 def swap_setting(value: object) -> SwapMode | None:
     """A swap setting as its type: a :class:`SwapMode`, or None for ``auto``; anything else a ValueError naming the
     choices."""

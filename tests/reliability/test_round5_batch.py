@@ -25,7 +25,7 @@ CALLS = [("get", "/v1/files"), ("get", "/v1/files/file_x/content"), ("delete", "
 @pytest.fixture
 def guarded(tmp_path):
     store = Store(tmp_path / "b.sqlite")
-    app = make_app(store, models=lambda: {"m"}, kick=lambda: None, summary=lambda: {"lines": {}}, metrics=lambda: b"",
+    app = make_app(store, models=lambda role: {"m"}, kick=lambda: None, summary=lambda: {"lines": {}}, metrics=lambda: b"",
                    max_file_bytes=4096)
     with TestClient(RequireKey(app, [KEY])) as client:
         yield client
@@ -133,7 +133,7 @@ def test_a_full_database_is_a_json_error_naming_the_cause_and_the_feeder_holds_t
     store = Store(tmp_path / "b.sqlite")
     pages = store.query("PRAGMA page_count")[0][0]
     store.db.execute(f"PRAGMA max_page_count={pages + 1}")
-    app = make_app(store, models=lambda: {"m"}, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
+    app = make_app(store, models=lambda role: {"m"}, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
                    max_file_bytes=2**20)
     with TestClient(app) as client:
         resp = client.post("/v1/files", files={"file": ("in.jsonl", b"x" * 200_000)}, data={"purpose": "batch"})
@@ -161,7 +161,7 @@ def test_a_full_database_is_a_json_error_naming_the_cause_and_the_feeder_holds_t
     assert asyncio.run(watch()) == "written" and len(calls) == 3
     assert (False, f"the database {store.path} cannot be written: database or disk is full") in seen
     assert feeder.healthy and feeder.problem == ""
-    problem = make_app(store, models=lambda: None, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
+    problem = make_app(store, models=lambda role: None, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
                        max_file_bytes=1, problem=lambda: "the database cannot be written: disk full")
     with TestClient(problem) as client:
         assert client.get("/health").status_code == 503
@@ -203,7 +203,7 @@ def test_a_damaged_database_is_refused_at_start_naming_its_path(tmp_path, damage
 def test_a_line_no_server_could_read_fails_at_upload_alone_and_the_batch_ends(tmp_path, raw, message):
     """Item 6: accepted but never sendable, it used to stay in flight for ever."""
     store = Store(tmp_path / "b.sqlite")
-    app = make_app(store, models=lambda: {"m"}, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
+    app = make_app(store, models=lambda role: {"m"}, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
                    max_file_bytes=2**20)
     good = '{"custom_id": "ok", "url": "/v1/completions", "body": {"model": "m"}}'
     with TestClient(app) as client:
@@ -306,7 +306,7 @@ def test_has_more_is_exact(tmp_path):
     line = b'{"custom_id": "a", "url": "/v1/completions", "body": {"model": "m"}}'
     for _ in range(3):
         store.create_batch("/v1/completions", "f", 86400, "24h", None, parse(line, "/v1/completions"))
-    app = make_app(store, models=lambda: None, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
+    app = make_app(store, models=lambda role: None, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
                    max_file_bytes=1)
     with TestClient(app) as client:
         assert client.get("/v1/batches?limit=3").json()["has_more"] is False

@@ -20,6 +20,7 @@ from timeslice_verl.batch.bodies import CreateBatch
 from timeslice_verl.batch.files import Files, TooLarge
 from timeslice_verl.batch.lines import BatchRefused, error_lines, output_lines, parse_stream
 from timeslice_verl.batch.store import OPEN, Store, StoreUnavailable
+from timeslice_verl.names import TenantRole
 
 OUT, ERR = "file-out-", "file-err-"
 
@@ -50,7 +51,7 @@ def batch_object(store: Store, row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def make_app(store: Store, *, models: Callable[[], set[str] | None], kick: Callable[[], None], summary: Callable[[], dict],
+def make_app(store: Store, *, models: Callable[[TenantRole], set[str] | None], kick: Callable[[], None], summary: Callable[[], dict],
              metrics: Callable[[], bytes], max_file_bytes: int, problem: Callable[[], str] = lambda: "",
              chunk_bytes: int = 4 << 20, api: bool = True) -> FastAPI:
     """The service's app over ``store`` (``models``: what the tenant serves, if known; ``kick``: new lines to send;
@@ -158,18 +159,20 @@ def _result_file(store: Store, fid: str) -> dict[str, Any] | None:
             "created_at": row["completed_at"] or row["created_at"]}
 
 
-def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[], set[str] | None], kick: Callable[[], None]) -> None:
+def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[TenantRole], set[str] | None],
+             kick: Callable[[], None]) -> None:
     @app.post("/v1/batches")
     async def create(body: CreateBatch, request: Request) -> Any:
         fid = body.input_file_id
         chunks = await asyncio.to_thread(files.chunks, fid)
         if chunks is None:
             return refuse(404, f"no input file {fid!r}", "input_file_id", "not_found")
-        lines = parse_stream(chunks, body.endpoint, await asyncio.to_thread(models))  # read, parsed and inserted as it comes
+        served = await asyncio.to_thread(models, body.tenant_role)  # what the tenants that answer it serve
+        lines = parse_stream(chunks, body.endpoint, served)  # read, parsed and inserted as it comes
         try:
             bid = await asyncio.to_thread(store.create_batch, body.endpoint, fid, 86400, body.completion_window,
                                           body.metadata, lines, owner=getattr(request.state, "owner", ""),
-                                          priority=body.priority)
+                                          priority=body.priority, role=body.tenant_role)
         except BatchRefused as exc:
             return refuse(400, exc.message, exc.param, exc.code)
         kick()

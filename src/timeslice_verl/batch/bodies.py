@@ -9,6 +9,7 @@ from typing import Dict, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from timeslice_verl.batch.lines import ENDPOINTS
+from timeslice_verl.names import TenantRole
 
 WINDOWS = ("24h",)
 """The completion windows OpenAI's Batch API takes."""
@@ -42,6 +43,8 @@ class CreateBatch(BaseModel):
     priority: int = Field(0, ge=-100, le=100)
     """Ours, not OpenAI's (the OpenAI client sends it with ``extra_body``): a batch of a higher priority is sent first
     (validation above users' work); equal priorities share the tenant between API keys."""
+    tenant_role: TenantRole = TenantRole.batch
+    """Ours: which tenants answer it — ``policy``: a validation run, sent to the policy tenant alone."""
 
     @field_validator("endpoint")
     @classmethod

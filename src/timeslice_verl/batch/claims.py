@@ -12,6 +12,7 @@ from typing import Any, Iterator, Literal
 
 from timeslice_verl.batch.engine import Dialect, Tx
 from timeslice_verl.batch.share import Waiting, plan
+from timeslice_verl.names import TenantRole
 
 LEASE_S = 30.0
 """How long a claimed line stays its feeder's without a renewal (a feeder renews every third of it)."""
@@ -89,16 +90,19 @@ class LineQueue:
                 n += moved
         return n
 
-    def claim(self, n: int, now: float, holder: str = "", lease_s: float = LEASE_S) -> list[Line]:
+    def claim(self, n: int, now: float, holder: str = "", lease_s: float = LEASE_S,
+              role: TenantRole = TenantRole.batch) -> list[Line]:
         """Up to ``n`` lines ready to send (:func:`~timeslice_verl.batch.share.plan`: priority, owners' share, creation
-        order; input order within a batch), marked in flight for ``holder`` until ``now + lease_s`` (one more try
-        each, a new fencing token). Lines another feeder holds are passed over."""
+        order; input order within a batch) of the batches a tenant of ``role`` answers, marked in flight for
+        ``holder`` until ``now + lease_s`` (one more try each, a new fencing token). Lines another feeder holds are
+        passed over."""
         out: list[Line] = []
         if n <= 0:
             return out
         with self.transaction() as db:
             rows = db.execute("SELECT id, endpoint, priority, owner, seq, queued, inflight FROM batches WHERE status = "
-                              "'in_progress' AND queued > 0 ORDER BY id" + self.dialect.lock).fetchall()
+                              "'in_progress' AND queued > 0 AND tenant_role = ? ORDER BY id" + self.dialect.lock,
+                              (role.value,)).fetchall()
             endpoint = {r["id"]: r["endpoint"] for r in rows}
             waiting = [Waiting(r["id"], r["priority"], r["owner"], r["seq"], r["queued"], r["inflight"]) for r in rows]
             for bid, k in plan(waiting, n):

@@ -31,6 +31,7 @@ from timeslice_verl.backoff import Backoff
 from timeslice_verl.batch.concurrency import Climb, Policy, Sample, next_limit, parse_metrics
 from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.store import LEASE_S, Line, Outcome, Store, StoreUnavailable
+from timeslice_verl.names import TenantRole
 from timeslice_verl.log import get_logger
 
 log = get_logger("batch")
@@ -92,8 +93,10 @@ class FeederStats:
 class Feeder:
     def __init__(self, store: Store, url: str, gate: Gate, *, policy: Policy, adapt: bool = True,
                  max_attempts: int = 5, request_timeout_s: float = 600.0, settle: bool = True,
-                 lease_s: float = LEASE_S) -> None:
+                 lease_s: float = LEASE_S, role: TenantRole = TenantRole.batch) -> None:
         self.store, self.url, self.gate = store, url.rstrip("/"), gate
+        self.role = role
+        """Which batches this tenant answers (users' or the policy's validation runs)."""
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         """Whose lines these are in the store (one queue, several nodes): renewed while the feeder lives."""
         self.lease_s = lease_s
@@ -169,7 +172,7 @@ class Feeder:
 
     async def _claim(self, n: int) -> None:
         try:
-            lines = await self._db(self.store.claim, n, time.time(), self.holder, self.lease_s)
+            lines = await self._db(self.store.claim, n, time.time(), self.holder, self.lease_s, self.role)
             self._ready.extend(lines)
         finally:
             self._claiming = False

@@ -25,6 +25,7 @@ from timeslice_verl.batch.files import Files
 from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.store import CREATING_S, OPEN, Store
 from timeslice_verl.config.schema import TimesliceSettings, socket_path
+from timeslice_verl.names import TenantRole
 from timeslice_verl.log import get_logger
 
 log = get_logger("batch")
@@ -104,14 +105,19 @@ class Service:
         self.store = open_store(settings)
         sock = str(socket_path(settings)) if b.follow_agent else None
         policy = Policy(start=min(b.concurrency, b.max_concurrency), ceiling=b.max_concurrency)
-        self.gates = [Gate(sock, poll_s=b.poll_s) for _ in self.urls] if role.feeds else []
+        self.policy_url = settings.validate.policy_url.rstrip("/")
+        """The policy tenant (issue 39): fed the validation runs alone, by a feeder of its own."""
+        fed = [(u, TenantRole.batch) for u in self.urls] + ([(self.policy_url, TenantRole.policy)] if self.policy_url else [])
+        self.gates = [Gate(sock, poll_s=b.poll_s) for _ in fed] if role.feeds else []
         """One per tenant: the agent's word for all, each tenant's own health (a restarting server stops only its
         own lines)."""
         self.feeders = [Feeder(self.store, url, gate, policy=policy, adapt=b.adapt_concurrency, max_attempts=b.max_attempts,
-                               request_timeout_s=b.request_timeout_s, settle=i == 0, lease_s=b.lease_s)
-                        for i, (url, gate) in enumerate(zip(self.urls, self.gates))]
+                               request_timeout_s=b.request_timeout_s, settle=i == 0, lease_s=b.lease_s, role=which)
+                        for i, ((url, which), gate) in enumerate(zip(fed, self.gates))]
         self.metrics = BatchMetrics(self)
-        self.app = make_app(self.store, models=Models(self.url) if self.url else lambda: None, kick=self.kick,
+        served = {TenantRole.batch: Models(self.url) if self.url else None,
+                  TenantRole.policy: Models(self.policy_url) if self.policy_url else None}
+        self.app = make_app(self.store, models=lambda which: served[which]() if served[which] else None, kick=self.kick,
                             summary=self.summary, api=role is not Role.feed,
                             metrics=self.metrics.render, max_file_bytes=int(b.max_file_mb * 2**20),
                             chunk_bytes=max(1, int(b.chunk_mb * 2**20)),

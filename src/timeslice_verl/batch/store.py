@@ -34,6 +34,7 @@ from typing import Any, Iterable
 from timeslice_verl.batch.claims import LEASE_S, Line, LineQueue, Outcome
 from timeslice_verl.batch.engine import Engine, SqliteEngine, StoreError, StoreUnavailable, Tx
 from timeslice_verl.batch.lines import RequestLine
+from timeslice_verl.names import TenantRole
 from timeslice_verl.batch.schema import SCHEMA_VERSION
 from timeslice_verl.batch.status import ENDED, OPEN
 
@@ -90,7 +91,8 @@ class Store(LineQueue):
     # ------------------------------------------------------------------ batches
 
     def create_batch(self, endpoint: str, input_file_id: str, window_s: int, window: str, metadata: Any,
-                     lines: Iterable[RequestLine], *, owner: str = "", priority: int = 0) -> str:
+                     lines: Iterable[RequestLine], *, owner: str = "", priority: int = 0,
+                     role: TenantRole = TenantRole.batch) -> str:
         """A batch of ``lines`` (:class:`~timeslice_verl.batch.lines.RequestLine`); a line with an error is failed from
         the start. ``lines`` may be a generator: it is inserted as it comes, a chunk a transaction, the batch
         ``validating`` (never claimed) until the last, under a lease each chunk renews; an exception from it (a file
@@ -98,9 +100,10 @@ class Store(LineQueue):
         bid, now = new_id("batch"), int(time.time())
         with self.transaction() as db:
             db.execute("INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, metadata, created_at, "
-                       "expires_at, total, owner, priority, seq, creating_until) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?, "
-                       "0, ?, ?, ?, ?)", (bid, endpoint, input_file_id, window, json.dumps(metadata) if metadata else None,
-                                          now, now + window_s, owner, priority, time.time_ns(), time.time() + CREATING_S))
+                       "expires_at, total, owner, priority, seq, creating_until, tenant_role) VALUES (?, ?, ?, ?, 'validating', "
+                       "?, ?, ?, 0, ?, ?, ?, ?, ?)", (bid, endpoint, input_file_id, window,
+                                                     json.dumps(metadata) if metadata else None, now, now + window_s, owner,
+                                                     priority, time.time_ns(), time.time() + CREATING_S, role.value))
         counts = {"queued": 0, "failed": 0}
         try:
             chunk: list[tuple] = []

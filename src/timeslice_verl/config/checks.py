@@ -62,4 +62,23 @@ def check_urls(settings: Any) -> None:
     settings.batch.tenant_urls = clean_urls(settings.batch.tenant_urls)
 
 
-__all__ = ["SECTION", "ConfigError", "check_urls", "no_dsn_in_store", "setting_at"]
+def check_validate(settings: Any) -> None:
+    """The validation section: a policy tenant named when it is on, and never one the users' batches go to."""
+    v = settings.validate
+    if not 0 <= v.every <= 1_000_000:
+        raise ConfigError(_full_key("validate.every"), f"must be between 0 and 1000000, got {v.every}")
+    if not -100 <= v.priority <= 100:
+        raise ConfigError(_full_key("validate.priority"), f"must be between -100 and 100, got {v.priority}")
+    for key in ("validate.policy_url", "validate.service_url"):
+        value = setting_at(settings, key)
+        if value and not valid_url(value):
+            raise ConfigError(_full_key(key), f"{value!r} is not an http(s) URL")
+    if v.enable and not v.policy_url:
+        raise ConfigError(_full_key("validate.policy_url"), "validation is on (validate.enable=true) but no policy tenant "
+                                                             "is named: the URL of a vLLM started with weight transfer")
+    if v.policy_url and v.policy_url.rstrip("/") in [u.rstrip("/") for u in settings.batch.tenant_urls]:
+        raise ConfigError(_full_key("validate.policy_url"), f"{v.policy_url!r} is also in batch.tenant_urls: the policy "
+                                                             "tenant answers validation runs only")
+
+
+__all__ = ["SECTION", "ConfigError", "check_urls", "check_validate", "no_dsn_in_store", "setting_at"]

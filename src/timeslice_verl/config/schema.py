@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from timeslice_verl.log import get_logger
 from timeslice_verl.config.paths import default_runtime_dir, default_socket, socket_path, state_path  # noqa: F401,E402
-from timeslice_verl.config.checks import SECTION, ConfigError, _full_key, setting_at, check_urls as _check_urls, no_dsn_in_store as _no_dsn_in_store  # noqa: F401 (re-exported)
+from timeslice_verl.config.checks import SECTION, ConfigError, _full_key, setting_at, check_urls as _check_urls, check_validate as _check_validate, no_dsn_in_store as _no_dsn_in_store  # noqa: F401 (re-exported)
 from timeslice_verl.names import JOB_TAG_ENV, SWAP_AUTO, SWAP_MODES, YieldBy, clean_urls, repeated_url, valid_job, valid_url  # noqa: F401 (re-exported)
 
 log = get_logger("config")
@@ -227,6 +227,18 @@ class BatchSettings:
 
 
 @dataclass
+class ValidateSettings:
+    """Validation in the valleys: each due version pushed into the policy tenant and run as a batch (off by default)."""
+
+    enable: bool = False
+    every: int = 0  # validate every this many versions; 0: verl's trainer.test_freq
+    policy_url: str = ""  # the policy tenant: a vLLM started with weight transfer, on the trainer's GPU
+    priority: int = 100  # the validation batches' priority (users' batches: 0)
+    service_url: str = ""  # the batch service (default http://{batch.host}:{batch.port})
+    poll_s: float = 2.0  # how often a running validation's batch is looked at
+
+
+@dataclass
 class TimelineSettings:
     path: str = "timeslice-timeline.jsonl"
     """JSONL file the timeline plugin appends events and agent transitions to."""
@@ -255,6 +267,7 @@ class TimesliceSettings:
     timeline: TimelineSettings = field(default_factory=TimelineSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     batch: BatchSettings = field(default_factory=BatchSettings)
+    validate: ValidateSettings = field(default_factory=ValidateSettings)
 
 
 CHOICES: dict[str, tuple[Any, ...]] = {
@@ -283,6 +296,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "batch.chunk_mb": (0.0, 1024.0, False),
     "batch.request_timeout_s": (0.0, DAY_S, False),
     "batch.poll_s": (0.0, 60.0, False),
+    "validate.poll_s": (0.0, 3600.0, False),
 }
 """The meaningful range of each float setting (0 where it is allowed means "off" or "no bound", as the key says)."""
 
@@ -333,6 +347,7 @@ def _check_values(settings: TimesliceSettings) -> None:
         if not low <= setting_at(settings, key) <= 100_000:
             raise ConfigError(_full_key(key), f"must be between {low} and 100000, got {setting_at(settings, key)}")
     _check_urls(settings)
+    _check_validate(settings)
     for entry in settings.plugins.modules:
         if not re.match(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$", entry):
             raise ConfigError(_full_key("plugins.modules"), f"{entry!r} is not 'package.module[:attr]'")

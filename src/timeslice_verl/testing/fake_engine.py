@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from timeslice_verl.testing.fake_weights import Weights
+
 
 @dataclass
 class Faults:
@@ -68,6 +70,8 @@ class FakeVllm:
         self.control_calls: dict[str, int] = {}
         """Requests to each control path (``/pause``, ``/is_paused`` …): what a yield costs in round trips."""
         self.child_pid = 0
+        self.weights = Weights()
+        """The weights' version and the updates pushed in (vLLM's weight-transfer routes)."""
         self._ids = 0
 
     def stats(self) -> dict[str, Any]:
@@ -76,7 +80,7 @@ class FakeVllm:
                 "sleeping": self.sleeping, "paused": self.paused, "running": len(self.running), "waiting": self.waiting,
                 "completed": self.completed, "aborted": self.aborted, "sleeps": self.sleeps, "version": self.version,
                 "wake_up_calls": self.wake_up_calls, "pauses": dict(self.pauses), "child_pid": self.child_pid,
-                "control_calls": dict(self.control_calls),
+                "control_calls": dict(self.control_calls), "weights": self.weights.stats(),
                 "generated": self.generated,
                 "pid": os.getpid(),
             }
@@ -177,7 +181,9 @@ class FakeVllm:
                          "param": None, "code": 404}
         chat = url_path.endswith("/chat/completions")
         prompt = (body.get("messages") or [{}])[-1].get("content", "") if chat else body.get("prompt", "")
+        before = self.weights.held()
         tokens, reason = self.generate(int(body.get("max_tokens", 16)))
+        after = self.weights.held()
         text = f"echo:{str(prompt)[:64]}|" + "x" * tokens
         choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
@@ -187,7 +193,9 @@ class FakeVllm:
         return 200, {"id": f"cmpl-{rid}", "object": "chat.completion" if chat else "text_completion",
                      "created": int(time.time()), "model": model, "choices": [choice],
                      "usage": {"prompt_tokens": len(str(prompt).split()), "completion_tokens": tokens,
-                               "total_tokens": len(str(prompt).split()) + tokens}}
+                               "total_tokens": len(str(prompt).split()) + tokens},
+                     # the stand-in's own field: the weights it generated with ("mixed": an update landed meanwhile)
+                     "timeslice_weight_version": before if before == after else "mixed"}
 
 
 __all__ = ["Faults", "FakeVllm"]

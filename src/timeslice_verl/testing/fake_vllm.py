@@ -17,6 +17,8 @@ It follows the contract the agent relies on (docs/architecture.md §5) including
   endpoint never answers), ``slow_s`` (control calls, or those ``slow_on`` names, take effect and answer late),
   ``fail`` (the first N calls of an endpoint answer HTTP 500 or a garbled body), ``die_on`` (the server exits
   when an endpoint is called); ``POST /_fake/stop_listening`` closes the listening socket, the process lives on;
+* vLLM's weight-transfer routes (:mod:`~timeslice_verl.testing.fake_weights`): the stand-in holds a weight version
+  and tags each answer with it (``timeslice_weight_version``);
 * ``--no-dev-mode`` answers 404 on the dev endpoints; ``--version`` < 0.17 has no ``/pause``.
 
 Generation is simulated: ``max_tokens`` steps of ``--token-s`` seconds. ``GET /_fake/stats`` reports
@@ -38,6 +40,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from timeslice_verl.testing.fake_engine import FakeVllm, Faults
+from timeslice_verl.testing.fake_weights import ROUTES as WEIGHT_ROUTES
+from timeslice_verl.testing.fake_weights import route as weight_route
 
 CONTROL = ("pause", "resume", "sleep", "wake_up", "is_sleeping", "is_paused", "health")
 
@@ -80,7 +84,7 @@ def _post_control(engine: FakeVllm, path: str, query: dict[str, list[str]]) -> t
     return 200, {}
 
 
-DEV_PATHS = ("/is_sleeping", "/is_paused", "/pause", "/resume", "/sleep", "/wake_up")
+DEV_PATHS = ("/is_sleeping", "/is_paused", "/pause", "/resume", "/sleep", "/wake_up", *WEIGHT_ROUTES)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -148,6 +152,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(*self.gets[path]())
         elif post and path in ("/v1/completions", "/v1/chat/completions"):
             self._complete(path)
+        elif post and path in WEIGHT_ROUTES:
+            self._weights(path)
         elif post and path == "/_fake/fault":
             self.engine.faults.update(self._json())
             self._send(200, {})
@@ -158,6 +164,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(*_post_control(self.engine, path, query))
         else:
             self._send(404, {"detail": "Not Found"})
+
+    def _weights(self, path: str) -> None:
+        try:
+            body = self._json()
+        except ValueError:
+            self._send(400, {"detail": "Invalid JSON format"})
+            return
+        self._send(*weight_route(self.engine.weights, path, body, generating=self.engine.stats()["running"]))
 
     def _json(self) -> dict[str, Any]:
         length = int(self.headers.get("Content-Length") or 0)

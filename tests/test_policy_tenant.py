@@ -1,0 +1,132 @@
+"""The policy tenant: vLLM's weight-transfer routes on the stand-in, and the client that pushes a version."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+from agent_support import eventually
+from batch_support import BatchServiceProc
+from timeslice_verl.testing.fake_vllm import FakeVllmServer
+from timeslice_verl.validate.policy import PolicyBusy, PolicyError, PolicyTenant, Update
+
+
+@pytest.fixture
+def server():
+    s = FakeVllmServer(token_s=0.01).start()
+    yield s
+    s.stop()
+
+
+def _update(n: int = 2) -> Update:
+    return Update({"names": [f"w{i}" for i in range(n)], "dtype_names": ["bfloat16"] * n, "shapes": [[4, 4]] * n,
+                   "packed": False, "ipc_handles_pickled": "eA=="}, 32 * n)
+
+
+def _complete(url: str) -> dict:
+    return httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "p", "max_tokens": 3}, timeout=30).json()
+
+
+@pytest.mark.parametrize("path, body, status, message", [
+    ("/init_weight_transfer_engine", {}, 400, "init_info"),
+    ("/start_weight_update", {}, 500, "not initialised"),
+    ("/update_weights", {"update_info": {"names": ["a"], "dtype_names": [], "shapes": [[1]], "ipc_handles": [{}]}},
+     400, "same size"),
+    ("/update_weights", {"update_info": {"names": ["a"], "dtype_names": ["f"], "shapes": [[1]]}}, 400, "ipc_handles"),
+    ("/finish_weight_update", {}, 500, "no weight update under way"),
+])
+def test_the_stand_in_refuses_what_vllm_refuses_naming_it(server, path, body, status, message):
+    resp = httpx.post(f"{server.url}{path}", json=body)
+    assert resp.status_code == status and message in resp.text
+
+
+def test_a_push_loads_its_version_and_every_answer_names_the_version_it_was_generated_with(server):
+    policy = PolicyTenant(server.url)
+    try:
+        assert _complete(server.url)["timeslice_weight_version"] == 0
+        push = policy.push(2, [_update(3), _update(2)])
+        assert (push.version, push.tensors, push.bytes) == (2, 5, 160) and policy.version == 2
+        assert _complete(server.url)["timeslice_weight_version"] == 2
+        policy.push(4, [_update()])
+        updates = server.engine.stats()["weights"]["updates"]
+        assert [(u["version"], u["generating"]) for u in updates] == [(2, 0), (4, 0)]
+        assert not server.engine.stats()["paused"], "the tenant serves again after a push"
+    finally:
+        policy.close()
+
+
+def test_a_push_is_refused_while_the_tenant_holds_requests_so_no_answer_mixes_versions(server):
+    policy = PolicyTenant(server.url)
+    answers: list[dict] = []
+    slow = threading.Thread(target=lambda: answers.append(httpx.post(
+        f"{server.url}/v1/completions", json={"model": "m", "prompt": "p", "max_tokens": 100}, timeout=60).json()))
+    try:
+        slow.start()
+        eventually(lambda: server.engine.stats()["running"] == 1, what="a request generating")
+        with pytest.raises(PolicyBusy, match="holds 1 request"):
+            policy.push(2, [_update()])
+        slow.join()
+        assert answers[0]["timeslice_weight_version"] == 0 and server.engine.stats()["weights"]["version"] == 0
+        policy.push(2, [_update()])
+        assert _complete(server.url)["timeslice_weight_version"] == 2
+    finally:
+        policy.close()
+
+
+def test_a_push_that_fails_midway_leaves_the_version_unknown_and_the_tenant_serving(server):
+    policy = PolicyTenant(server.url)
+    bad = Update({"names": ["a", "b"], "dtype_names": ["f"], "shapes": [[1]], "ipc_handles": [{}]})
+    try:
+        with pytest.raises(PolicyError, match="update_weights: HTTP 400"):
+            policy.push(2, [_update(), bad])
+        assert policy.version is None and not server.engine.stats()["paused"]
+        policy.push(4, [_update()])
+        assert policy.version == 4
+    finally:
+        policy.close()
+
+
+# --------------------------------------------------------------------------- the batch service routes by role
+
+
+def _submit(client: httpx.Client, tmp_path, name: str, model: str, n: int, **extra) -> str:
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps({"custom_id": f"{name}-{i}", "method": "POST", "url": "/v1/completions",
+                                        "body": {"model": model, "prompt": f"{name}-{i}", "max_tokens": 2}}) + "\n"
+                            for i in range(n)))
+    fid = client.post("/v1/files", files={"file": (path.name, path.read_bytes())}, data={"purpose": "batch"}).json()["id"]
+    made = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/completions",
+                                            "completion_window": "24h", **extra})
+    assert made.status_code == 200, made.text
+    return made.json()["id"]
+
+
+def _answers(client: httpx.Client, bid: str) -> list[dict]:
+    batch = eventually(lambda: (b := client.get(f"/v1/batches/{bid}").json())["status"] == "completed" and b,
+                       what=f"batch {bid} done")
+    return [json.loads(x) for key in ("output_file_id", "error_file_id") if batch.get(key)
+            for x in client.get(f"/v1/files/{batch[key]}/content").text.split("\n") if x]
+
+
+def test_validation_runs_go_to_the_policy_tenant_alone_and_users_batches_never_do(tmp_path, procs):
+    users, policy = FakeVllmServer(model="m").start(), FakeVllmServer(model="policy").start()
+    try:
+        service = BatchServiceProc(tmp_path, users.url, extra=(f"timeslice.validate.policy_url={policy.url}",)).start()
+        procs.append(service)
+        client = service.http()
+        user = _submit(client, tmp_path, "user", "m", 30)
+        run = _submit(client, tmp_path, "val", "policy", 20, priority=100, tenant_role="policy")
+        wrong = _submit(client, tmp_path, "wrongmodel", "m", 3, tenant_role="policy")
+        assert all(a["error"] is None for a in _answers(client, user) + _answers(client, run))
+        assert users.engine.stats()["completed"] == 30 and policy.engine.stats()["completed"] == 20
+        refused = _answers(client, wrong)
+        assert len(refused) == 3 and all("'m'" in a["error"]["message"] for a in refused), refused[0]
+        bad = client.post("/v1/batches", json={"input_file_id": "file-x", "endpoint": "/v1/completions",
+                                               "completion_window": "24h", "tenant_role": "judge"})
+        assert bad.status_code == 400 and "tenant_role" in bad.text
+    finally:
+        users.stop()
+        policy.stop()
