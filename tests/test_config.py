@@ -199,3 +199,24 @@ def test_tenant_addresses_are_a_list_from_the_config_on_and_a_comma_list_is_refu
     with pytest.raises(ConfigError, match=r"^timeslice.batch.tenant_urls: 'http://localhost:8001' is listed twice"):
         load_settings({"batch": {"tenant_urls": ["http://127.0.0.1:8001", "http://localhost:8001"]}})
 
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"validate": {"enable": True}}, r"^timeslice.validate.policy_url: validation is on .* no policy tenant"),
+    ({"validate": {"policy_url": "policy:8000"}}, r"^timeslice.validate.policy_url: 'policy:8000' is not an http"),
+    ({"validate": {"policy_url": "http://127.0.0.1:8001"}, "batch": {"tenant_urls": ["http://127.0.0.1:8001"]}},
+     r"^timeslice.validate.policy_url: .* also in batch.tenant_urls"),
+    ({"validate": {"source": "weights"}}, r"^timeslice.validate.source: 'weights' is not 'package.module:factory'"),
+    ({"validate": {"every": -1}}, r"^timeslice.validate.every: must be between 0"),
+    ({"validate": {"priority": 101}}, r"^timeslice.validate.priority: must be between -100 and 100"),
+    ({"validate": {"poll_s": 0}}, r"^timeslice.validate.poll_s: must be a number > 0"),
+])
+def test_a_validation_section_that_cannot_work_is_refused_naming_the_key(section, message):
+    with pytest.raises(ConfigError, match=message):
+        load_settings(section)
+
+
+def test_validation_is_off_by_default_and_one_override_names_it():
+    assert load_settings({}).validate.enable is False
+    on = load_settings({"validate": {"enable": True, "policy_url": "http://127.0.0.1:8001"}}).validate
+    assert on.enable and on.every == 0 and on.priority == 100

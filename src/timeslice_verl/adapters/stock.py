@@ -12,6 +12,7 @@ seam                           events
                                also the pre-fit call of ``fully_async_main`` (initial=True)
 ``_fit_save_checkpoint``       remembers ``force`` for the save below
 ``_save_checkpoint``           save_checkpoint_begin (may veto) / save_checkpoint_end
+``_fit_validate``              with ``timeslice.validate.enable``: the version to the policy tenant, not awaited
 ``fit``                        trainer_exception on error; timeslice_stop at the end
 =============================  =========================================================
 
@@ -86,9 +87,31 @@ def _plan_save_checkpoint(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -
     return (yield from save_plan(lc, force=force, where=f"param version {getattr(self, 'current_param_version', '?')}"))
 
 
+def _plan_fit_validate(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
+    """verl awaits its validation here; with ``timeslice.validate.enable`` the version goes to the policy tenant
+    instead and the trainer goes on (:mod:`timeslice_verl.validate`)."""
+    if not lc.settings.validate.enable:
+        return (yield CALL)
+    if getattr(self, "local_trigger_step", 1) != 1:  # verl's own guard: a version is validated once
+        return None
+    from timeslice_verl.validate.setup import validator_for  # only where validation is on: the core stays light
+
+    before = bool(kwargs.get("val_before_train", args[0] if args else False))
+    validator_for(self, lc.settings).synced(int(getattr(self, "current_param_version", 0)), force=before)
+    return None
+
+
+def _end_fit(self: Any, lc: Lifecycle) -> None:
+    set_in_fit(self, False)
+    if lc.settings.validate.enable:
+        from timeslice_verl.validate.setup import close_validator
+
+        close_validator(self, lc.settings.validate.finish_s)
+
+
 def _plan_fit(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
     set_in_fit(self, True)
-    return (yield from fit_plan(lc, on_exit=lambda: set_in_fit(self, False)))
+    return (yield from fit_plan(lc, on_exit=lambda: _end_fit(self, lc)))
 
 
 PLANS: dict[str, Callable[..., Plan]] = {
@@ -98,6 +121,7 @@ PLANS: dict[str, Callable[..., Plan]] = {
     "_fit_update_weights": _plan_update_weights,
     "_fit_save_checkpoint": _plan_fit_save_checkpoint,
     "_save_checkpoint": _plan_save_checkpoint,
+    "_fit_validate": _plan_fit_validate,
     "fit": _plan_fit,
 }
 SEAMS = tuple(PLANS)

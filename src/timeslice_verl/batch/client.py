@@ -12,6 +12,7 @@ import httpx
 
 from timeslice_verl.batch.status import ENDED
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import TenantRole
 
 log = get_logger("batch")
 
@@ -45,8 +46,10 @@ class BatchClient:
             return self._call("POST", "/v1/files", files={"file": (path.name, f, "application/jsonl")},
                               data={"purpose": "batch"}).json()
 
-    def create(self, file_id: str, endpoint: str, metadata: dict[str, str] | None = None) -> dict[str, Any]:
-        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h", "metadata": metadata}
+    def create(self, file_id: str, endpoint: str, metadata: dict[str, str] | None = None, *, priority: int = 0,
+               role: TenantRole = TenantRole.batch) -> dict[str, Any]:
+        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h", "metadata": metadata,
+                "priority": priority, "tenant_role": role.value}
         return self._call("POST", "/v1/batches", json=body).json()
 
     def get(self, batch_id: str) -> dict[str, Any]:

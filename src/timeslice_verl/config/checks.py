@@ -4,6 +4,7 @@ schema itself)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from timeslice_verl.names import clean_urls, repeated_url, valid_url
@@ -73,6 +74,8 @@ def check_validate(settings: Any) -> None:
         value = setting_at(settings, key)
         if value and not valid_url(value):
             raise ConfigError(_full_key(key), f"{value!r} is not an http(s) URL")
+    if v.source and not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", v.source):
+        raise ConfigError(_full_key("validate.source"), f"{v.source!r} is not 'package.module:factory'")
     if v.enable and not v.policy_url:
         raise ConfigError(_full_key("validate.policy_url"), "validation is on (validate.enable=true) but no policy tenant "
                                                              "is named: the URL of a vLLM started with weight transfer")

@@ -236,6 +236,8 @@ class ValidateSettings:
     priority: int = 100  # the validation batches' priority (users' batches: 0)
     service_url: str = ""  # the batch service (default http://{batch.host}:{batch.port})
     poll_s: float = 2.0  # how often a running validation's batch is looked at
+    source: str = ""  # the trainer's weights: 'package.module:factory', called with the trainer (a WeightSource)
+    finish_s: float = 600.0  # at the end of training, how long the last validations may still take
 
 
 @dataclass
@@ -297,6 +299,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "batch.request_timeout_s": (0.0, DAY_S, False),
     "batch.poll_s": (0.0, 60.0, False),
     "validate.poll_s": (0.0, 3600.0, False),
+    "validate.finish_s": (0.0, DAY_S, True),
 }
 """The meaningful range of each float setting (0 where it is allowed means "off" or "no bound", as the key says)."""
 

@@ -185,15 +185,16 @@ class FakeVllm:
         tokens, reason = self.generate(int(body.get("max_tokens", 16)))
         after = self.weights.held()
         text = f"echo:{str(prompt)[:64]}|" + "x" * tokens
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason}
-        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        n = body.get("n", 1) if isinstance(body.get("n", 1), int) and 1 <= body.get("n", 1) <= 16 else 1
+        choices = [{"index": i, "finish_reason": reason,
+                    **({"message": {"role": "assistant", "content": text}} if chat else {"text": text})} for i in range(n)]
         with self.cond:
             self._ids += 1
             rid = self._ids
         return 200, {"id": f"cmpl-{rid}", "object": "chat.completion" if chat else "text_completion",
-                     "created": int(time.time()), "model": model, "choices": [choice],
-                     "usage": {"prompt_tokens": len(str(prompt).split()), "completion_tokens": tokens,
-                               "total_tokens": len(str(prompt).split()) + tokens},
+                     "created": int(time.time()), "model": model, "choices": choices,
+                     "usage": {"prompt_tokens": len(str(prompt).split()), "completion_tokens": tokens * n,
+                               "total_tokens": len(str(prompt).split()) + tokens * n},
                      # the stand-in's own field: the weights it generated with ("mixed": an update landed meanwhile)
                      "timeslice_weight_version": before if before == after else "mixed"}
 

@@ -1,0 +1,97 @@
+"""A :class:`~timeslice_verl.validate.runner.Validator` for one verl trainer, from its config and the
+``timeslice.validate`` section (the adapters call :func:`validator_for` at the trainer's validation seam).
+
+The trainer's weights come from ``timeslice.validate.source``: ``package.module:factory``, called with the trainer,
+returning a :class:`~timeslice_verl.validate.runner.WeightSource` (the trainer's ranks' CUDA tensors as IPC handles
+for a policy tenant on their GPU). Everything else is verl's own: ``data.val_files``, the validation sampling, the
+reward function, ``trainer.test_freq`` (unless ``validate.every`` is set) and its tracker (``trainer.logger``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Any, Callable
+
+import httpx
+
+from timeslice_verl.batch.auth import client_key
+from timeslice_verl.batch.client import BatchClient
+from timeslice_verl.log import get_logger
+from timeslice_verl.validate.policy import PolicyError, PolicyTenant
+from timeslice_verl.validate.runner import Validator, WeightSource
+from timeslice_verl.validate.valset import Sampling, _get, read_valset, scorer
+
+log = get_logger("validate")
+
+_ATTR = "_timeslice_validator"
+_lock = threading.Lock()
+
+
+class ValidationSetupError(RuntimeError):
+    """Validation is on but cannot run: the message names the setting or the part that is missing."""
+
+
+def load_source(spec: str) -> Callable[[Any], WeightSource]:
+    """``package.module:factory`` → the factory (a clear error naming the setting otherwise)."""
+    if not spec or ":" not in spec:
+        raise ValidationSetupError("timeslice.validate.source: name the trainer's weight source as "
+                                   f"'package.module:factory' (got {spec!r})")
+    module, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValidationSetupError(f"timeslice.validate.source={spec!r}: {type(exc).__name__}: {exc}") from None
+
+
+def served_model(url: str) -> str:
+    """The model the policy tenant serves (its first)."""
+    try:
+        data = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=10).json().get("data") or []
+        return str(data[0]["id"])
+    except (httpx.HTTPError, ValueError, LookupError, TypeError, AttributeError) as exc:
+        raise PolicyError(f"policy tenant {url}: no model listed at /v1/models ({type(exc).__name__}: {exc})") from None
+
+
+def build(trainer: Any, settings: Any) -> Validator:
+    """A validator for ``trainer`` (``settings``: the validated ``timeslice`` settings)."""
+    v, b, config = settings.validate, settings.batch, trainer.config
+    every = v.every or int(_get(config, "trainer.test_freq", 0) or 0)
+    if every <= 0:
+        raise ValidationSetupError("timeslice.validate.enable=true, but neither validate.every nor verl's "
+                                   "trainer.test_freq is above 0: no version would ever be due")
+    files = _get(config, "data.val_files")
+    if not files:
+        raise ValidationSetupError("timeslice.validate.enable=true, but verl's data.val_files names no file")
+    source = load_source(v.source)(trainer)
+    service = v.service_url or f"http://{b.host}:{b.port}"
+    logger = getattr(trainer, "logger", None)
+    if logger is None:
+        raise ValidationSetupError("the trainer has no tracker (trainer.logger): validation metrics would go nowhere")
+    out = Validator(every=every, policy=PolicyTenant(v.policy_url), batch=BatchClient(service, client_key(b.key_file)),
+                    source=source, prompts=read_valset(list(files) if not isinstance(files, str) else files),
+                    sampling=Sampling.of(config), score=scorer(config), model=served_model(v.policy_url),
+                    log_metrics=lambda metrics, step: logger.log(data=metrics, step=step), priority=v.priority,
+                    poll_s=v.poll_s)
+    log.info("[timeslice] validation in the valleys: every %d versions, %d prompts, policy tenant %s, batch service %s",
+             every, len(out.prompts), v.policy_url, service)
+    return out
+
+
+def validator_for(trainer: Any, settings: Any) -> Validator:
+    """The trainer's validator, built on first use and kept on the trainer (never pickled with it)."""
+    with _lock:
+        made = trainer.__dict__.get(_ATTR)
+        if made is None:
+            made = trainer.__dict__[_ATTR] = build(trainer, settings)
+        return made
+
+
+def close_validator(trainer: Any, wait_s: float = 0.0) -> None:
+    made = trainer.__dict__.pop(_ATTR, None)
+    if made is not None:
+        runs = made.close(wait_s)
+        log.info("[timeslice] validation: %d run(s), %d late report(s)", len(runs), len(made.schedule.late))
+
+
+__all__ = ["ValidationSetupError", "build", "close_validator", "load_source", "served_model", "validator_for"]

@@ -1,0 +1,150 @@
+"""Validation in the valleys through the stock adapter, on verl's real FullyAsyncTrainer (GPU work faked at the
+boundaries, as in tests/verl_harness.py): with ``trainer.test_freq=2`` the versions 2, 4, 6 are pushed into the
+policy tenant (the stand-in vLLM), run as batches of the real batch service, answered entirely by their version,
+scored with verl's reward function and logged at their step — and ``_fit_validate`` never waits for them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.verl
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("verl")
+pd = pytest.importorskip("pandas")
+
+import verl_harness as h  # noqa: E402
+from batch_support import BatchServiceProc  # noqa: E402
+from verl.experimental.fully_async_policy import fully_async_trainer as verl_trainer_module  # noqa: E402
+
+from timeslice_verl.testing.fake_vllm import FakeVllmServer  # noqa: E402
+from timeslice_verl.validate.policy import Update  # noqa: E402
+
+
+class _Snap:
+    def __init__(self, version: int) -> None:
+        self.version = version
+
+    def updates(self):
+        yield Update({"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]], "packed": False,
+                      "ipc_handles_pickled": f"v{self.version}"}, 8)
+
+    def release(self) -> None:
+        pass
+
+
+class TestWeights:
+    """The trainer's weight source in this test (on a GPU: its ranks' tensors as IPC handles)."""
+
+    __test__ = False
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+
+    def snapshot(self, version: int) -> _Snap:
+        return _Snap(version)
+
+
+def weights(trainer) -> TestWeights:  # timeslice.validate.source=test_validate_verl:weights
+    return TestWeights(trainer)
+
+
+class Tracker:
+    """verl's tracker, recording: every call of ``log`` in order (training steps and validations)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, dict]] = []
+
+    def log(self, data: dict, step: int) -> None:
+        self.calls.append((step, dict(data)))
+
+    def validated(self) -> list[int]:
+        return [step for step, data in self.calls if "timeslice/validate/version" in data]
+
+
+class PacedQueue(h.FakeMessageQueueClient):
+    """The rollout, paced so that each step's samples come once every due version before it was logged: the
+    sequence is the same on a loaded machine (the trainer never waits for validation; the rollout does, here)."""
+
+    def __init__(self, samples: int, required: int, tracker: Tracker) -> None:
+        super().__init__(samples)
+        self.required, self.tracker = required, tracker
+
+    async def get_sample(self):
+        step = self.served // self.required + 1  # the step these samples are for
+        due = [v for v in range(2, step) if v % 2 == 0]
+        while not set(due) <= set(self.tracker.validated()):
+            await asyncio.sleep(0.02)
+        return await super().get_sample()
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    tests_dir = str(Path(h.__file__).resolve().parent)
+    path = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH", "")]))
+    ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def world(tmp_path, procs):
+    users, policy = FakeVllmServer(model="m").start(), FakeVllmServer(model="policy", token_s=0.002).start()
+    service = BatchServiceProc(tmp_path / "svc", users.url, extra=(f"timeslice.validate.policy_url={policy.url}",)).start()
+    procs.append(service)
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"#### {i if i % 2 else 100}"}],
+             "reward_model": {"style": "rule", "ground_truth": str(i)}, "extra_info": {"index": i}} for i in range(4)]
+    pd.DataFrame(rows).to_parquet(tmp_path / "val.parquet")
+    yield service, policy, tmp_path / "val.parquet"
+    users.stop()
+    policy.stop()
+
+
+def _config(tmp_path, service, policy, val, finish_s: float = 60.0):
+    return h.trainer_config(tmp_path, trigger=1, extra=[
+        "trainer.test_freq=2", f"data.val_files={val}", "actor_rollout_ref.rollout.val_kwargs.n=1",
+        "data.max_response_length=4", "timeslice.validate.enable=true", f"timeslice.validate.policy_url={policy.url}",
+        f"timeslice.validate.service_url={service.url}", "timeslice.validate.source=test_validate_verl:weights",
+        f"timeslice.batch.key_file={service.key_file}", "timeslice.validate.poll_s=0.05",
+        f"timeslice.validate.finish_s={finish_s}"])
+
+
+def test_due_versions_are_validated_by_the_policy_tenant_and_logged_at_their_step(ray_local, world, tmp_path):
+    service, policy, val = world
+    trainer = h.build_trainer(verl_trainer_module.FullyAsyncTrainer, _config(tmp_path, service, policy, val), steps=6)
+    tracker = trainer.logger = Tracker()
+    trainer.set_message_queue_client(PacedQueue(trainer.required_samples * 6, trainer.required_samples, tracker))
+    asyncio.run(h.run_like_fully_async_main(trainer))
+    assert tracker.validated() == [2, 4, 6]
+    for step, data in tracker.calls:
+        if "timeslice/validate/version" in data:
+            assert data["timeslice/validate/version"] == step
+            assert data["val-core/openai/gsm8k/reward/mean@1"] == pytest.approx(0.5)  # the odd prompts are right
+    client = service.http()
+    runs = [b for b in client.get("/v1/batches").json()["data"] if (b.get("metadata") or {}).get("timeslice_validation_version")]
+    for b in runs:
+        text = client.get(f"/v1/files/{b['output_file_id']}/content").text
+        versions = {json.loads(x)["response"]["body"]["timeslice_weight_version"] for x in text.split("\n") if x}
+        assert versions == {int(b["metadata"]["timeslice_validation_version"])}, "a run answered by its version alone"
+    assert sorted(int(b["metadata"]["timeslice_validation_version"]) for b in runs) == [2, 4, 6]
+    assert policy.engine.stats()["completed"] == 12 and not ray.get(trainer.rollouter.get_saved.remote()) is None
+
+
+def test_fit_validate_does_not_wait_for_a_validation(ray_local, world, tmp_path):
+    """The policy tenant takes the weights but never answers a request: training still runs to its end, every step
+    logged, the validations submitted and none logged (they cannot finish; the trainer did not wait for them)."""
+    service, policy, val = world
+    policy.engine.faults.hang = "v1/chat/completions"
+    trainer = h.build_trainer(verl_trainer_module.FullyAsyncTrainer,
+                              _config(tmp_path, service, policy, val, finish_s=0.0), steps=4)
+    tracker = trainer.logger = Tracker()
+    asyncio.run(h.run_like_fully_async_main(trainer))
+    steps = sorted({step for step, data in tracker.calls if "timeslice/validate/version" not in data})
+    assert steps[-1] >= 4 and tracker.validated() == []
+    assert policy.engine.stats()["weights"]["version"] == 2, "version 2 pushed, its run never answered"
