@@ -148,3 +148,39 @@ def test_fit_validate_does_not_wait_for_a_validation(ray_local, world, tmp_path)
     steps = sorted({step for step, data in tracker.calls if "timeslice/validate/version" not in data})
     assert steps[-1] >= 4 and tracker.validated() == []
     assert policy.engine.stats()["weights"]["version"] == 2, "version 2 pushed, its run never answered"
+
+
+# --------------------------------------------------------------------------- verl's v1 trainer
+
+
+def test_the_v1_trainer_validates_before_training_and_every_test_freq_through_the_policy_tenant(world, tmp_path,
+                                                                                                   monkeypatch):
+    import v1_harness as v1
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from agent_support import eventually
+
+    service, policy, val = world
+    tracker = Tracker()
+    monkeypatch.setattr(trainer_base, "Tracking", lambda **kw: tracker)
+    fakes = v1.Fakes(monkeypatch, steps=4)
+    sample = fakes.buffer.sample
+
+    def paced(global_steps, partition_id, batch_size):  # each step's batch once the validations due before it ran
+        due = {0} | {v for v in range(2, global_steps) if v % 2 == 0}
+        eventually(lambda: due <= set(tracker.validated()), what=f"validations {sorted(due)} logged")
+        return sample(global_steps, partition_id, batch_size)
+
+    fakes.buffer.sample = paced
+    config = v1.v1_config(tmp_path, sync_step=1, extra=[
+        "trainer.val_before_train=True", "trainer.test_freq=2", f"data.val_files={val}",
+        "actor_rollout_ref.rollout.val_kwargs.n=1", "data.max_response_length=4", "timeslice.validate.enable=true",
+        f"timeslice.validate.policy_url={policy.url}", f"timeslice.validate.service_url={service.url}",
+        "timeslice.validate.source=test_validate_verl:weights", f"timeslice.batch.key_file={service.key_file}",
+        "timeslice.validate.poll_s=0.05", "timeslice.validate.finish_s=60"])
+    trainer = v1.build(config, fakes)
+    v1.run(trainer, fakes)
+    assert tracker.validated() == [0, 2, 4]
+    assert all(d["timeslice/validate/version"] == s for s, d in tracker.calls if "timeslice/validate/version" in d)
+    submitted = {s: d["timeslice/validate/submitted"] for s, d in tracker.calls if "timeslice/validate/submitted" in d}
+    assert submitted == {0: 0.0, 2: 2.0, 4: 4.0}, "verl logs the submission where it logged its awaited validation"

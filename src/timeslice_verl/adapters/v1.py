@@ -15,6 +15,7 @@ v1 phase                       events
                                pre_train_step (the trainer's GPU is used next)
 ``_save_checkpoint``           save_checkpoint_begin (may veto) / save_checkpoint_end
 ``on_step_end``                weight_sync_begin / weight_sync_end (the push to the rollout)
+``_validate``                  with ``timeslice.validate.enable``: the step's weights to the policy tenant, not awaited
 ``fit``                        trainer_exception on error; timeslice_stop at the end
 =============================  =========================================================
 
@@ -61,6 +62,13 @@ def _verl_091_setup_logging(module: ModuleType, trainer: Any) -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def _end_validation(trainer: Any, lc: Any) -> None:
+    if lc.settings.validate.enable:
+        from timeslice_verl.validate.setup import close_validator
+
+        close_validator(trainer, lc.settings.validate.finish_s)
 
 
 def build(module: ModuleType) -> type:
@@ -115,6 +123,16 @@ def build(module: ModuleType) -> type:
         def on_step_end(self) -> None:
             self._timeslice_sync(initial=False, push=super().on_step_end)
 
+        def _validate(self) -> dict[str, float]:
+            lc = lifecycle_for(self, NAME)
+            if lc is None or not lc.settings.validate.enable:
+                return super()._validate()
+            from timeslice_verl.validate.setup import validator_for  # only where validation is on
+
+            step = int(self.global_steps)  # verl validates (before training, every test_freq, at the end) at this step
+            validator_for(self, lc.settings).synced(step, force=True)
+            return {"timeslice/validate/submitted": float(step)}  # verl asserts a validation returned metrics
+
         def _timeslice_sync(self, *, initial: bool, push: Any) -> None:
             lc = lifecycle_for(self, NAME)
             if lc is None:
@@ -132,7 +150,8 @@ def build(module: ModuleType) -> type:
             lc = lifecycle_for(self, NAME)
             if lc is None:
                 return super().fit(*args, **kwargs)
-            return run(lc, fit_plan(lc), lambda: super(TimesliceSeparateAsync, self).fit(*args, **kwargs))
+            return run(lc, fit_plan(lc, on_exit=lambda: _end_validation(self, lc)),
+                       lambda: super(TimesliceSeparateAsync, self).fit(*args, **kwargs))
 
     setattr(TimesliceSeparateAsync, V1_MARKER, True)
     TimesliceSeparateAsync.__module__ = __name__
