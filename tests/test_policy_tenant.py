@@ -130,3 +130,12 @@ def test_validation_runs_go_to_the_policy_tenant_alone_and_users_batches_never_d
     finally:
         users.stop()
         policy.stop()
+
+
+def test_the_agents_tenant_list_may_name_the_policy_tenant_the_users_lines_still_skip_it():
+    from timeslice_verl.batch.service import tenant_urls
+    from timeslice_verl.config.schema import load_settings
+
+    settings = load_settings({"tenant": {"urls": ["http://127.0.0.1:8000", "http://127.0.0.1:8001"]},
+                              "validate": {"policy_url": "http://127.0.0.1:8001/"}})
+    assert tenant_urls(settings) == ["http://127.0.0.1:8000"]

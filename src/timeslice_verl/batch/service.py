@@ -66,9 +66,11 @@ def open_store(settings: TimesliceSettings) -> Store:
 
 
 def tenant_urls(settings: TimesliceSettings) -> list[str]:
-    """Every tenant of the node the service feeds: ``batch.tenant_urls``, else the agent's (``tenant.urls``: one vLLM
-    per GPU of a multi-GPU trainer, each fed from the same queue)."""
-    urls = list(settings.batch.tenant_urls or settings.tenant.urls)
+    """Every tenant of the node the service feeds users' lines: ``batch.tenant_urls``, else the agent's (``tenant.urls``:
+    one vLLM per GPU of a multi-GPU trainer, each fed from the same queue) but the policy tenant, which the agent
+    yields and reclaims with the others and which answers validation runs alone."""
+    policy = settings.validate.policy_url.rstrip("/")
+    urls = [u for u in (settings.batch.tenant_urls or settings.tenant.urls) if u.rstrip("/") != policy]  # its own feeder
     if not urls:
         raise ValueError("timeslice.batch.tenant_urls: no tenant to feed (set it, or timeslice.tenant.urls)")
     return urls
@@ -140,7 +142,8 @@ class Service:
                 log.warning("batch: %d line(s) were in flight when their feeder stopped: queued again", recovered)
         tasks = [asyncio.create_task(f.run(), name=f"batch-feeder-{i}") for i, f in enumerate(self.feeders)]
         log.info("batch (%s): feeding %s (gate: %s), state in %s, key in %s", self.role.value,
-                 ", ".join(self.urls) if self.role.feeds else "nothing (the API alone)",
+                 (", ".join(self.urls) + (f"; validation runs: {self.policy_url}" if self.policy_url else ""))
+                 if self.role.feeds else "nothing (the API alone)",
                  self.gates[0].source if self.gates else "-", self.store.path, self.key_source)
         try:
             yield
