@@ -64,6 +64,16 @@ def _verl_091_setup_logging(module: ModuleType, trainer: Any) -> Iterator[None]:
         logger.setLevel(level)
 
 
+def _submit_validation(trainer: Any, lc: Any) -> dict[str, float]:
+    """The step's version to the policy tenant, not awaited (verl validates before training, every ``test_freq`` and at
+    the end, at this step); verl asserts a validation returned metrics: the submission is one."""
+    from timeslice_verl.validate.setup import validator_for  # only where validation is on
+
+    step = int(trainer.global_steps)
+    validator_for(trainer, lc.settings).synced(step, force=True)
+    return {"timeslice/validate/submitted": float(step)}
+
+
 def _end_validation(trainer: Any, lc: Any) -> None:
     if lc.settings.validate.enable:
         from timeslice_verl.validate.setup import close_validator
@@ -125,13 +135,8 @@ def build(module: ModuleType) -> type:
 
         def _validate(self) -> dict[str, float]:
             lc = lifecycle_for(self, NAME)
-            if lc is None or not lc.settings.validate.enable:
-                return super()._validate()
-            from timeslice_verl.validate.setup import validator_for  # only where validation is on
-
-            step = int(self.global_steps)  # verl validates (before training, every test_freq, at the end) at this step
-            validator_for(self, lc.settings).synced(step, force=True)
-            return {"timeslice/validate/submitted": float(step)}  # verl asserts a validation returned metrics
+            on = lc is not None and lc.settings.validate.enable
+            return _submit_validation(self, lc) if on else super()._validate()
 
         def _timeslice_sync(self, *, initial: bool, push: Any) -> None:
             lc = lifecycle_for(self, NAME)
