@@ -12,7 +12,9 @@ For each completion length (``--mixes 48,512``), against one vLLM and one batch 
 * **(c) time-sliced** — the demo's trainer on the ``fleet`` and ``longtail`` schedules (``--profiles``), solo and
   under the defaults (``auto``), the same batch submitted to the service in the time-sliced run: tokens per second
   the tenant had the GPU (**serving_vs_capacity**) and per second the trainer was idle (**idle_vs_capacity**), each
-  over (a)'s best, beside the trainer's figures (summed-step ratio, wait median and max).
+  over (a)'s best, beside the trainer's figures (summed-step ratio, wait median and max); the same over the tokens
+  vLLM generated in the valleys (its own counter: ``generated_*``), which counts the lines the run's end cut off
+  (with 512-token answers, up to a few seconds of the GPU's work at 256 in flight).
 
 vLLM's ``num_requests_running`` / ``waiting`` are sampled every 100 ms throughout (``inflight.jsonl``). Each
 time-sliced row is written as ``row-<mix>-<profile>.json`` with the keys the issue names; ``harvest.json`` holds
@@ -195,6 +197,14 @@ def valley_tokens(run_jsonl: Path, inflight: Path, phase: str) -> list[dict[str,
     return out
 
 
+def phase_generated(inflight: Path, phase: str) -> float:
+    """Tokens vLLM generated through one phase (its counter, first read to last): in a time-sliced phase all of them
+    in the valleys, the tenant being paused or asleep outside them."""
+    reads = [r["generated"] for r in (json.loads(x) for x in inflight.read_text().split("\n") if x)
+             if r.get("phase") == phase and r.get("generated") is not None]
+    return reads[-1] - reads[0] if len(reads) >= 2 else 0.0
+
+
 def timesliced(args: argparse.Namespace, url: str, mix: int, profile: str, best: float, sampler: Sampler) -> dict[str, Any]:
     base = DemoOptions(steps=args.steps, rollout_s=args.rollout_s, train_s=args.train_s, device=args.device, gib=args.gib,
                        vllm_url=url, clients=args.start_inflight, seed=args.seed, batch_lines=args.lines, max_tokens=mix, profile=profile)
@@ -214,6 +224,11 @@ def timesliced(args: argparse.Namespace, url: str, mix: int, profile: str, best:
               "lost": batch.get("lost"), "twice": batch.get("twice"),
               "valleys": valley_tokens(folder / "auto" / "run.jsonl", args.out / "inflight.jsonl",
                                        f"timesliced-{mix}-{profile}")})
+    generated = phase_generated(args.out / "inflight.jsonl", f"timesliced-{mix}-{profile}")  # paused: none outside
+    gpu_s = batch.get("tenant_gpu_s") or 0.0
+    r.update({"generated_tokens": generated,  # what vLLM generated in the valleys, lines cut by the run's end included
+              "generated_serving_vs_capacity": round(generated / gpu_s / best, 4) if gpu_s else None,
+              "generated_idle_vs_capacity": round(generated / valley_s / best, 4) if valley_s else None})
     (args.out / f"row-{mix}-{profile}.json").write_text(json.dumps(r, indent=1) + "\n")
     return r
 

@@ -310,3 +310,4 @@ def test_the_harvest_benchmark_counts_each_valleys_tokens_from_vllms_counter(tmp
                                 for t, ph, g in reads))
     got = harvest.valley_tokens(run, inflight, "p")
     assert [(v["seconds"], v["tokens"]) for v in got] == [(4.0, 2000), (2.0, 400)]
+    assert harvest.phase_generated(inflight, "p") == 2600 and harvest.phase_generated(inflight, "none") == 0
