@@ -139,3 +139,25 @@ def test_the_agents_tenant_list_may_name_the_policy_tenant_the_users_lines_still
     settings = load_settings({"tenant": {"urls": ["http://127.0.0.1:8000", "http://127.0.0.1:8001"]},
                               "validate": {"policy_url": "http://127.0.0.1:8001/"}})
     assert tenant_urls(settings) == ["http://127.0.0.1:8000"]
+
+
+def test_status_names_a_validation_run_and_its_version(tmp_path, procs):
+    """``timeslice-verl status``'s batch lines: a validation run says which version it validates."""
+    from timeslice_verl.names import VALIDATION_VERSION
+    from timeslice_verl.tools.status import render_batch
+
+    users, policy = FakeVllmServer(model="m").start(), FakeVllmServer(model="policy").start()
+    policy.engine.pause("keep")  # the run stays open while status is read
+    try:
+        service = BatchServiceProc(tmp_path, users.url, extra=(f"timeslice.validate.policy_url={policy.url}",)).start()
+        procs.append(service)
+        client = service.http()
+        run = _submit(client, tmp_path, "val", "policy", 4, tenant_role="policy", metadata={VALIDATION_VERSION: "6"})
+        user = _submit(client, tmp_path, "user", "m", 2, metadata={"owner": "me"})
+        _answers(client, user)
+        shown = render_batch(service.get("/timeslice/summary"))
+        assert f"{run}  in_progress" in shown and "validation of version 6" in shown, shown
+    finally:
+        policy.engine.resume()
+        users.stop()
+        policy.stop()

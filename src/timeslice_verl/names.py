@@ -44,6 +44,10 @@ SWAP_AUTO = "auto"
 """The setting ``timeslice.handoff.swap=auto``: the trainer picks a :class:`SwapMode` per run (held as None)."""
 
 
+VALIDATION_VERSION = "timeslice_validation_version"
+"""The metadata key of a validation run's batch: the version it validates (the runner writes it, status reads it)."""
+
+
 class TenantRole(str, enum.Enum):
     """What a tenant serves, and so which batches its lines come from (the batch service's ``tenant_role`` of a
     batch, the feeder's of its tenant): one type from the config to the store."""

@@ -9,6 +9,7 @@ Lines the service had in flight when it was killed are sent again when it starts
 from __future__ import annotations
 
 import asyncio
+import json
 import enum
 import contextlib
 import os
@@ -25,7 +26,7 @@ from timeslice_verl.batch.files import Files
 from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.store import CREATING_S, OPEN, Store
 from timeslice_verl.config.schema import TimesliceSettings, socket_path
-from timeslice_verl.names import TenantRole
+from timeslice_verl.names import VALIDATION_VERSION, TenantRole
 from timeslice_verl.log import get_logger
 
 log = get_logger("batch")
@@ -169,7 +170,8 @@ class Service:
         """What ``timeslice-verl status`` shows: the lines over every batch, the open batches, the tenant's share."""
         totals = self.store.totals()
         open_s = self.seconds_open()
-        batches = [{"id": r["id"], "status": r["status"], "total": r["total"], **self.store.counts(r["id"])}
+        batches = [{"id": r["id"], "status": r["status"], "total": r["total"], "tenant_role": r["tenant_role"],
+                    "validation_version": _validation_version(r["metadata"]), **self.store.counts(r["id"])}
                    for r in self.store.batches(limit=10) if r["status"] in OPEN]
         each = [{"tenant": f.url, "open": g.open, "open_s": round(g.seconds_open(), 3), **_stats(f)}
                 for f, g in zip(self.feeders, self.gates)]
@@ -182,6 +184,15 @@ class Service:
                          "open_s": round(open_s, 3)},
                 "feeder": feeder, "lines": totals, "open_batches": batches,
                 "tokens_per_s_open": round(totals["tokens"] / open_s, 3) if open_s > 0 else None}
+
+
+def _validation_version(metadata: str | None) -> int | None:
+    """The version a validation run validates (its batch's metadata), else None."""
+    try:
+        value = (json.loads(metadata) if metadata else {}).get(VALIDATION_VERSION)
+        return int(value) if value is not None else None
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 def _stats(feeder: Feeder) -> dict[str, Any]:

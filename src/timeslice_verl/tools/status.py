@@ -89,6 +89,7 @@ def render_batch(summary: dict[str, Any]) -> str:
         out.append(f"  API key: {clean(summary['key_file'])} (timeslice-verl batch key prints it)")
     for b in summary.get("open_batches") or []:
         done = b.get("completed", 0) + b.get("failed", 0)
+        what = f"  validation of version {b['validation_version']}" if b.get("validation_version") is not None else ""
         out.append(f"  {clean(b['id'])}  {b['status']:11} {done}/{b['total']} ({done / max(1, b['total']) * 100:.0f} %), "
-                   f"{b.get('failed', 0)} failed")
+                   f"{b.get('failed', 0)} failed{what}")
     return "\n".join(out)

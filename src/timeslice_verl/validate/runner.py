@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Protocol
 from timeslice_verl.batch.client import BatchClient
 from timeslice_verl.batch.status import ENDED
 from timeslice_verl.log import get_logger
-from timeslice_verl.names import TenantRole
+from timeslice_verl.names import VALIDATION_VERSION, TenantRole
 from timeslice_verl.validate.policy import PolicyTenant, Update
 from timeslice_verl.validate.schedule import Move, Schedule
 from timeslice_verl.validate.valset import Prompt, Sampling, Scorer, batch_lines, metrics, scored
@@ -155,7 +155,7 @@ class Validator:
             path = Path(tmp) / f"val-{version}.jsonl"
             path.write_text("".join(batch_lines(self.prompts, version, self.model, self.sampling)))
             fid = self.batch.upload(path)["id"]
-        made = self.batch.create(fid, "/v1/chat/completions", {"timeslice_validation_version": str(version)},
+        made = self.batch.create(fid, "/v1/chat/completions", {VALIDATION_VERSION: str(version)},
                                  priority=self.priority, role=TenantRole.policy)
         return str(made["id"])
 
