@@ -133,6 +133,10 @@ def test_due_versions_are_validated_by_the_policy_tenant_and_logged_at_their_ste
         versions = {json.loads(x)["response"]["body"]["timeslice_weight_version"] for x in text.split("\n") if x}
         assert versions == {int(b["metadata"]["timeslice_validation_version"])}, "a run answered by its version alone"
     assert sorted(int(b["metadata"]["timeslice_validation_version"]) for b in runs) == [2, 4, 6]
+    timeline = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().split("\n") if x]
+    ended = [r for r in timeline if r["hook"] == "validation_end"]
+    assert [(r["version"], r["status"], r["answers"], r["error"]) for r in ended] == [(v, "completed", 4, "") for v in (2, 4, 6)]
+    assert all(r["metrics"]["val-core/openai/gsm8k/reward/mean@1"] == pytest.approx(0.5) for r in ended)
     assert policy.engine.stats()["completed"] == 12 and not ray.get(trainer.rollouter.get_saved.remote()) is None
 
 

@@ -97,7 +97,7 @@ def _plan_fit_validate(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> P
     from timeslice_verl.validate.setup import validator_for  # only where validation is on: the core stays light
 
     before = bool(kwargs.get("val_before_train", args[0] if args else False))
-    validator_for(self, lc.settings).synced(int(getattr(self, "current_param_version", 0)), force=before)
+    validator_for(self, lc).synced(int(getattr(self, "current_param_version", 0)), force=before)
     return None
 
 

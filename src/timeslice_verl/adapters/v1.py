@@ -70,7 +70,7 @@ def _submit_validation(trainer: Any, lc: Any) -> dict[str, float]:
     from timeslice_verl.validate.setup import validator_for  # only where validation is on
 
     step = int(trainer.global_steps)
-    validator_for(trainer, lc.settings).synced(step, force=True)
+    validator_for(trainer, lc).synced(step, force=True)
     return {"timeslice/validate/submitted": float(step)}
 
 

@@ -198,6 +198,29 @@ class HandoffEvent(Event):
         return sum(t.seconds for t in self.transitions if t.action == "freeze")
 
 
+@dataclass(frozen=True)
+class ValidationEvent(Event):
+    """One validation run in the valleys ended (``timeslice.validate``): its version's weights pushed into the policy
+    tenant, the validation set answered and scored — or why not."""
+
+    version: int = 0
+    """The weight version validated (``param_version`` is the trainer's when the run ended: later)."""
+    batch_id: str = ""
+    status: str = ""
+    """The run's batch: ``completed``, ``failed``, ``cancelled`` … (empty: it never started)."""
+    answers: int = 0
+    push_s: float = 0.0
+    seconds: float = 0.0
+    """From the push's start to the metrics."""
+    late: int = 0
+    """Runs reported late so far (a run still under way, or held, when a newer version was due)."""
+    error: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """verl's validation metrics (``val-core/…``), as logged at the version's step."""
+
+    kind: ClassVar[str] = "validation"
+
+
 STARTUP_POINT = "init_workers_begin"
 """The acquire before verl loads the model: start-up, not a valley, so no trainer wait."""
 PREPARE_POINT = "prepare"

@@ -36,6 +36,7 @@ from timeslice_verl.hooks.events import (
     RolloutEvent,
     RunEvent,
     TrainStepEvent,
+    ValidationEvent,
     WeightSyncEvent,
 )
 from timeslice_verl.hooks.manager import TimesliceManager
@@ -143,6 +144,10 @@ class Lifecycle:
     def handoff(self, event: HandoffEvent) -> None:
         """Report a handoff (observing: the agent plugin reports its own, from inside the hook that caused it)."""
         self._fire("handoff", event)
+
+    def validation_end(self, event: ValidationEvent) -> None:
+        """Report a validation run that ended (from the validation's own thread)."""
+        self._fire("validation_end", event)
 
     async def fire(self, hook: Callable[[E], R], event: E) -> R:
         """``await lifecycle.fire(lifecycle.pre_train_step, event)``: the hook in a worker thread, so the event

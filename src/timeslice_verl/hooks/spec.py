@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
         CheckpointEvent,
         ExceptionEvent,
         HandoffEvent,
+        ValidationEvent,
         InitWorkersEvent,
         RolloutEvent,
         RunEvent,
@@ -217,6 +218,20 @@ class HandoffSpecs:
         """
 
 
+class ValidationSpecs:
+    """Validation in the valleys (``timeslice.validate``), for observers."""
+
+    @hookspec
+    @observing
+    def validation_end(self, trainer: Any, event: ValidationEvent) -> None:
+        """A validation run ended, on the validation's own thread (the trainer went on long ago).
+
+        ``event.version`` is the weight version it validated, ``event.metrics`` verl's validation metrics (logged to
+        verl's tracker at that version's step), ``event.error`` why it did not finish; ``event.late`` counts the runs
+        that could not keep up with the trainer so far. The timeline records it.
+        """
+
+
 SPEC_CLASSES: tuple[type, ...] = (
     RunSpecs,
     InitWorkersSpecs,
@@ -226,6 +241,7 @@ SPEC_CLASSES: tuple[type, ...] = (
     CheckpointSpecs,
     ErrorSpecs,
     HandoffSpecs,
+    ValidationSpecs,
 )
 
 def hook_names() -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,12 +27,15 @@ class TimelinePlugin:
     def __init__(self) -> None:
         self.path: Path | None = None
         self._file: IO[str] | None = None
+        self._lock = threading.Lock()
 
     def _write(self, record: dict[str, Any]) -> None:
-        if self._file is None:
-            return
-        self._file.write(json.dumps(record, default=str, separators=(",", ":")) + "\n")
-        self._file.flush()
+        line = json.dumps(record, default=str, separators=(",", ":")) + "\n"
+        with self._lock:  # a validation's record comes from its own thread
+            if self._file is None:
+                return
+            self._file.write(line)
+            self._file.flush()
 
     def record(self, hook: str, event: Event) -> None:
         self._write({"hook": hook, **event.to_dict()})
@@ -51,9 +55,10 @@ class TimelinePlugin:
     @hookimpl(trylast=True)  # after the agent plugin's last release is recorded
     def timeslice_stop(self, event: RunEvent) -> None:
         self.record("timeslice_stop", event)
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
 
 def _recorder(hook: str):

@@ -62,11 +62,14 @@ class Run:
 class Validator:
     def __init__(self, *, every: int, policy: PolicyTenant, batch: BatchClient, source: WeightSource,
                  prompts: list[Prompt], sampling: Sampling, score: Scorer, model: str,
-                 log_metrics: Callable[[dict[str, Any], int], None], priority: int = 100, poll_s: float = 2.0) -> None:
+                 log_metrics: Callable[[dict[str, Any], int], None], priority: int = 100, poll_s: float = 2.0,
+                 on_run: Callable[[Run], None] | None = None) -> None:
         self.schedule = Schedule(every)
         self.policy, self.batch, self.source = policy, batch, source
         self.prompts, self.sampling, self.score, self.model = prompts, sampling, score, model
         self.log_metrics, self.priority, self.poll_s = log_metrics, priority, poll_s
+        self.on_run = on_run
+        """Told of every run that ended (the adapters fire the ``validation_end`` hook with it)."""
         self.runs: list[Run] = []
         self._lock = threading.Lock()
         self._held: Snapshot | None = None
@@ -119,6 +122,11 @@ class Validator:
                 return
             version, snap = item
             run = self._run(version, snap)
+            if self.on_run is not None:
+                try:
+                    self.on_run(run)
+                except Exception as exc:  # an observer's failure is logged by the hooks; never this thread's end
+                    log.error("[timeslice] validation: reporting version %d's run failed: %s", version, exc)
             with self._lock:
                 self.runs.append(run)
                 after = self.schedule.finished(version)
@@ -141,6 +149,7 @@ class Validator:
             run.metrics = metrics(scored(self.prompts, version, answers, self.score))
             run.seconds = time.monotonic() - t0
             self.log_metrics({**run.metrics, "timeslice/validate/version": version,
+                              "timeslice/validate/late": len(self.schedule.late),
                               "timeslice/validate/seconds": round(run.seconds, 3),
                               "timeslice/validate/push_s": round(run.push_s, 3)}, version)
             log.info("[timeslice] validation of version %d: %d answers in %.1f s (push %.2f s)", version,

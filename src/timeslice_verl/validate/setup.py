@@ -19,7 +19,8 @@ from timeslice_verl.batch.auth import client_key
 from timeslice_verl.batch.client import BatchClient
 from timeslice_verl.log import get_logger
 from timeslice_verl.validate.policy import PolicyError, PolicyTenant
-from timeslice_verl.validate.runner import Validator, WeightSource
+from timeslice_verl.hooks.events import ValidationEvent
+from timeslice_verl.validate.runner import Run, Validator, WeightSource
 from timeslice_verl.validate.valset import Sampling, _get, read_valset, scorer
 
 log = get_logger("validate")
@@ -53,8 +54,9 @@ def served_model(url: str) -> str:
         raise PolicyError(f"policy tenant {url}: no model listed at /v1/models ({type(exc).__name__}: {exc})") from None
 
 
-def build(trainer: Any, settings: Any) -> Validator:
-    """A validator for ``trainer`` (``settings``: the validated ``timeslice`` settings)."""
+def build(trainer: Any, lc: Any) -> Validator:
+    """A validator for ``trainer`` (``lc``: its lifecycle — the settings, and the ``validation_end`` hook it fires)."""
+    settings = lc.settings
     v, b, config = settings.validate, settings.batch, trainer.config
     every = v.every or int(_get(config, "trainer.test_freq", 0) or 0)
     if every <= 0:
@@ -72,18 +74,24 @@ def build(trainer: Any, settings: Any) -> Validator:
                     source=source, prompts=read_valset(list(files) if not isinstance(files, str) else files),
                     sampling=Sampling.of(config), score=scorer(config), model=served_model(v.policy_url),
                     log_metrics=lambda metrics, step: logger.log(data=metrics, step=step), priority=v.priority,
-                    poll_s=v.poll_s)
+                    poll_s=v.poll_s, on_run=lambda run: _report(lc, run, out))
     log.info("[timeslice] validation in the valleys: every %d versions, %d prompts, policy tenant %s, batch service %s",
              every, len(out.prompts), v.policy_url, service)
     return out
 
 
-def validator_for(trainer: Any, settings: Any) -> Validator:
+def _report(lc: Any, run: Run, validator: Validator) -> None:
+    lc.validation_end(lc.event(ValidationEvent, version=run.version, batch_id=run.batch_id, status=run.status,
+                               answers=run.answers, push_s=round(run.push_s, 3), seconds=round(run.seconds, 3),
+                               late=len(validator.schedule.late), error=run.error, metrics=dict(run.metrics)))
+
+
+def validator_for(trainer: Any, lc: Any) -> Validator:
     """The trainer's validator, built on first use and kept on the trainer (never pickled with it)."""
     with _lock:
         made = trainer.__dict__.get(_ATTR)
         if made is None:
-            made = trainer.__dict__[_ATTR] = build(trainer, settings)
+            made = trainer.__dict__[_ATTR] = build(trainer, lc)
         return made
 
 
