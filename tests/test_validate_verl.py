@@ -188,3 +188,18 @@ def test_the_v1_trainer_validates_before_training_and_every_test_freq_through_th
     assert all(d["timeslice/validate/version"] == s for s, d in tracker.calls if "timeslice/validate/version" in d)
     submitted = {s: d["timeslice/validate/submitted"] for s, d in tracker.calls if "timeslice/validate/submitted" in d}
     assert submitted == {0: 0.0, 2: 2.0, 4: 4.0}, "verl logs the submission where it logged its awaited validation"
+
+
+def test_a_policy_tenant_that_is_down_costs_the_validation_never_the_training(ray_local, world, tmp_path):
+    """No server at the policy tenant's address: every due version is reported unvalidated (the timeline says why)
+    and training runs to its end."""
+    service, policy, val = world
+    policy.stop()
+    trainer = h.build_trainer(verl_trainer_module.FullyAsyncTrainer,
+                              _config(tmp_path, service, policy, val, finish_s=0.0), steps=4)
+    tracker = trainer.logger = Tracker()
+    asyncio.run(h.run_like_fully_async_main(trainer))
+    assert max(step for step, _ in tracker.calls) >= 4 and tracker.validated() == []
+    timeline = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().split("\n") if x]
+    ended = [(r["version"], "PolicyError" in r["error"]) for r in timeline if r["hook"] == "validation_end"]
+    assert ended == [(2, True), (4, True)]

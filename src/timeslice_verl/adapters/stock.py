@@ -94,10 +94,10 @@ def _plan_fit_validate(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> P
         return (yield CALL)
     if getattr(self, "local_trigger_step", 1) != 1:  # verl's own guard: a version is validated once
         return None
-    from timeslice_verl.validate.setup import validator_for  # only where validation is on: the core stays light
+    from timeslice_verl.validate.setup import submit  # only where validation is on: the core stays light
 
     before = bool(kwargs.get("val_before_train", args[0] if args else False))
-    validator_for(self, lc).synced(int(getattr(self, "current_param_version", 0)), force=before)
+    submit(self, lc, int(getattr(self, "current_param_version", 0)), force=before)
     return None
 
 

@@ -67,11 +67,10 @@ def _verl_091_setup_logging(module: ModuleType, trainer: Any) -> Iterator[None]:
 def _submit_validation(trainer: Any, lc: Any) -> dict[str, float]:
     """The step's version to the policy tenant, not awaited (verl validates before training, every ``test_freq`` and at
     the end, at this step); verl asserts a validation returned metrics: the submission is one."""
-    from timeslice_verl.validate.setup import validator_for  # only where validation is on
+    from timeslice_verl.validate.setup import submit  # only where validation is on
 
     step = int(trainer.global_steps)
-    validator_for(trainer, lc).synced(step, force=True)
-    return {"timeslice/validate/submitted": float(step)}
+    return {"timeslice/validate/submitted": float(step) if submit(trainer, lc, step, force=True) else -1.0}
 
 
 def _end_validation(trainer: Any, lc: Any) -> None:

@@ -21,6 +21,7 @@ from timeslice_verl.log import get_logger
 from timeslice_verl.validate.policy import PolicyError, PolicyTenant
 from timeslice_verl.hooks.events import ValidationEvent
 from timeslice_verl.validate.runner import Run, Validator, WeightSource
+from timeslice_verl.validate.schedule import Schedule
 from timeslice_verl.validate.valset import Sampling, _get, read_valset, scorer
 
 log = get_logger("validate")
@@ -54,11 +55,15 @@ def served_model(url: str) -> str:
         raise PolicyError(f"policy tenant {url}: no model listed at /v1/models ({type(exc).__name__}: {exc})") from None
 
 
+def _every(trainer: Any, settings: Any) -> int:
+    return settings.validate.every or int(_get(trainer.config, "trainer.test_freq", 0) or 0)
+
+
 def build(trainer: Any, lc: Any) -> Validator:
     """A validator for ``trainer`` (``lc``: its lifecycle — the settings, and the ``validation_end`` hook it fires)."""
     settings = lc.settings
     v, b, config = settings.validate, settings.batch, trainer.config
-    every = v.every or int(_get(config, "trainer.test_freq", 0) or 0)
+    every = _every(trainer, settings)
     if every <= 0:
         raise ValidationSetupError("timeslice.validate.enable=true, but neither validate.every nor verl's "
                                    "trainer.test_freq is above 0: no version would ever be due")
@@ -86,6 +91,22 @@ def _report(lc: Any, run: Run, validator: Validator) -> None:
                                late=len(validator.schedule.late), error=run.error, metrics=dict(run.metrics)))
 
 
+def submit(trainer: Any, lc: Any, version: int, force: bool = False) -> bool:
+    """Hand ``version`` to the trainer's validator; never raises into the trainer: a validation that cannot be set up
+    or submitted (the policy tenant or the service down, the validation set unreadable) is logged and reported
+    (``validation_end`` with the error), the version left unvalidated, and the next due version tries again."""
+    if not force and not Schedule(_every(trainer, lc.settings)).due(version):
+        return True  # nothing to do (not due): nothing built, nothing reported
+    try:
+        validator_for(trainer, lc).synced(version, force)
+        return True
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        log.error("[timeslice] validation of version %d not submitted (training goes on): %s", version, error)
+        lc.validation_end(lc.event(ValidationEvent, version=version, error=error))
+        return False
+
+
 def validator_for(trainer: Any, lc: Any) -> Validator:
     """The trainer's validator, built on first use and kept on the trainer (never pickled with it)."""
     with _lock:
@@ -102,4 +123,4 @@ def close_validator(trainer: Any, wait_s: float = 0.0) -> None:
         log.info("[timeslice] validation: %d run(s), %d late report(s)", len(runs), len(made.schedule.late))
 
 
-__all__ = ["ValidationSetupError", "build", "close_validator", "load_source", "served_model", "validator_for"]
+__all__ = ["ValidationSetupError", "build", "close_validator", "load_source", "served_model", "submit", "validator_for"]
