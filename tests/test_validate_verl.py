@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -59,26 +60,35 @@ class Tracker:
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, dict]] = []
+        self.threads: set[int] = set()
 
     def log(self, data: dict, step: int) -> None:
         self.calls.append((step, dict(data)))
+        self.threads.add(threading.get_ident())
 
     def validated(self) -> list[int]:
         return [step for step, data in self.calls if "timeslice/validate/version" in data]
 
 
+def validated_runs(trainer) -> set[int]:
+    """The versions whose validation run has ended (the validator's own record; its metrics are logged at the
+    trainer's next step, on its thread)."""
+    validator = trainer.__dict__.get("_timeslice_validator")
+    return {r.version for r in validator.runs} if validator is not None else set()
+
+
 class PacedQueue(h.FakeMessageQueueClient):
-    """The rollout, paced so that each step's samples come once every due version before it was logged: the
+    """The rollout, paced so that each step's samples come once every due version before it has been validated: the
     sequence is the same on a loaded machine (the trainer never waits for validation; the rollout does, here)."""
 
-    def __init__(self, samples: int, required: int, tracker: Tracker) -> None:
+    def __init__(self, samples: int, required: int, trainer) -> None:
         super().__init__(samples)
-        self.required, self.tracker = required, tracker
+        self.required, self.trainer = required, trainer
 
     async def get_sample(self):
         step = self.served // self.required + 1  # the step these samples are for
-        due = [v for v in range(2, step) if v % 2 == 0]
-        while not set(due) <= set(self.tracker.validated()):
+        due = {v for v in range(2, step) if v % 2 == 0}
+        while not due <= validated_runs(self.trainer):
             await asyncio.sleep(0.02)
         return await super().get_sample()
 
@@ -119,9 +129,10 @@ def test_due_versions_are_validated_by_the_policy_tenant_and_logged_at_their_ste
     service, policy, val = world
     trainer = h.build_trainer(verl_trainer_module.FullyAsyncTrainer, _config(tmp_path, service, policy, val), steps=6)
     tracker = trainer.logger = Tracker()
-    trainer.set_message_queue_client(PacedQueue(trainer.required_samples * 6, trainer.required_samples, tracker))
+    trainer.set_message_queue_client(PacedQueue(trainer.required_samples * 6, trainer.required_samples, trainer))
     asyncio.run(h.run_like_fully_async_main(trainer))
     assert tracker.validated() == [2, 4, 6]
+    assert tracker.threads == {threading.get_ident()}, "verl's tracker is called on the trainer's thread alone"
     for step, data in tracker.calls:
         if "timeslice/validate/version" in data:
             assert data["timeslice/validate/version"] == step
@@ -172,7 +183,7 @@ def test_the_v1_trainer_validates_before_training_and_every_test_freq_through_th
 
     def paced(global_steps, partition_id, batch_size):  # each step's batch once the validations due before it ran
         due = {0} | {v for v in range(2, global_steps) if v % 2 == 0}
-        eventually(lambda: due <= set(tracker.validated()), what=f"validations {sorted(due)} logged")
+        eventually(lambda: due <= validated_runs(trainer), what=f"validations {sorted(due)} run")
         return sample(global_steps, partition_id, batch_size)
 
     fakes.buffer.sample = paced
@@ -184,7 +195,7 @@ def test_the_v1_trainer_validates_before_training_and_every_test_freq_through_th
         "timeslice.validate.poll_s=0.05", "timeslice.validate.finish_s=60"])
     trainer = v1.build(config, fakes)
     v1.run(trainer, fakes)
-    assert tracker.validated() == [0, 2, 4]
+    assert tracker.validated() == [0, 2, 4] and tracker.threads == {threading.get_ident()}
     assert all(d["timeslice/validate/version"] == s for s, d in tracker.calls if "timeslice/validate/version" in d)
     submitted = {s: d["timeslice/validate/submitted"] for s, d in tracker.calls if "timeslice/validate/submitted" in d}
     assert submitted == {0: 0.0, 2: 2.0, 4: 4.0}, "verl logs the submission where it logged its awaited validation"

@@ -93,9 +93,13 @@ def _plan_fit_validate(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> P
     if not lc.settings.validate.enable:
         return (yield CALL)
     if getattr(self, "local_trigger_step", 1) != 1:  # verl's own guard: a version is validated once
-        return None
-    from timeslice_verl.validate.setup import submit  # only where validation is on: the core stays light
+        from timeslice_verl.validate.setup import flush
 
+        flush(self)
+        return None
+    from timeslice_verl.validate.setup import flush, submit  # only where validation is on: the core stays light
+
+    flush(self)  # what ended since the last step, logged on the trainer's thread
     before = bool(kwargs.get("val_before_train", args[0] if args else False))
     submit(self, lc, int(getattr(self, "current_param_version", 0)), force=before)
     return None

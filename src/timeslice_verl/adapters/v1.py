@@ -73,6 +73,16 @@ def _submit_validation(trainer: Any, lc: Any) -> dict[str, float]:
     return {"timeslice/validate/submitted": float(step) if submit(trainer, lc, step, force=True) else -1.0}
 
 
+def _flush_validation(trainer: Any) -> None:
+    """The validations that ended since the last step, logged on the trainer's thread (verl's tracker is not meant to
+    be called from the validation's)."""
+    lc = lifecycle_for(trainer, NAME)
+    if lc is not None and lc.settings.validate.enable:
+        from timeslice_verl.validate.setup import flush
+
+        flush(trainer)
+
+
 def _end_validation(trainer: Any, lc: Any) -> None:
     if lc.settings.validate.enable:
         from timeslice_verl.validate.setup import close_validator
@@ -88,8 +98,7 @@ def build(module: ModuleType) -> type:
         """verl's ``separate_async`` trainer, telling timeslice's plugins what it does."""
 
         def __init__(self, config: Any) -> None:
-            settings = enabled_settings(config)
-            if settings is not None:
+            if (settings := enabled_settings(config)) is not None:
                 check_v1(config, settings)  # before verl builds anything on the GPUs
             super().__init__(config)
 
@@ -146,6 +155,7 @@ def build(module: ModuleType) -> type:
                 push()
                 if not initial:
                     self.__dict__[_V1_VERSION_ATTR] = self.__dict__.get(_V1_VERSION_ATTR, 0) + 1
+                    _flush_validation(self)  # the validations that ended since the last step
 
             # v1 saves before it pushes, so no save follows a push in the same step
             return run(lc, sync_plan(lc, initial=initial), pushed)

@@ -9,6 +9,7 @@ reward function, ``trainer.test_freq`` (unless ``validate.every`` is set) and it
 
 from __future__ import annotations
 
+import collections
 import importlib
 import threading
 from typing import Any, Callable
@@ -27,6 +28,7 @@ from timeslice_verl.validate.valset import Sampling, _get, read_valset, scorer
 log = get_logger("validate")
 
 _ATTR = "_timeslice_validator"
+_PENDING = "_timeslice_validation_metrics"
 _lock = threading.Lock()
 
 
@@ -78,11 +80,28 @@ def build(trainer: Any, lc: Any) -> Validator:
     out = Validator(every=every, policy=PolicyTenant(v.policy_url), batch=BatchClient(service, client_key(b.key_file)),
                     source=source, prompts=read_valset(list(files) if not isinstance(files, str) else files),
                     sampling=Sampling.of(config), score=scorer(config), model=served_model(v.policy_url),
-                    log_metrics=lambda metrics, step: logger.log(data=metrics, step=step), priority=v.priority,
+                    log_metrics=lambda metrics, step: _pending(trainer).append((metrics, step)), priority=v.priority,
                     poll_s=v.poll_s, on_run=lambda run: _report(lc, run, out))
     log.info("[timeslice] validation in the valleys: every %d versions, %d prompts, policy tenant %s, batch service %s",
              every, len(out.prompts), v.policy_url, service)
     return out
+
+
+def _pending(trainer: Any) -> collections.deque:
+    """The validations' metrics not logged yet: verl's tracker is called on the trainer's own thread (a tracker such as
+    wandb is not meant to be called from two threads at once), at :func:`flush`."""
+    return trainer.__dict__.setdefault(_PENDING, collections.deque())
+
+
+def flush(trainer: Any) -> int:
+    """Log the validations' metrics that came in since the last flush, each at its version's step (the adapters call
+    it at every step and at the end); how many."""
+    pending, logger, done = trainer.__dict__.get(_PENDING), getattr(trainer, "logger", None), 0
+    while pending and logger is not None:
+        metrics, step = pending.popleft()
+        logger.log(data=metrics, step=step)
+        done += 1
+    return done
 
 
 def _report(lc: Any, run: Run, validator: Validator) -> None:
@@ -120,7 +139,9 @@ def close_validator(trainer: Any, wait_s: float = 0.0) -> None:
     made = trainer.__dict__.pop(_ATTR, None)
     if made is not None:
         runs = made.close(wait_s)
+        flush(trainer)
         log.info("[timeslice] validation: %d run(s), %d late report(s)", len(runs), len(made.schedule.late))
 
 
-__all__ = ["ValidationSetupError", "build", "close_validator", "load_source", "served_model", "submit", "validator_for"]
+__all__ = ["ValidationSetupError", "build", "close_validator", "flush", "load_source", "served_model", "submit",
+           "validator_for"]
