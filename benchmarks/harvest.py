@@ -45,10 +45,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from valleys import row as valley_row  # noqa: E402
 
-from timeslice_verl.batch.client import BatchClient  # noqa: E402
+from timeslice_verl.batch.client import BatchClient, served_model  # noqa: E402
 from timeslice_verl.batch.concurrency import parse_metrics  # noqa: E402
 from timeslice_verl.batch.status import ENDED  # noqa: E402
-from timeslice_verl.demo.batch import served_model, write_input  # noqa: E402
+from timeslice_verl.demo.batch import write_input  # noqa: E402
 from timeslice_verl.demo.procs import free_port, start_batch_service  # noqa: E402
 from timeslice_verl.demo.run import DemoOptions, run_demo  # noqa: E402
 

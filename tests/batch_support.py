@@ -39,6 +39,21 @@ def write_requests(path: Path, n: int, *, endpoint: str = "/v1/completions", mod
     return ids
 
 
+def create_batch(client: httpx.Client, path: Path, endpoint: str = "/v1/completions", **extra: Any) -> str:
+    """Upload ``path`` and make a batch of it (``extra``: more fields of the request, ours among them); its id."""
+    fid = client.post("/v1/files", files={"file": (path.name, path.read_bytes())}, data={"purpose": "batch"}).json()["id"]
+    made = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": endpoint, "completion_window": "24h",
+                                            **extra})
+    assert made.status_code == 200, made.text
+    return made.json()["id"]
+
+
+def completed(client: httpx.Client, bid: str) -> dict[str, Any]:
+    """The batch once it completed."""
+    return eventually(lambda: (b := client.get(f"/v1/batches/{bid}").json())["status"] == "completed" and b,
+                      what=f"batch {bid} done")
+
+
 class BatchServiceProc:
     """``timeslice-verl batch serve`` in its own process (so a test can ``kill -9`` it), its state in ``db``."""
 

@@ -79,6 +79,21 @@ def _ray_left_as_found():
         sys.modules["ray"].shutdown()
 
 
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray for one module's tests on verl's real trainer. Ray's workers import the test harnesses by name,
+    as this process does (tests/ on their path): pickling one by value broke when pytest also collected its file
+    (its globals hold pytest objects). Logical CPUs: FullyAsyncTrainer asks Ray for num_cpus=10, whatever the machine
+    has."""
+    ray = pytest.importorskip("ray")
+    tests_dir = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH", "")]))
+    ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield
+    ray.shutdown()
+
+
 def _git_status() -> str | None:
     try:
         out = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=all"],

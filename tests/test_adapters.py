@@ -26,19 +26,6 @@ FIELDS = ("hook", "step", "param_version", "initial", "synced", "samples", "requ
           "force", "saved", "point", "error_type", "reason", "adapter")
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    # Ray's workers import the harness by name, as this process does (tests/ on their path): pickling
-    # it by value broke when pytest also collected the harness file (its globals hold pytest objects).
-    tests_dir = str(Path(h.__file__).resolve().parent)
-    path = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH", "")]))
-    # logical CPUs: FullyAsyncTrainer asks Ray for num_cpus=10, whatever the machine has
-    ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    yield
-    ray.shutdown()
-
-
 def events(path: Path) -> list[dict]:
     if not path.exists():
         return []

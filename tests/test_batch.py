@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from agent_support import AgentProc, eventually
-from batch_support import BatchServiceProc, SupervisorProc, write_requests
+from batch_support import BatchServiceProc, SupervisorProc, completed, create_batch, write_requests
 
 pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
 
@@ -208,12 +208,7 @@ def test_answers_with_unicode_line_separators_stay_one_line_each_for_every_reade
                                                            "body": {"model": "m", "prompt": p, "max_tokens": 2}}) + "\n"
                                                for cid, p in prompts.items()))
     client = service.http()
-    fid = client.post("/v1/files", files={"file": ("in.jsonl", (tmp_path / "in.jsonl").read_bytes())},
-                      data={"purpose": "batch"}).json()["id"]
-    bid = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/completions",
-                                           "completion_window": "24h"}).json()["id"]
-    batch = eventually(lambda: (b := client.get(f"/v1/batches/{bid}").json())["status"] == "completed" and b,
-                       what="batch done")
+    batch = completed(client, create_batch(client, tmp_path / "in.jsonl"))
     text = client.get(f"/v1/files/{batch['output_file_id']}/content").text
     answers = [json.loads(line) for line in text.splitlines()]
     assert len(answers) == len(prompts) and "\u2028" not in text and "\x85" not in text

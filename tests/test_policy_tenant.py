@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from agent_support import eventually
-from batch_support import BatchServiceProc
+from batch_support import BatchServiceProc, completed, create_batch
 from timeslice_verl.testing.fake_vllm import FakeVllmServer
 from timeslice_verl.validate.policy import PolicyBusy, PolicyError, PolicyTenant, Update
 
@@ -97,16 +97,11 @@ def _submit(client: httpx.Client, tmp_path, name: str, model: str, n: int, **ext
     path.write_text("".join(json.dumps({"custom_id": f"{name}-{i}", "method": "POST", "url": "/v1/completions",
                                         "body": {"model": model, "prompt": f"{name}-{i}", "max_tokens": 2}}) + "\n"
                             for i in range(n)))
-    fid = client.post("/v1/files", files={"file": (path.name, path.read_bytes())}, data={"purpose": "batch"}).json()["id"]
-    made = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/completions",
-                                            "completion_window": "24h", **extra})
-    assert made.status_code == 200, made.text
-    return made.json()["id"]
+    return create_batch(client, path, **extra)
 
 
 def _answers(client: httpx.Client, bid: str) -> list[dict]:
-    batch = eventually(lambda: (b := client.get(f"/v1/batches/{bid}").json())["status"] == "completed" and b,
-                       what=f"batch {bid} done")
+    batch = completed(client, bid)
     return [json.loads(x) for key in ("output_file_id", "error_file_id") if batch.get(key)
             for x in client.get(f"/v1/files/{batch[key]}/content").text.split("\n") if x]
 

@@ -5,6 +5,7 @@ its step; a version due while a run is under way is held until it ends."""
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
 import pytest
@@ -56,12 +57,13 @@ def world(tmp_path, procs):
     policy.stop()
 
 
-def _validator(service, policy, logged, weights, **kw) -> Validator:
+def _validator(service, policy, logged, weights, score=None, **kw) -> Validator:
     from verl.utils.reward_score import default_compute_score
 
     return Validator(every=2, policy=PolicyTenant(policy.url), batch=BatchClient(service.url, service.key),
-                     source=weights, prompts=PROMPTS, sampling=Sampling(n=2, max_tokens=4), score=default_compute_score,
-                     model="policy", log_metrics=lambda m, step: logged.append((step, m)), poll_s=0.05, **kw)
+                     source=weights, prompts=PROMPTS, sampling=Sampling(n=2, max_tokens=4),
+                     score=score or default_compute_score, model="policy",
+                     log_metrics=lambda m, step: logged.append((step, m)), poll_s=0.05, **kw)
 
 
 def _versions_answered(service, batch_id: str) -> set:
@@ -92,16 +94,26 @@ def test_each_due_version_is_pushed_run_scored_and_logged_at_its_step(world):
 
 
 def test_a_version_due_while_a_run_is_under_way_is_held_until_it_ends(world):
+    from verl.utils.reward_score import default_compute_score
+
     service, policy = world
-    policy.engine.token_s = 0.05  # slow enough that version 4 is due while 2 runs
+    scoring, go_on = threading.Event(), threading.Event()
+
+    def score(**kw):  # version 2's run stays under way (scoring) until version 4 has been due
+        scoring.set()
+        go_on.wait(60)
+        return default_compute_score(**kw)
+
     logged, weights = [], Weights()
-    v = _validator(service, policy, logged, weights)
+    v = _validator(service, policy, logged, weights, score=score)
     try:
         assert str(v.synced(2)) == "push"
-        eventually(lambda: policy.engine.stats()["running"] > 0, what="version 2 generating")
+        eventually(scoring.is_set, what="version 2's answers being scored")
         assert str(v.synced(4)) == "hold" and weights.released == [2], "4 kept, 2 released once pushed"
+        go_on.set()
         eventually(lambda: len(logged) == 2, what="both validated", timeout=120)
     finally:
+        go_on.set()
         runs = v.close(wait_s=30)
     assert [r.version for r in runs] == [2, 4] and [str(x) for x in v.schedule.late] == [
         "the validation of version 2 was still running when version 4 was due"]

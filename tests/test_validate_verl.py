@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -91,16 +89,6 @@ class PacedQueue(h.FakeMessageQueueClient):
         while not due <= validated_runs(self.trainer):
             await asyncio.sleep(0.02)
         return await super().get_sample()
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    tests_dir = str(Path(h.__file__).resolve().parent)
-    path = os.pathsep.join(filter(None, [tests_dir, os.environ.get("PYTHONPATH", "")]))
-    ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture

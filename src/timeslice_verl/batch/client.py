@@ -18,6 +18,15 @@ log = get_logger("batch")
 
 
 
+
+def served_model(tenant_url: str) -> str:
+    """The model a tenant serves (its first in ``/v1/models``), which every line of a batch for it names."""
+    try:
+        data = httpx.get(f"{tenant_url.rstrip('/')}/v1/models", timeout=30).json()["data"]
+        return str(data[0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise RuntimeError(f"the tenant at {tenant_url} does not say which model it serves: {exc}") from None
+
 class BatchClientError(RuntimeError):
     """The service refused a call (its message) or could not be reached."""
 
@@ -119,4 +128,4 @@ def describe(batch: dict[str, Any]) -> str:
             f"{batch['endpoint']}  {files}").rstrip()
 
 
-__all__ = ["BatchClient", "BatchClientError", "describe", "endpoint_of", "follow"]
+__all__ = ["BatchClient", "BatchClientError", "describe", "endpoint_of", "follow", "served_model"]

@@ -10,24 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from timeslice_verl.batch.client import ENDED, BatchClient, BatchClientError
+from timeslice_verl.batch.client import ENDED, BatchClient, BatchClientError, served_model
 from timeslice_verl.log import get_logger
 
 log = get_logger("demo")
 
 PROMPTS = ("def fibonacci(n):", "The capital of France is", "Write a haiku about GPUs:", "SELECT * FROM",
            "Once upon a time,", "import numpy as np\n", "The three laws of motion are", "Q: What is 17 * 23?\nA:")
-
-
-def served_model(tenant_url: str) -> str:
-    """The model the tenant serves (``/v1/models``), which every line names."""
-    try:
-        data = httpx.get(f"{tenant_url}/v1/models", timeout=30).json()["data"]
-        return str(data[0]["id"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise RuntimeError(f"the tenant at {tenant_url} does not say which model it serves: {exc}") from None
 
 
 def write_input(path: Path, lines: int, model: str, max_tokens: int) -> Path:
@@ -93,4 +82,4 @@ class DemoBatch:
                 "tokens_per_gpu_s": round(fig["tokens"] / gpu_s, 3) if gpu_s else None}
 
 
-__all__ = ["DemoBatch", "served_model", "write_input"]
+__all__ = ["DemoBatch", "write_input"]

@@ -12,6 +12,7 @@ snapshot.
 
 from __future__ import annotations
 
+import json
 import queue
 import tempfile
 import threading
@@ -175,8 +176,6 @@ class Validator:
         return batch
 
     def _answers(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
-        import json
-
         out = []
         with tempfile.TemporaryDirectory(prefix="timeslice-val-") as tmp:
             for key in ("output_file_id", "error_file_id"):

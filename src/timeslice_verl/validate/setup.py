@@ -14,16 +14,15 @@ import importlib
 import threading
 from typing import Any, Callable
 
-import httpx
 
 from timeslice_verl.batch.auth import client_key
-from timeslice_verl.batch.client import BatchClient
+from timeslice_verl.batch.client import BatchClient, served_model
 from timeslice_verl.log import get_logger
 from timeslice_verl.validate.policy import PolicyError, PolicyTenant
 from timeslice_verl.hooks.events import ValidationEvent
 from timeslice_verl.validate.runner import Run, Validator, WeightSource
 from timeslice_verl.validate.schedule import Schedule
-from timeslice_verl.validate.valset import Sampling, _get, read_valset, scorer
+from timeslice_verl.validate.valset import Sampling, read_valset, scorer, verl_value
 
 log = get_logger("validate")
 
@@ -48,17 +47,16 @@ def load_source(spec: str) -> Callable[[Any], WeightSource]:
         raise ValidationSetupError(f"timeslice.validate.source={spec!r}: {type(exc).__name__}: {exc}") from None
 
 
-def served_model(url: str) -> str:
-    """The model the policy tenant serves (its first)."""
+def policy_model(url: str) -> str:
+    """The model the policy tenant serves (a tenant that does not say is a :class:`PolicyError`)."""
     try:
-        data = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=10).json().get("data") or []
-        return str(data[0]["id"])
-    except (httpx.HTTPError, ValueError, LookupError, TypeError, AttributeError) as exc:
-        raise PolicyError(f"policy tenant {url}: no model listed at /v1/models ({type(exc).__name__}: {exc})") from None
+        return served_model(url)
+    except RuntimeError as exc:
+        raise PolicyError(f"policy tenant: {exc}") from None
 
 
 def _every(trainer: Any, settings: Any) -> int:
-    return settings.validate.every or int(_get(trainer.config, "trainer.test_freq", 0) or 0)
+    return settings.validate.every or int(verl_value(trainer.config, "trainer.test_freq", 0) or 0)
 
 
 def build(trainer: Any, lc: Any) -> Validator:
@@ -69,7 +67,7 @@ def build(trainer: Any, lc: Any) -> Validator:
     if every <= 0:
         raise ValidationSetupError("timeslice.validate.enable=true, but neither validate.every nor verl's "
                                    "trainer.test_freq is above 0: no version would ever be due")
-    files = _get(config, "data.val_files")
+    files = verl_value(config, "data.val_files")
     if not files:
         raise ValidationSetupError("timeslice.validate.enable=true, but verl's data.val_files names no file")
     source = load_source(v.source)(trainer)
@@ -79,7 +77,7 @@ def build(trainer: Any, lc: Any) -> Validator:
         raise ValidationSetupError("the trainer has no tracker (trainer.logger): validation metrics would go nowhere")
     out = Validator(every=every, policy=PolicyTenant(v.policy_url), batch=BatchClient(service, client_key(b.key_file)),
                     source=source, prompts=read_valset(list(files) if not isinstance(files, str) else files),
-                    sampling=Sampling.of(config), score=scorer(config), model=served_model(v.policy_url),
+                    sampling=Sampling.of(config), score=scorer(config), model=policy_model(v.policy_url),
                     log_metrics=lambda metrics, step: _pending(trainer).append((metrics, step)), priority=v.priority,
                     poll_s=v.poll_s, on_run=lambda run: _report(lc, run, out))
     log.info("[timeslice] validation in the valleys: every %d versions, %d prompts, policy tenant %s, batch service %s",
@@ -143,5 +141,5 @@ def close_validator(trainer: Any, wait_s: float = 0.0) -> None:
         log.info("[timeslice] validation: %d run(s), %d late report(s)", len(runs), len(made.schedule.late))
 
 
-__all__ = ["ValidationSetupError", "build", "close_validator", "flush", "load_source", "served_model", "submit",
+__all__ = ["ValidationSetupError", "build", "close_validator", "flush", "load_source", "policy_model", "submit",
            "validator_for"]

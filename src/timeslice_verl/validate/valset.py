@@ -40,15 +40,16 @@ class Sampling:
     @classmethod
     def of(cls, config: Any) -> Sampling:
         """From a verl config (DictConfig or dict)."""
-        val = _get(config, "actor_rollout_ref.rollout.val_kwargs") or {}
-        sample = bool(_get(val, "do_sample", False))
-        return cls(n=int(_get(val, "n", 1) or 1), temperature=float(_get(val, "temperature", 0.0)) if sample else 0.0,
-                   top_p=float(_get(val, "top_p", 1.0)) if sample else 1.0,
-                   top_k=int(_get(val, "top_k", -1)) if sample else -1,
-                   max_tokens=int(_get(config, "data.max_response_length", 512) or 512))
+        val = verl_value(config, "actor_rollout_ref.rollout.val_kwargs") or {}
+        sample = bool(verl_value(val, "do_sample", False))
+        return cls(n=int(verl_value(val, "n", 1) or 1), temperature=float(verl_value(val, "temperature", 0.0)) if sample else 0.0,
+                   top_p=float(verl_value(val, "top_p", 1.0)) if sample else 1.0,
+                   top_k=int(verl_value(val, "top_k", -1)) if sample else -1,
+                   max_tokens=int(verl_value(config, "data.max_response_length", 512) or 512))
 
 
-def _get(obj: Any, dotted: str, default: Any = None) -> Any:
+def verl_value(obj: Any, dotted: str, default: Any = None) -> Any:
+    """``obj``'s value at a dotted key (a verl config: DictConfig, dict or object), else ``default``."""
     for part in dotted.split("."):
         if obj is None:
             return default
@@ -103,7 +104,7 @@ def scorer(config: Any) -> Scorer:
     from verl.trainer.ppo.reward import get_custom_reward_fn
     from verl.utils.reward_score import default_compute_score
 
-    custom = get_custom_reward_fn(config) if _get(config, "reward.custom_reward_function.path") else None
+    custom = get_custom_reward_fn(config) if verl_value(config, "reward.custom_reward_function.path") else None
     return custom or default_compute_score
 
 
@@ -148,4 +149,4 @@ def metrics(scores: dict[str, Any]) -> dict[str, float]:
 
 
 __all__ = ["CUSTOM_ID", "Prompt", "Sampling", "Scorer", "batch_lines", "metrics", "prompts_of", "read_valset",
-           "scored", "scorer"]
+           "scored", "scorer", "verl_value"]
