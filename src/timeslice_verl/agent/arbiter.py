@@ -276,8 +276,10 @@ class Arbiter:
             target = desired(world)
             fit = self.peaks.fit(self.book.jobs.get(target.name) if target is not None else None)
             needs_room = target is not None and target.needs_room and target.state in (FROZEN, FAULTED)
-            pause_only = fit.pause_only and not needs_room
-            await self._tenant(YIELDING, self.tenancy.yield_gpu(free, sleep=not pause_only, why=fit.why))
+            if fit.pause_only and not needs_room:  # nothing moves: the grant need not wait for vLLM's answer
+                await self._tenant(YIELDING, self.tenancy.pause_behind(free, fit.why))
+            else:
+                await self._tenant(YIELDING, self.tenancy.yield_gpu(free, sleep=True, why=fit.why))
         elif move.kind == "tenant_sleep":
             why = self.peaks.why if world.tenant_tight else "a thaw brings the trainer's memory back"
             await self._tenant("tenant sleep", self.tenancy.sleep_held(free, why))
@@ -301,6 +303,7 @@ class Arbiter:
         return True
 
     async def _tenant(self, what: str, move: Any) -> None:
+        await self.tenancy.behind.settled()  # a pause still running behind a grant ends before the next move
         self.current = what
         if what == YIELDING:  # the owner is no longer the tenant: its batch service stops sending at once
             self._moved.set()

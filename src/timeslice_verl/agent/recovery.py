@@ -110,6 +110,7 @@ class Recovery:
                     except Exception as exc:
                         log.error("shutdown: job %s could not be thawed: %s", job.name, exc)
             t = a.tenancy
+            await asyncio.wait_for(t.behind.settled(), self.shutdown_timeout_s)  # a pause behind a grant lands first
             if t.tenant is not None and t.record and t.record.state in (ASLEEP, TENANT_FAULTED):
                 try:
                     await asyncio.wait_for(t.reclaim(check_memory=True), self.shutdown_timeout_s)

@@ -126,7 +126,8 @@ def _arbiter(settings: TimesliceSettings, backend: Any, probe: Any, state: Path)
                          shutdown_timeout_s=a.shutdown_timeout_s)
     tenant = TenantOptions(request_timeout_s=t.request_timeout_s, drain_timeout_s=t.drain_timeout_s,
                            pause_mode=str(t.pause_mode), reclaim_deadline_s=t.reclaim_deadline_s,
-                           probe_interval_s=t.probe_interval_s, probe_timeout_s=t.probe_timeout_s, warm_up=t.warm_up,
+                           pause_grant_s=t.pause_grant_s, probe_interval_s=t.probe_interval_s,
+                           probe_timeout_s=t.probe_timeout_s, warm_up=t.warm_up,
                            hold=HoldPolicy(YieldBy(str(t.yield_by)), int(t.awake_margin_gib * 2**30)))
     return Arbiter(backend, StateStore(state), probe=probe, agent=agent, tenant=tenant)
 

@@ -15,6 +15,7 @@ from timeslice_verl.agent.tenant.peaks import Peaks
 from timeslice_verl.agent.policy import TENANT_FAULTED
 from timeslice_verl.agent.state import FROZEN, TRANSITIONING
 from timeslice_verl.agent.tenant.tenancy import Tenancy
+from timeslice_verl.agent.tenant.revive import reregister, revive_members
 from timeslice_verl.agent.tenant.vllm import AWAKE, DEAD
 from timeslice_verl.log import get_logger
 
@@ -105,7 +106,7 @@ class Watchdog:
         if (t.tenant is not None and t.record and t.record.state in (DEAD, TENANT_FAULTED) and now >= t.next_probe
                 and not self.step_lock.locked() and not t.lock.locked()):
             t.next_probe = now + 5.0
-            if await t.reregister():
+            if await reregister(t):
                 changed = True
         if (self.probe_interval_s and t.state == AWAKE and now >= self._next_tenant_probe
                 and not self.step_lock.locked() and not t.lock.locked()):
@@ -114,7 +115,7 @@ class Watchdog:
         if now >= t.next_probe and not self.step_lock.locked():
             if getattr(t.tenant, "dead", None):
                 t.next_probe = now + 5.0
-            if await t.revive_members(self.set_current):
+            if await revive_members(t, self.set_current):
                 changed = True
         return changed
 

@@ -130,6 +130,11 @@ class TenantSettings:
     """The longest the tenant may take to give the GPU back. Past it the agent goes down the ladder: abort
     the tenant's in-flight requests, then kill its processes (only those tagged ``TIMESLICE_TENANT``); the
     trainer gets its GPU within this bound whatever the tenant does. 0: no bound (wait for the tenant)."""
+    pause_grant_s: float = 0.05
+    """A yield that only pauses the tenant (``yield_by=auto``, the trainer's peak fits beside it) moves no memory: the
+    trainer gets the GPU once vLLM answers the pause or after this long, whichever comes first, the pause landing
+    behind the grant (a busy API server answers it up to ~0.2 s late though its engine stops within a step). At
+    worst the trainer's first kernels share the GPU with vLLM's last step. Raise it to wait for the answer."""
     probe_interval_s: float = 0.5
     """While the tenant has the GPU, how often the agent checks that it still answers and is in the state recorded
     (a tenant that stops answering is marked wedged: reclaiming it goes straight to the kill). 0: never."""
@@ -288,6 +293,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "tenant.awake_margin_gib": (0.0, 1024.0, True),
     "tenant.drain_timeout_s": (0.0, 30 * DAY_S, False),
     "tenant.reclaim_deadline_s": (0.0, DAY_S, True),
+    "tenant.pause_grant_s": (0.0, 3600.0, True),
     "tenant.probe_interval_s": (0.0, 3600.0, True),
     "tenant.probe_timeout_s": (0.0, 600.0, False),
     "handoff.acquire_timeout_s": (0.0, 30 * DAY_S, True),

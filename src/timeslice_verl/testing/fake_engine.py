@@ -27,6 +27,9 @@ class Faults:
     is not JSON (``garbage``)."""
     die_on: str = ""
     """An endpoint whose call makes the server exit at once: a crash mid-yield."""
+    late_on: str = ""
+    """An endpoint that takes effect at once and answers only after ``POST /_fake/answer``: a busy API server whose
+    engine already paused (vLLM under a load of short requests)."""
 
     @staticmethod
     def names(path: str, query: dict[str, list[str]]) -> tuple[str, str]:
@@ -71,6 +74,8 @@ class FakeVllm:
         """Requests to each control path (``/pause``, ``/is_paused`` …): what a yield costs in round trips."""
         self.child_pid = 0
         self.weights = Weights()
+        self.late_answer = threading.Event()
+        """Set by ``POST /_fake/answer``: the calls ``faults.late_on`` holds back are answered."""
         """The weights' version and the updates pushed in (vLLM's weight-transfer routes)."""
         self._ids = 0
 

@@ -16,7 +16,8 @@ It follows the contract the agent relies on (docs/architecture.md §5) including
 * faults on demand (:class:`Faults`, at start or at run time through ``POST /_fake/fault``): ``hang`` (an
   endpoint never answers), ``slow_s`` (control calls, or those ``slow_on`` names, take effect and answer late),
   ``fail`` (the first N calls of an endpoint answer HTTP 500 or a garbled body), ``die_on`` (the server exits
-  when an endpoint is called); ``POST /_fake/stop_listening`` closes the listening socket, the process lives on;
+  when an endpoint is called), ``late_on`` (an endpoint takes effect at once and answers after ``POST /_fake/answer``);
+  ``POST /_fake/stop_listening`` closes the listening socket, the process lives on;
 * vLLM's weight-transfer routes (:mod:`~timeslice_verl.testing.fake_weights`): the stand-in holds a weight version
   and tags each answer with it (``timeslice_weight_version``);
 * ``--no-dev-mode`` answers 404 on the dev endpoints; ``--version`` < 0.17 has no ``/pause``.
@@ -155,13 +156,22 @@ class _Handler(BaseHTTPRequestHandler):
         elif post and path in WEIGHT_ROUTES:
             self._weights(path)
         elif post and path == "/_fake/fault":
-            self.engine.faults.update(self._json())
+            body = self._json()
+            self.engine.faults.update(body)
+            if "late_on" in body:  # armed again: its next calls wait for the next /_fake/answer
+                self.engine.late_answer.clear()
+            self._send(200, {})
+        elif post and path == "/_fake/answer":
+            self.engine.late_answer.set()
             self._send(200, {})
         elif post and path == "/_fake/stop_listening" and self.server_owner is not None:
             self._send(200, {})
             threading.Thread(target=self.server_owner.stop_listening, daemon=True).start()
         elif post:
-            self._send(*_post_control(self.engine, path, query))
+            answer = _post_control(self.engine, path, query)
+            if self.engine.faults.late_on in Faults.names(path, query):  # in effect now, answered later
+                self.engine.late_answer.wait()
+            self._send(*answer)
         else:
             self._send(404, {"detail": "Not Found"})
 

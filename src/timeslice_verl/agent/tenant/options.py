@@ -15,6 +15,7 @@ class TenantOptions:
     drain_timeout_s: float = 600.0
     pause_mode: str = "keep"
     reclaim_deadline_s: float = 10.0
+    pause_grant_s: float = 0.05
     probe_interval_s: float = 0.5
     probe_timeout_s: float = 0.75
     warm_up: bool = True

@@ -25,6 +25,7 @@ import httpx
 
 from timeslice_verl.agent.journal import Journal
 from timeslice_verl.backoff import Backoff
+from timeslice_verl.agent.tenant.behind import Behind
 from timeslice_verl.agent.tenant.ladder import TenantKilled, yield_within
 from timeslice_verl.agent.tenant.options import TenantOptions
 from timeslice_verl.agent.policy import TENANT_FAULTED
@@ -78,6 +79,9 @@ class Tenancy:
         o = options
         self.request_timeout_s, self.drain_timeout_s, self.pause_mode = o.request_timeout_s, o.drain_timeout_s, o.pause_mode
         self.reclaim_deadline_s, self.probe_timeout_s = o.reclaim_deadline_s, o.probe_timeout_s
+        self.pause_grant_s = o.pause_grant_s
+        self.behind = Behind()
+        """A pause-only yield still running after its grant (:mod:`~timeslice_verl.agent.tenant.behind`)."""
         self.configured_urls: list[str] = []
         """The tenant addresses of the agent's own config: the ones a client may register off this node."""
         self.registered: Registered | None = None
@@ -112,7 +116,10 @@ class Tenancy:
 
     @property
     def state(self) -> str:
-        return self.registered.record.state if self.registered else ""
+        """The recorded state; ``asleep`` (held) while a pause runs behind a grant."""
+        if self.registered is None:
+            return ""
+        return ASLEEP if self.behind.pending else self.registered.record.state
 
     def _now(self) -> Registered:
         """The registered tenant a move acts on (a move runs only while one is: the step lock keeps it)."""
@@ -147,6 +154,7 @@ class Tenancy:
             tenant = self.tenant or self.make(urls, sleep_level)
         except (httpx.InvalidURL, ValueError) as exc:  # what the HTTP client refuses is the request's fault
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"field 'urls': {urls!r:.200} is not a URL an HTTP client takes: {exc}") from None
+        await self.behind.settled()  # a pause behind a grant lands first: the state read is the one that stays
         try:
             info = await tenant.register()
         except TenantError as exc:
@@ -178,6 +186,7 @@ class Tenancy:
     async def unregister(self) -> dict[str, Any]:
         """Forget the tenant, waking it first (it is never left asleep)."""
         async with self.lock, self.step_lock:  # no registration, no move meanwhile
+            await self.behind.settled()
             if self.tenant is None:
                 return {"unregistered": False}
             if self.record and self.record.state in (ASLEEP, TENANT_FAULTED):
@@ -200,7 +209,9 @@ class Tenancy:
     @property
     def held(self) -> bool:
         """The tenant is paused but awake (a pause-only yield): its memory is still on the GPU."""
-        return bool(self.tenant is not None and self.record and self.record.state == ASLEEP and self.tenant.held)
+        if self.tenant is None or not self.record:
+            return False
+        return self.behind.pending or (self.record.state == ASLEEP and self.tenant.held)
 
     async def yield_gpu(self, probe_free: Callable[[], int] | None = None, *, sleep: bool = True, why: str = "") -> None:
         """Yield the tenant within ``reclaim_deadline_s``, down the ladder if it must; ``sleep=False``: a pause alone
@@ -225,6 +236,12 @@ class Tenancy:
         log.info("tenant yield: vLLM %s in %.3f s%s", "paused, held awake" if held else "paused and asleep", seconds,
                  f" ({detail})" if climb.detail or held else "")
         self.persist()
+
+    async def pause_behind(self, probe_free: Callable[[], int] | None, why: str) -> None:
+        """A pause-only yield the trainer waits for ``pause_grant_s`` at most: it completes behind the grant."""
+        if await self.behind.start(self.yield_gpu(probe_free, sleep=False, why=why), self.pause_grant_s, self.wake):
+            log.info("tenant pause not answered within %.3f s: the trainer gets the GPU, the pause lands behind it",
+                     self.pause_grant_s)
 
     async def sleep_held(self, probe_free: Callable[[], int] | None, why: str) -> None:
         """A tenant held awake goes to sleep: the trainer needs the memory (its peak grew, or a restore is due)."""
@@ -330,48 +347,6 @@ class Tenancy:
         log.error("%s failed: %s%s; next try in %.1f s", action, exc, " (the trainer is unaffected)" if dead else "",
                   self.backoff_s)
         self.persist()
-
-    # ------------------------------------------------------------------ between moves (the watchdog asks)
-
-    async def reregister(self) -> bool:
-        """A dead or faulted tenant that answers again is registered again, under the step lock like any move."""
-        tenant = self.tenant
-        if tenant is None or not await tenant.alive():
-            return False
-        async with self.lock, self.step_lock:
-            if self.tenant is not tenant or self.record is None:
-                return False
-            try:  # a trainer that asks meanwhile never waits on a tenant that answers slowly
-                info = await self.unless_a_trainer_asks(tenant.register())
-            except ReclaimAbandoned:
-                return False
-            except TenantError as exc:
-                self.record.error = str(exc)
-                return False
-            self.record.state, self.record.version, self.record.error = tenant.state, info.version, tenant.note
-            self._registered()
-        log.info("tenant %s answers again (%s)", tenant.name, tenant.state)
-        return True
-
-    async def revive_members(self, current: Callable[[str], None]) -> bool:
-        """A tenant group with servers left out: bring back those that answer again (never mid-move)."""
-        group = self.tenant
-        if not isinstance(group, TenantGroup) or not group.dead or self.record is None or self.record.state in (DEAD, TENANT_FAULTED):
-            return False
-        async with self.step_lock:
-            current("tenant revive")
-            revive = group.revive()
-            try:
-                if group.state == AWAKE:  # waking a server back never delays a trainer that asks meanwhile
-                    back = await self.unless_a_trainer_asks(revive)
-                else:  # the trainer holds the GPUs: putting a restarted server to sleep protects it
-                    back = await asyncio.wait_for(revive, self.reclaim_deadline_s or None)
-            except (ReclaimAbandoned, asyncio.TimeoutError):  # a half-woken server answers the next yield
-                back = []
-            finally:
-                current("")
-        self.record.error = group.note
-        return bool(back)
 
     def describe(self) -> dict[str, Any] | None:
         if self.record is None:
