@@ -159,8 +159,9 @@ def test_a_pause_only_yield_keeps_held_requests_and_sleeps_when_the_trainers_pea
     assert third["hold"]["sleeps"] == 3 and not third["held"] and "does not fit" in third["why"]
     for v in (valley1, valley2, valley3, valley4):
         assert v["tenant"] == "awake" and not v["valley"]["paused"] and not v["valley"]["sleeping"]
-    # the one request was held through every yield and runs again in every valley: never aborted, never lost
-    assert all(s[k]["aborted"] == 0 and s[k]["running"] == 1 for s in (first, second, grown, third, valley1, valley2, valley3, valley4)
+    # the one request was held through every yield and runs again in every valley: never aborted, never lost, its
+    # KV cache never dropped (vLLM's /pause clears caches unless told not to)
+    assert all(s[k]["aborted"] == 0 and s[k]["running"] == 1 and s[k]["kv_dropped"] == 0 for s in (first, second, grown, third, valley1, valley2, valley3, valley4)
                for k in s if isinstance(s[k], dict))
     kinds = [m[0] for m in moves["moves"]]
     assert kinds == ["tenant_yield", "tenant_reclaim"] * 2 + ["tenant_yield", "tenant_sleep", "tenant_reclaim",

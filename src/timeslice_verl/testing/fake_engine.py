@@ -69,6 +69,7 @@ class FakeVllm:
         self.abort_epoch = 0  # bumped by an aborting sleep: fails the requests queued before it
         self.waiting = self.completed = self.aborted = self.sleeps = 0
         self.generated = 0
+        self.kv_dropped = 0
         self.pauses: dict[str, int] = {}
         self.control_calls: dict[str, int] = {}
         """Requests to each control path (``/pause``, ``/is_paused`` …): what a yield costs in round trips."""
@@ -86,7 +87,7 @@ class FakeVllm:
                 "completed": self.completed, "aborted": self.aborted, "sleeps": self.sleeps, "version": self.version,
                 "wake_up_calls": self.wake_up_calls, "pauses": dict(self.pauses), "child_pid": self.child_pid,
                 "control_calls": dict(self.control_calls), "weights": self.weights.stats(),
-                "generated": self.generated,
+                "generated": self.generated, "kv_dropped": self.kv_dropped,
                 "pid": os.getpid(),
             }
 
@@ -135,10 +136,14 @@ class FakeVllm:
         while self.running:
             self.cond.wait()
 
-    def pause(self, mode: str) -> None:
+    def pause(self, mode: str, clear_cache: bool = True) -> None:
+        """``clear_cache`` (vLLM's default): with ``keep``, every held request is preempted, its KV cache dropped
+        (counted in ``kv_dropped``: vLLM recomputes them at the resume)."""
         with self.cond:
             self.pauses[mode] = self.pauses.get(mode, 0) + 1
             self.paused = True
+            if mode == "keep" and clear_cache:
+                self.kv_dropped += len(self.running)
             if mode == "abort":
                 self._abort_all()
             elif mode == "wait":

@@ -69,7 +69,7 @@ def _get_routes(engine: FakeVllm) -> dict[str, Any]:
 def _post_control(engine: FakeVllm, path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
     mode = query.get("mode", [None])[0]
     if path == "/pause" and engine.has_pause:
-        engine.pause(mode or "abort")
+        engine.pause(mode or "abort", clear_cache=query.get("clear_cache", ["true"])[0].lower() != "false")
     elif path == "/resume" and engine.has_pause:
         engine.resume()
     elif path == "/sleep":
