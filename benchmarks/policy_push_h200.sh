@@ -16,6 +16,10 @@ for i in $(seq 1 120); do grep -q '"params"' /root/make_model.log 2>/dev/null &&
 tar -xJf .gpu/pydeps.tar.xz -C /root
 source .gpu/vllm/vllm_env.sh
 export VLLM_ALLOW_INSECURE_SERIALIZATION=1  # the IPC handles come over HTTP, pickled (vLLM's own http transport)
+# vLLM 0.24's ipc_engine.py imports ray at module level though its HTTP send mode never calls it; the GPU image has
+# no Ray (a verl install brings it): an empty module satisfies that import, on this machine only
+if ! python3 -c "import ray" 2>/dev/null; then mkdir -p /root/noray/ray && : > /root/noray/ray/__init__.py
+  export PYTHONPATH=/root/noray:$PYTHONPATH; fi
 bash .gpu/vllm/start_vllm.sh "$PORT" 0.3 --weight-transfer-config '{"backend": "ipc"}' || { tail -50 /root/vllm.log; exit 6; }
 export PYTHONPATH=$PWD/src:/root/pydeps:$PYTHONPATH
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
