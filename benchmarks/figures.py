@@ -288,6 +288,44 @@ def harvest_h200_session3() -> str:
     return "\n".join(lines)
 
 
+SESSION4 = RESULTS / "2026-12-02-h200-harvest-session4"
+
+
+def harvest_h200_session4() -> str:
+    """Runs 11–12 (one H200, 2026-12-02, fourth session, code ae603aa): the figures over the tokens vLLM generated
+    inside the lent valleys (``valley_figures``), the run's own steady capacity the reference; the ratios over the
+    batch's completed lines (the older measure, which counts the drain after the trainer's end) beside them."""
+    lines = ["| run | mix | capacity, steady best (whole level best), tokens/s | service alone / capacity | profile | "
+             "serving / capacity | idle / capacity | the same over completed lines | step ratio | wait median / max s | "
+             "a valley's tokens/s, lowest–highest |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in ("run11", "run12"):
+        got = _harvest_log(SESSION4 / run)
+        whole = max(c["tokens_per_s"] for c in got["capacity"])
+        for row_path in sorted((SESSION4 / run).glob("row-*.json")):
+            r = json.loads(row_path.read_text())
+            ref = r["capacity_tokens_per_s"]
+            alone = _f(got["alone"]["tokens_per_s"] / ref, 3) if "alone" in got else "–"
+            rates = [v["tokens_per_s"] for v in r["valleys"]]
+            lines.append(f"| {run[3:]} | {r['mix_tokens']} | {ref:.0f} ({whole:.0f}) | {alone} | {r['profile']} | "
+                         f"{_f(r['serving_vs_capacity'], 3)} | {_f(r['idle_vs_capacity'], 3)} | "
+                         f"{_f(r['serving_vs_capacity_batch_tokens'], 3)} / {_f(r['idle_vs_capacity_batch_tokens'], 3)} | "
+                         f"{_f(r['step_ratio'], 4)} | {_f(r['wait_s_median'], 3)} / {_f(r['wait_s_max'], 3)} | "
+                         f"{min(rates):.0f}–{max(rates):.0f} |")
+    return "\n".join(lines)
+
+
+def policy_push_h200() -> str:
+    """benchmarks/policy_push.py on one H200 (2026-12-02): the trainer process's weights pushed into a co-resident
+    vLLM through vLLM's IPC weight transfer, greedy answers compared."""
+    got = json.loads((RESULTS / "2026-12-02-h200-policy-push" / "policy_push.json").read_text())
+    lines = ["| step | version | push s | tensors | GB |", "|---|---|---|---|---|"]
+    for r in got["rows"]:
+        lines.append(f"| {r['step']} | {r['version'] if r['version'] is not None else '–'} | {_f(r['push_s'], 3)} | "
+                     f"{r['tensors'] or '–'} | {_f(r['gb'], 3)} |")
+    checks = ", ".join(f"{k.replace('_', ' ')}: {'yes' if v else 'NO'}" for k, v in got["checks"].items())
+    return "\n".join(lines) + f"\n\n{checks}."
+
+
 def harvest_cpu(folder: Path = RESULTS / "2026-12-01-cpu-harvest") -> str:
     """benchmarks/harvest_cpu.py on this 2-core CPU machine: the service alone against the stand-in of known capacity,
     this tree and the tree before the change (38d0fd7) one after the other."""
@@ -324,7 +362,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "harvest-h200-start256": lambda: harvest_h200_pause(START256, {"run4": "start 256", "run5": "start 256",
                                                                    "run6": "start 256", "run7": "+ gate at yield"}),
     "harvest-h200-start256-service": harvest_start256_service,
-    "harvest-h200-session3": harvest_h200_session3,
+    "harvest-h200-session3": harvest_h200_session3, "harvest-h200-session4": harvest_h200_session4,
+    "policy-push-h200": policy_push_h200,
     "harvest-h200": harvest_h200, "harvest-h200-pause": harvest_h200_pause, "harvest-cpu": harvest_cpu,
     "harvest-cpu-stream": lambda: harvest_cpu(RESULTS / "2026-12-02-cpu-harvest"),
     "valleys-h200": valleys_h200, "valleys-round5-h200": valleys_round5_h200, "valleys-round6-h200": valleys_round6_h200, "ladder-cpu": ladder_cpu, "ladder-h200": ladder_h200,

@@ -12,9 +12,10 @@ For each completion length (``--mixes 48,512``), against one vLLM and one batch 
 * **(c) time-sliced** — the demo's trainer on the ``fleet`` and ``longtail`` schedules (``--profiles``), solo and
   under the defaults (``auto``), the same batch submitted to the service in the time-sliced run: tokens per second
   the tenant had the GPU (**serving_vs_capacity**) and per second the trainer was idle (**idle_vs_capacity**), each
-  over (a)'s best, beside the trainer's figures (summed-step ratio, wait median and max); the same over the tokens
-  vLLM generated in the valleys (its own counter: ``generated_*``), which counts the lines the run's end cut off
-  (with 512-token answers, up to a few seconds of the GPU's work at 256 in flight).
+  over (a)'s best, beside the trainer's figures (summed-step ratio, wait median and max). The tokens are those vLLM
+  generated inside the lent valleys (its own counter, :func:`valley_figures`), not the batch's completed lines: the
+  run's end cuts lines off, and after the trainer's last step the tenant drains what it holds, outside any valley
+  (rows written before counted those: ``--rescore DIR`` recomputes them, the old ratios kept as ``*_batch_tokens``).
 
 vLLM's ``num_requests_running`` / ``waiting`` are sampled every 100 ms throughout (``inflight.jsonl``). Each
 time-sliced row is written as ``row-<mix>-<profile>.json`` with the keys the issue names; ``harvest.json`` holds
@@ -190,11 +191,20 @@ def valley_tokens(run_jsonl: Path, inflight: Path, phase: str) -> list[dict[str,
              if r.get("phase") == phase and r.get("generated") is not None]
     out = []
     for (t0, a0), (t1, a1) in zip(marks, marks[1:]):
-        inside = [g for t, g in reads if t0 <= t <= t1]
-        if a0 == "release" and a1 == "acquire" and len(inside) >= 2:
-            out.append({"start": round(t0, 3), "seconds": round(t1 - t0, 3), "tokens": round(inside[-1] - inside[0]),
-                        "tokens_per_s": round((inside[-1] - inside[0]) / (t1 - t0), 1) if t1 > t0 else None})
+        g0, g1 = counter_at(reads, t0), counter_at(reads, t1)
+        if a0 == "release" and a1 == "acquire" and g0 is not None and g1 is not None:
+            out.append({"start": round(t0, 3), "seconds": round(t1 - t0, 3), "tokens": round(g1 - g0),
+                        "tokens_per_s": round((g1 - g0) / (t1 - t0), 1) if t1 > t0 else None})
     return out
+
+
+def counter_at(reads: list[tuple[float, float]], t: float) -> float | None:
+    """vLLM's counter at ``t``, linear between the two reads around it (read every 100 ms: taking the reads inside
+    a valley alone would miss up to a tenth of a second at each end); None outside the reads."""
+    for (ta, ga), (tb, gb) in zip(reads, reads[1:]):
+        if ta <= t <= tb:
+            return ga + (gb - ga) * ((t - ta) / (tb - ta) if tb > ta else 0.0)
+    return None
 
 
 def phase_generated(inflight: Path, phase: str) -> float:
@@ -203,6 +213,34 @@ def phase_generated(inflight: Path, phase: str) -> float:
     reads = [r["generated"] for r in (json.loads(x) for x in inflight.read_text().split("\n") if x)
              if r.get("phase") == phase and r.get("generated") is not None]
     return reads[-1] - reads[0] if len(reads) >= 2 else 0.0
+
+
+def valley_figures(r: dict[str, Any]) -> dict[str, Any]:
+    """The harvest's two figures over the tokens vLLM generated inside the lent valleys (release → acquire, its own
+    counter): per second the tenant had the GPU in the trainer's run (the timeline's ``vLLM`` seconds) and per second
+    the trainer was idle, each over the capacity. The batch's completed lines are not the measure: the run's end cuts
+    lines off, and the tenant drains what it holds after the trainer's last step (tokens outside every valley)."""
+    tokens = sum(v["tokens"] for v in r["valleys"])
+    best = r["capacity_tokens_per_s"]
+    return {"valley_tokens": tokens,
+            "serving_vs_capacity": round(tokens / r["vllm_s"] / best, 4) if r.get("vllm_s") else None,
+            "idle_vs_capacity": round(tokens / r["trainer_idle_s"] / best, 4) if r.get("trainer_idle_s") else None}
+
+
+def rescore(folder: Path) -> None:
+    """Rows written before :func:`valley_figures` (their ratios over the batch's completed lines): the figures again
+    from the raw data beside them, the old ratios kept as ``*_batch_tokens``."""
+    for path in sorted(folder.glob("row-*.json")):
+        r = json.loads(path.read_text())
+        if "valley_tokens" in r:
+            continue
+        auto = folder / f"mix-{r['mix_tokens']}" / r["profile"] / "auto"
+        summary = json.loads((auto / "summary.json").read_text())
+        r["valleys"] = valley_tokens(auto / "run.jsonl", folder / "inflight.jsonl", f"timesliced-{r['mix_tokens']}-{r['profile']}")
+        r["serving_vs_capacity_batch_tokens"], r["idle_vs_capacity_batch_tokens"] = r["serving_vs_capacity"], r["idle_vs_capacity"]
+        r["batch_tokens"], r["vllm_s"] = r.pop("tokens"), summary["seconds"]["vLLM"]
+        r.update(valley_figures(r))
+        path.write_text(json.dumps(r, indent=1) + "\n")
 
 
 def timesliced(args: argparse.Namespace, url: str, mix: int, profile: str, best: float, sampler: Sampler) -> dict[str, Any]:
@@ -216,19 +254,13 @@ def timesliced(args: argparse.Namespace, url: str, mix: int, profile: str, best:
     r = valley_row(solo, shared, profile, "auto")
     batch = shared.get("batch") or {}
     valley_s = shared["wall_s"] * shared.get("trainer_idle_fraction", 0.0) if "trainer_idle_fraction" in shared else None
-    tokens = batch.get("tokens") or 0
-    r.update({"mix_tokens": mix, "tokens": tokens, "tenant_gpu_s": batch.get("tenant_gpu_s"), "trainer_idle_s": valley_s,
-              "capacity_tokens_per_s": best,
-              "serving_vs_capacity": round(batch["tokens_per_gpu_s"] / best, 4) if batch.get("tokens_per_gpu_s") else None,
-              "idle_vs_capacity": round(tokens / valley_s / best, 4) if valley_s else None,
+    r.update({"mix_tokens": mix, "batch_tokens": batch.get("tokens") or 0, "tenant_gpu_s": batch.get("tenant_gpu_s"),
+              "trainer_idle_s": valley_s, "vllm_s": shared["seconds"]["vLLM"], "capacity_tokens_per_s": best,
               "lost": batch.get("lost"), "twice": batch.get("twice"),
               "valleys": valley_tokens(folder / "auto" / "run.jsonl", args.out / "inflight.jsonl",
-                                       f"timesliced-{mix}-{profile}")})
-    generated = phase_generated(args.out / "inflight.jsonl", f"timesliced-{mix}-{profile}")  # paused: none outside
-    gpu_s = batch.get("tenant_gpu_s") or 0.0
-    r.update({"generated_tokens": generated,  # what vLLM generated in the valleys, lines cut by the run's end included
-              "generated_serving_vs_capacity": round(generated / gpu_s / best, 4) if gpu_s else None,
-              "generated_idle_vs_capacity": round(generated / valley_s / best, 4) if valley_s else None})
+                                       f"timesliced-{mix}-{profile}"),
+              "generated_tokens": phase_generated(args.out / "inflight.jsonl", f"timesliced-{mix}-{profile}")})
+    r.update(valley_figures(r))
     (args.out / f"row-{mix}-{profile}.json").write_text(json.dumps(r, indent=1) + "\n")
     return r
 
@@ -253,7 +285,11 @@ def main() -> int:
     ap.add_argument("--rollout-s", type=float, default=4.0)
     ap.add_argument("--train-s", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rescore", type=Path, help="recompute the rows of a results folder written before valley_figures")
     args = ap.parse_args()
+    if args.rescore:
+        rescore(args.rescore)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     fake = None
     url = args.vllm_url.rstrip("/")

@@ -286,8 +286,9 @@ def test_the_owner_is_no_longer_the_tenant_from_the_first_call_of_its_yield(tmp_
 
 
 def test_the_harvest_benchmark_counts_each_valleys_tokens_from_vllms_counter(tmp_path):
-    """benchmarks/harvest.py: a valley is a release to the next acquire; its tokens, vLLM's counter read across it in
-    the run's own phase (reads of other phases and outside the valley do not count)."""
+    """benchmarks/harvest.py: a valley is a release to the next acquire; its tokens, vLLM's counter at its two ends
+    (linear between the reads around each) in the run's own phase (reads of other phases do not count); the harvest's
+    figures are over those tokens, per second vLLM had the GPU and per idle second."""
     import importlib.util
     import sys
     from pathlib import Path
@@ -304,10 +305,13 @@ def test_the_harvest_benchmark_counts_each_valleys_tokens_from_vllms_counter(tmp
     run.write_text("".join(json.dumps({"hook": "handoff", "time": t, "action": a, "ok": True}) + "\n" for t, a in
                            [(0.0, "acquire"), (1.0, "release"), (5.0, "acquire"), (6.0, "release"), (8.0, "acquire")]))
     reads = [(0.5, "p", 0), (1.1, "p", 100), (3.0, "p", 900), (4.9, "p", 2100), (3.5, "other", 10**6),
-             (5.5, "p", 2100), (6.2, "p", 2200), (7.9, "p", 2600)]
+             (5.5, "p", 2100), (6.2, "p", 2200), (7.9, "p", 2600), (8.1, "p", 2700)]
     inflight = tmp_path / "inflight.jsonl"
     inflight.write_text("".join(json.dumps({"t": t, "phase": ph, "running": 1, "waiting": 0, "generated": g}) + "\n"
                                 for t, ph, g in reads))
     got = harvest.valley_tokens(run, inflight, "p")
-    assert [(v["seconds"], v["tokens"]) for v in got] == [(4.0, 2000), (2.0, 400)]
-    assert harvest.phase_generated(inflight, "p") == 2600 and harvest.phase_generated(inflight, "none") == 0
+    # 1.0 → 5.0: 83.3 (between 0 at 0.5 and 100 at 1.1) to 2100; 6.0 → 8.0: 2171.4 to 2650
+    assert [(v["seconds"], v["tokens"]) for v in got] == [(4.0, 2017), (2.0, 479)]
+    assert harvest.phase_generated(inflight, "p") == 2700 and harvest.phase_generated(inflight, "none") == 0
+    figures = harvest.valley_figures({"valleys": got, "capacity_tokens_per_s": 100.0, "vllm_s": 5.0, "trainer_idle_s": 6.0})
+    assert figures == {"valley_tokens": 2496, "serving_vs_capacity": 4.992, "idle_vs_capacity": 4.16}
