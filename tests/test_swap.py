@@ -213,6 +213,12 @@ def test_a_dead_server_never_leaves_its_peers_asleep_and_rejoins_the_group_when_
         assert tenants[0].sleeping()
         back = FakeVllmProc("--port", port)  # restarted, awake, on a GPU the trainer holds
         procs.append(back)
+        # its own supervisor (`tenant run` of that one server) registers it: a member of the group, not a conflict
+        member = c.register_tenant([back.url], supervisor={"pid": back.proc.pid, "restarts": 1})
+        assert member["member"] == [back.url] and member["urls"] == [t.url for t in tenants], member
+        assert agent.status()["tenant"]["supervisor"]["urls"] == [back.url]
+        with pytest.raises(AgentError, match="already registered"):  # a server outside the group still is one
+            c.register_tenant(["http://127.0.0.1:9"])
         eventually(back.sleeping, timeout=15, what="the restarted server put to sleep with its group")
         # the server sleeps before the agent's revive returns and clears the note: wait for the agent's own word
         eventually(lambda: agent.status()["tenant"]["error"] == "", what="the group whole again in the status")

@@ -139,7 +139,7 @@ class Tenancy:
         async with self.lock:
             out = await self._register(clean_urls(urls), sleep_level, persist)
         if supervisor:
-            self.supervisor = {**supervisor, "at": time.time()}
+            self.supervisor = {**supervisor, "urls": urls, "at": time.time()}
             log.info("tenant %s: registered by its supervisor (pid %s, %s restart(s)%s)", urls, supervisor.get("pid"),
                      supervisor.get("restarts", 0), f"; last: {supervisor['last_exit']}" if supervisor.get("last_exit") else "")
         return out
@@ -149,6 +149,10 @@ class Tenancy:
             raise ProtocolError(ErrorCode.PERMISSION, f"tenant {urls} is not on this node (loopback): only the addresses "
                                 "the agent was started with (timeslice.tenant.urls) may point elsewhere")
         if self.tenant is not None and self.tenant.urls != urls:
+            if isinstance(self.tenant, TenantGroup) and self.record and set(urls) < set(self.tenant.urls):
+                self.next_probe = 0.0  # one server's own supervisor: the watchdog's next round brings it back
+                log.info("tenant %s: a server of the group registered again; it rejoins at the watchdog's next round", urls)
+                return {**self.record.to_dict(), "member": urls}
             raise ProtocolError(ErrorCode.BUSY, f"a tenant is already registered ({self.tenant.urls}); unregister it first")
         try:
             tenant = self.tenant or self.make(urls, sleep_level)
