@@ -178,6 +178,13 @@ def test_growing_stops_where_it_buys_no_more_tokens(limit, rate, climb, now, exp
     assert next_limit(limit, limit, sample, P, rate, climb, now) == expected, why
 
 
+def test_a_limit_that_cost_tokens_steps_back_though_not_all_of_it_is_in_flight():
+    """Run 12 (H200, 512-token answers): 576 in flight gave 15 000 tokens/s where 384 gave 26 000, and the limit
+    stayed three valleys: the step back waited for the limit to be used, which a valley's edges rarely show."""
+    got = next_limit(576, 500, Sample(500, 0), P, 15_000.0, Climb(26_000.0, 384), 10.0)
+    assert got == (384, Climb(26_000.0, 384, 40.0, 1))
+
+
 @pytest.mark.parametrize("sample, expected, why", [
     (Sample(48, 0), 48, "no queue and our limit used, but the window at 48 is too short to judge: hold"),
     (Sample(48, 40), 48 + 5, "a queue far past the wanted one, the server full: shrink at once, settled or not"),

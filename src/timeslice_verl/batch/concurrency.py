@@ -148,15 +148,16 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
         climb = Climb(rate, limit, climb.hold_until)  # a growth that paid: the failed probes are forgotten
     elif rate is not None and climb.best_rate:
         growth = 1 + (policy.growth - 1) / 2 ** (1 + climb.failed)  # about flat: probe on, in smaller steps
+    if (rate is not None and climb.best_limit and limit > climb.best_limit and rate < climb.best_rate * (1 - policy.gain)
+            and not (climb.hold_until and now >= climb.hold_until)):  # it cost tokens: back, whatever is in flight
+        hold = min(policy.max_hold_s, policy.hold_s * 2 ** climb.failed)
+        return clamp(climb.best_limit), Climb(climb.best_rate, climb.best_limit, now + hold, climb.failed + 1)
     if not (sample.waiting < want and inflight >= policy.busy * limit):
         return clamp(limit), climb
     if now < climb.hold_until:
         return clamp(limit), climb
     if climb.hold_until and now >= climb.hold_until:  # the hold is over: probe again from here, more gently after failures
         climb, growth = Climb(rate or 0.0, limit, failed=climb.failed), 1 + (policy.growth - 1) / 2 ** climb.failed
-    elif rate is not None and climb.best_limit and limit > climb.best_limit and rate < climb.best_rate * (1 - policy.gain):
-        hold = min(policy.max_hold_s, policy.hold_s * 2 ** climb.failed)
-        return clamp(climb.best_limit), Climb(climb.best_rate, climb.best_limit, now + hold, climb.failed + 1)
     return clamp(max(limit + 1, math.ceil(limit * growth))), climb
 
 
