@@ -49,6 +49,29 @@ def test_demo_skips_a_release_when_the_next_batch_is_queued_and_solo_runs_the_sa
     assert not (tmp_path / "solo" / "agent.log").exists()
 
 
+@pytest.mark.slow
+def test_demo_validates_due_versions_in_the_valleys_through_a_policy_tenant_beside_the_batch_tenant(tmp_path):
+    """``--validate-every 2``: a second stand-in (the policy tenant, under its own supervisor, a member of the agent's
+    group) gets each due version's weights and answers the validation set as batch work; every due version is
+    either validated — its metrics logged at its step with verl's keys — or reported late, never dropped."""
+    pytest.importorskip("verl", reason="validation scores with verl's reward function (the 'verl' extra)")
+    out = tmp_path / "demo"
+    proc = subprocess.run([*CLI, "demo", "--out", str(out), "--steps", "6", "--rollout-s", "1.0", "--train-s", "0.2",
+                           "--device", "cpu", "--validate-every", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    v = json.loads((out / "summary.json").read_text())["validation"]
+    validated = [r["version"] for r in v["runs"] if r["status"] == "completed" and r["answers"] == 16 and not r["error"]]
+    assert validated and all(version in (2, 4, 6) for version in validated), v["runs"]
+    assert 6 in validated, "the last due version runs in the valley the run's end leaves"
+    superseded = {x["version"] for x in v["late"] if x["superseded"]}
+    assert {r["version"] for r in v["runs"]} | superseded == {2, 4, 6}, v  # every due version: run, or reported
+    logged = {m["timeslice/validate/version"]: m for m in v["logged"]}
+    assert sorted(logged) == sorted(validated) and all(logged[k]["step"] == k for k in logged)
+    assert all("val-core/openai/gsm8k/reward/mean@1" in m for m in logged.values()), v["logged"]
+    assert f"validation: {len(validated)} of {len(v['runs'])} runs" in proc.stdout
+    assert "already registered" not in (out / "policy-tenant.log").read_text(), "the policy tenant joined the group"
+
+
 def test_demo_refuses_a_setting_the_schema_refuses_before_starting_anything(tmp_path):
     proc = subprocess.run([*CLI, "demo", "--out", str(tmp_path / "d"), "--set", "timeslice.handoff.swap=bogus"],
                           capture_output=True, text=True, timeout=120)

@@ -3,6 +3,7 @@ under ``timeslice-verl tenant run``, the batch service, and the stand-in trainer
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -67,10 +68,12 @@ class Spawned:
         self._log.close()
 
 
-def start_agent(out: Path, run_dir: Path, backend: str, tenant_url: str) -> Spawned:
+def start_agent(out: Path, run_dir: Path, backend: str, tenant_urls: list[str]) -> Spawned:
+    """The agent, its tenant ``tenant_urls`` (one server, or a group that yields and wakes together)."""
     sock = run_dir / "agent.sock"
     agent = Spawned([*CLI, "agent", f"timeslice.agent.socket={sock}", f"timeslice.agent.backend={backend}",
-                     f"timeslice.tenant.url={tenant_url}", f"timeslice.agent.state_file={run_dir / 'agent-state.json'}",
+                     f"timeslice.tenant.urls={json.dumps(tenant_urls)}",
+                     f"timeslice.agent.state_file={run_dir / 'agent-state.json'}",
                      # the dry run's CPU backend touches no GPU: its GPU lock stays in its own folder
                      *([f"timeslice.agent.lock_dir={run_dir}"] if backend == "sigstop" else [])],
                     out / "agent.log", stop_timeout_s=120)  # SIGTERM: it thaws what it froze and wakes its tenant
@@ -105,12 +108,12 @@ def tenant_command(vllm_model: str, port: int, vllm_args: tuple[str, ...] = ()) 
 
 
 def start_tenant(out: Path, agent_socket: Path, vllm_model: str, port: int,
-                 vllm_args: tuple[str, ...] = ()) -> tuple[Spawned, str, str]:
+                 vllm_args: tuple[str, ...] = (), name: str = "tenant") -> tuple[Spawned, str, str]:
     """The tenant under ``timeslice-verl tenant run`` on ``port`` (the supervisor restarts it and registers it with
-    the agent, which must be up)."""
+    the agent, which must be up); its log ``out/<name>.log``."""
     command, kind = tenant_command(vllm_model, port, vllm_args)
     sup = Spawned([*CLI, "tenant", "run", "--set", f"timeslice.agent.socket={agent_socket}", "--", *command],
-                  out / "tenant.log", stop_timeout_s=60)
+                  out / f"{name}.log", stop_timeout_s=60)
     url = f"http://127.0.0.1:{port}"
     try:
         sup.wait_http(f"{url}/health", 900 if vllm_model else 60, "the tenant's supervisor")

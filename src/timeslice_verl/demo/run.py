@@ -29,6 +29,7 @@ from typing import Any
 from timeslice_verl.agent.client import AgentClient, AgentError
 from timeslice_verl.agent.gpu import gpu_count
 from timeslice_verl.config.overrides import compose
+from timeslice_verl.demo import validation
 from timeslice_verl.demo.batch import DemoBatch
 from timeslice_verl.demo.faults import TenantStop
 from timeslice_verl.demo.procs import (JOB, Spawned, Worker, free_port, start_agent, start_batch_service, start_tenant,
@@ -78,6 +79,12 @@ class DemoOptions:
     """The same schedule with ``+timeslice=observe``: no agent, no tenant (the baseline)."""
     overrides: tuple[str, ...] = ()
     """More ``timeslice.…`` overrides for the interleave section (e.g. ``timeslice.handoff.swap=checkpoint``)."""
+    validate_every: int = 0
+    """Validate every this many versions in the valleys (:mod:`~timeslice_verl.demo.validation`); 0: off."""
+    policy_url: str = ""
+    """The policy tenant: a running vLLM with weight transfer (default: a stand-in under ``tenant run``)."""
+    policy_model: str = ""
+    """The Hugging Face model the trainer holds and pushes (the one the policy tenant serves; GPU)."""
 
 
 @dataclass
@@ -89,6 +96,12 @@ class DemoTrainer:
     local_trigger_step: int = 1
     required_samples: int = 16
     metrics: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    """What validation reads of verl's config (with ``--validate-every``)."""
+    logger: Any = None
+    """verl's tracker: the validations' metrics, each at its version's step."""
+    model: Any = None
+    """The weights the trainer changes at every step and validation pushes (with ``--validate-every``)."""
 
 
 def gpu_available() -> bool:
@@ -109,10 +122,13 @@ class Node:
 
     socket: Path | None = None
     tenant_url: str = ""
+    policy_url: str = ""
     tenant_kind: str = "no tenant (solo)"
     agent: Spawned | None = None
     tenant: Spawned | None = None
+    policy: Spawned | None = None
     service: Spawned | None = None
+    service_url: str = ""
     worker: Worker | None = None
     batch: DemoBatch | None = None
     stop_tenant: TenantStop | None = None
@@ -130,7 +146,7 @@ class Node:
     def stop(self) -> None:
         if self.stop_tenant is not None:
             self.stop_tenant.close()
-        for part in (self.service, self.agent, self.worker, self.tenant):
+        for part in (self.service, self.agent, self.worker, self.tenant, self.policy):
             if part is not None:
                 part.stop()
 
@@ -150,13 +166,19 @@ def _start_node(opts: DemoOptions, out: Path, backend: str, node: Node) -> None:
     node.socket = run_dir / "agent.sock"
     port = 0 if opts.vllm_url else free_port()
     node.tenant_url = opts.vllm_url.rstrip("/") or f"http://127.0.0.1:{port}"
-    node.agent = start_agent(out, run_dir, backend, node.tenant_url)
+    policy_port = 0 if opts.policy_url or not opts.validate_every else free_port()
+    node.policy_url = opts.policy_url.rstrip("/") or (f"http://127.0.0.1:{policy_port}" if policy_port else "")
+    node.agent = start_agent(out, run_dir, backend, [node.tenant_url, *([node.policy_url] if node.policy_url else [])])
     if opts.vllm_url:
         node.tenant_kind = "real vLLM (running already)"
     else:
         node.tenant, _, node.tenant_kind = start_tenant(out, node.socket, opts.vllm_model, port, opts.vllm_args)
+    if policy_port:  # the policy tenant's stand-in, under its own supervisor: a member of the agent's group
+        node.policy, _, _ = start_tenant(out, node.socket, "", policy_port, name="policy-tenant")
     wait_tenant_warm(node.socket)
-    node.service, service_url, key = start_batch_service(out, node.socket, node.tenant_url, opts.clients)
+    policy = (f"timeslice.validate.policy_url={node.policy_url}",) if node.policy_url else ()
+    node.service, service_url, key = start_batch_service(out, node.socket, node.tenant_url, opts.clients, policy)
+    node.service_url = service_url
     tokens = opts.max_tokens or (48 if backend == "cuda" else 24)
     lines = opts.batch_lines or (20000 if backend == "cuda" else 1000)
     node.batch = DemoBatch(service_url, key, node.tenant_url, out, lines=lines, max_tokens=tokens).submit()
@@ -164,12 +186,14 @@ def _start_node(opts: DemoOptions, out: Path, backend: str, node: Node) -> None:
         node.stop_tenant = TenantStop(node.socket, opts.wedge_at)
 
 
-def _settings(opts: DemoOptions, node: Node, backend: str, timeline: Path) -> Any:
+def _settings(opts: DemoOptions, node: Node, backend: str, timeline: Path, out: Path) -> Any:
     if opts.solo:
         return compose("observe", [f"timeslice.job={JOB}", f"timeslice.timeline.path={timeline}"])
+    validate = validation.overrides(node.policy_url, node.service_url, out / "batch-state" / "batch.key") \
+        if opts.validate_every else []
     return compose("interleave", [
         f"timeslice.job={JOB}", f"timeslice.agent.socket={node.socket}", f"timeslice.agent.backend={backend}",
-        f"timeslice.tenant.url={node.tenant_url}", f"timeslice.timeline.path={timeline}", *opts.overrides])
+        f"timeslice.tenant.url={node.tenant_url}", f"timeslice.timeline.path={timeline}", *validate, *opts.overrides])
 
 
 def _train(lc: Lifecycle, trainer: DemoTrainer, node: Node, rollout: DemoRollout, opts: DemoOptions) -> list[dict[str, Any]]:
@@ -189,8 +213,12 @@ def _train(lc: Lifecycle, trainer: DemoTrainer, node: Node, rollout: DemoRollout
         if stop is not None:
             stop.reclaimed_in(step)
         done = worker.ask(f"step {opts.train_s * 1e3:.0f}")
+        if trainer.model is not None:
+            trainer.model.step()  # the weights change: what a validation of this version must be answered by
         trainer.current_param_version += 1
         _sync_and_save(lc, rollout, save=bool(opts.save_every) and step % opts.save_every == 0)
+        if trainer.model is not None and not opts.solo:
+            validation.synced(trainer, lc)  # as the adapters' validation seam: submitted, never awaited
         metrics = {k: v for k, v in trainer.metrics.items() if k.startswith("timeslice/")}
         step_log.append({"step": step, "step_s": round(time.monotonic() - t0, 6), "wait_s": round(wait, 6),
                          "worker": done, **metrics})
@@ -212,6 +240,8 @@ def _sync_and_save(lc: Lifecycle, rollout: DemoRollout, *, save: bool, initial: 
 def _run(opts: DemoOptions, node: Node, settings: Any, rollout: DemoRollout, gpu: bool, out: Path) -> dict[str, Any]:
     """init_workers, the rollouter's start, the steps; what the run says of itself beyond its timeline."""
     trainer, ranks = DemoTrainer(required_samples=rollout.required), DemoRanks(None)
+    if opts.validate_every:
+        validation.equip(trainer, out, opts.validate_every, opts.policy_model, "cuda" if gpu else "cpu", opts.seed)
     lc: Lifecycle | None = Lifecycle.build(settings, trainer=trainer, adapter="demo", ranks=ranks, backlog=rollout.backlog)
     try:
         lc.start()
@@ -224,10 +254,13 @@ def _run(opts: DemoOptions, node: Node, settings: Any, rollout: DemoRollout, gpu
         rollout.start()
         step_log = _train(lc, trainer, node, rollout, opts)
         lc.stop("finished")  # the GPU comes back (thawed, unparked) and the agent forgets the job
-        lc = None
+        lc = None  # the last validations run in the valley the run's end leaves: the tenants have the GPU
+        extra_validation = validation.finish(trainer, 600.0) if trainer.model is not None and not opts.solo else None
         extra = {"steps_detail": step_log, "worker_data_intact": node.worker.ask("check").split()[-1] == node.worker.checksum}
         finish = opts.finish_batch_s if opts.finish_batch_s >= 0 else (0.0 if gpu else 120.0)
         extra["batch"] = node.batch.finish(complete_within_s=finish) if node.batch is not None else {}
+        if extra_validation is not None:
+            extra["validation"] = extra_validation
         if node.stop_tenant is not None:  # after the batch's last lines: a restart can come after the last step
             extra["tenant_stop"] = node.stop_tenant.figures(node.status(), step_log)
         return extra
@@ -260,7 +293,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         stack.callback(rollout.stop)
         _start_node(opts, out, "cuda" if gpu else "sigstop", node)
         log.info("demo: %s", _mode(opts, gpu, node)["label"])
-        extra = _run(opts, node, _settings(opts, node, "cuda" if gpu else "sigstop", timeline), rollout, gpu, out)
+        extra = _run(opts, node, _settings(opts, node, "cuda" if gpu else "sigstop", timeline, out), rollout, gpu, out)
     records = analysis.load(timeline)
     summary = {**analysis.summary(records), **extra, "mode": _mode(opts, gpu, node)}
     step_log = extra["steps_detail"]

@@ -245,6 +245,12 @@ def timeline_plot(path: str, output: str | None, json_out: str | None) -> None:
               help="Every k-th batch comes 20x faster (already queued at the release: a skipped handoff); 0: none.")
 @click.option("--wedge-at", default=0, help="Stop the tenant (SIGSTOP) in this step's valley: the ladder kills it and "
               "its supervisor brings it back.")
+@click.option("--validate-every", default=0, help="Validate every this many versions in the valleys: the trainer's "
+              "weights pushed into a policy tenant beside the batch tenant (needs the 'verl' extra); 0: off.")
+@click.option("--policy-url", default="", help="The policy tenant: a running vLLM with --weight-transfer-config "
+              "(default: a stand-in under tenant run).")
+@click.option("--policy-model", default="", help="The Hugging Face model the trainer holds and pushes: the one "
+              "--policy-url serves (GPU; default: a small CPU module).")
 @click.option("--solo", is_flag=True, help="The same schedule with +timeslice=observe: no agent, no tenant (the baseline).")
 @click.option("--set", "overrides", multiple=True, metavar="timeslice.KEY=VALUE",
               help="A setting of the interleave section, e.g. --set timeslice.handoff.swap=checkpoint (repeatable).")
@@ -286,6 +292,11 @@ def _check_demo(kw: dict[str, Any], overrides: tuple[str, ...]) -> None:
     if kw["solo"] and (overrides or kw["wedge_at"]):
         raise click.UsageError("--solo runs without the interleave section and without a tenant: --set and --wedge-at "
                                "have nothing to act on")
+    if kw["validate_every"] < 0 or ((kw["policy_url"] or kw["policy_model"]) and not kw["validate_every"]):
+        raise click.UsageError("--validate-every takes a number of versions >= 0; --policy-url and --policy-model "
+                               "need --validate-every")
+    if kw["policy_model"] and not kw["policy_url"]:
+        raise click.UsageError("--policy-model is the model --policy-url serves: name the running vLLM too")
     if kw["burst_every"] and kw["profile"] != "even":
         raise click.UsageError("--burst-every shapes the even schedule; a --profile has its own arrivals")
     if kw["wedge_at"] and (kw["vllm_url"] or not 1 <= kw["wedge_at"] <= kw["steps"]):
@@ -322,6 +333,12 @@ def _echo_demo(summary: dict[str, Any], solo: bool) -> None:
     if stop and stop.get("stopped"):
         click.echo(f"  tenant stopped in step {stop['step']}: reclaimed by {stop['reclaim'] or '?'}; trainer waited "
                    f"{stop['trainer_wait_s']} s; supervisor restarts: {stop['restarts']} (restart {stop['restart_s']} s)")
+    v = summary.get("validation")
+    if v:
+        done = [r for r in v["runs"] if not r["error"]]
+        click.echo(f"  validation: {len(done)} of {len(v['runs'])} runs (versions "
+                   f"{', '.join(str(r['version']) for r in v['runs']) or '-'}), {len(v['late'])} late report(s), "
+                   f"{len(v['logged'])} logged to the tracker")
     click.echo(f"  worker data intact: {summary['worker_data_intact']}")
     for name, path in summary["files"].items():
         click.echo(f"  {name:10} {path}")

@@ -133,6 +133,11 @@ def validator_for(trainer: Any, lc: Any) -> Validator:
         return made
 
 
+def validator_of(trainer: Any) -> Validator | None:
+    """The trainer's validator, if one was built (its runs so far, its schedule's late reports)."""
+    return trainer.__dict__.get(_ATTR)
+
+
 def close_validator(trainer: Any, wait_s: float = 0.0) -> None:
     made = trainer.__dict__.pop(_ATTR, None)
     if made is not None:
@@ -142,4 +147,4 @@ def close_validator(trainer: Any, wait_s: float = 0.0) -> None:
 
 
 __all__ = ["ValidationSetupError", "build", "close_validator", "flush", "load_source", "policy_model", "submit",
-           "validator_for"]
+           "validator_for", "validator_of"]
