@@ -72,6 +72,17 @@ def test_demo_validates_due_versions_in_the_valleys_through_a_policy_tenant_besi
     assert "already registered" not in (out / "policy-tenant.log").read_text(), "the policy tenant joined the group"
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--policy-url", "http://127.0.0.1:8001"], "need --validate-every"),
+    (["--validate-every", "2", "--policy-model", "m"], "name the running vLLM too"),
+    (["--validate-every", "-1"], "--validate-every takes a number of versions >= 0"),
+])
+def test_demo_refuses_validation_flags_that_do_not_go_together(tmp_path, args, says):
+    proc = subprocess.run([*CLI, "demo", "--out", str(tmp_path / "d"), *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "d" / "agent.log").exists()
+
+
 def test_demo_refuses_a_setting_the_schema_refuses_before_starting_anything(tmp_path):
     proc = subprocess.run([*CLI, "demo", "--out", str(tmp_path / "d"), "--set", "timeslice.handoff.swap=bogus"],
                           capture_output=True, text=True, timeout=120)
