@@ -110,7 +110,11 @@ class Recovery:
                     except Exception as exc:
                         log.error("shutdown: job %s could not be thawed: %s", job.name, exc)
             t = a.tenancy
-            await asyncio.wait_for(t.behind.settled(), self.shutdown_timeout_s)  # a pause behind a grant lands first
+            try:  # a pause behind a grant lands first (its ladder has its own deadline)
+                await asyncio.wait_for(t.behind.settled(), self.shutdown_timeout_s)
+            except asyncio.TimeoutError:
+                log.error("shutdown: the tenant's pause behind the last grant did not end within %g s",
+                          self.shutdown_timeout_s)
             if t.tenant is not None and t.record and t.record.state in (ASLEEP, TENANT_FAULTED):
                 try:
                     await asyncio.wait_for(t.reclaim(check_memory=True), self.shutdown_timeout_s)
