@@ -72,7 +72,7 @@ class DemoModel:
         import torch
 
         self.device = device
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.generator = torch.Generator(device=device).manual_seed(seed)  # on the GPU: a step's noise stays there
         if model_dir:
             from transformers import AutoModelForCausalLM
 
@@ -89,8 +89,8 @@ class DemoModel:
 
         with torch.no_grad():
             for _, p in self.module.named_parameters():
-                noise = torch.randn(p.shape, generator=self.generator).to(p.device, p.dtype)
-                p.add_(noise * (NOISE * float(p.detach().float().abs().mean()) + 1e-12))
+                noise = torch.randn(p.shape, generator=self.generator, device=p.device, dtype=torch.float32)
+                p.add_((noise * (NOISE * p.detach().float().abs().mean() + 1e-12)).to(p.dtype))
 
 
 class DemoSnapshot:
