@@ -46,6 +46,9 @@ SWAP_AUTO = "auto"
 
 VALIDATION_VERSION = "timeslice_validation_version"
 """The metadata key of a validation run's batch: the version it validates (the runner writes it, status reads it)."""
+POLICY_SNAPSHOT, POLICY_RELEASE = "timeslice_policy_snapshot", "timeslice_policy_release"
+"""verl worker-group methods (``ONE_TO_ALL``): every rank gathers a due version's tensors and rank 0 keeps them for
+the policy tenant; then every rank drops what it kept (:mod:`timeslice_verl.ranks.policy`)."""
 
 
 class TenantRole(str, enum.Enum):

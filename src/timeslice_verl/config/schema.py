@@ -241,7 +241,9 @@ class ValidateSettings:
     priority: int = 100  # the validation batches' priority (users' batches: 0)
     service_url: str = ""  # the batch service (default http://{batch.host}:{batch.port})
     poll_s: float = 2.0  # how often a running validation's batch is looked at
-    source: str = ""  # the trainer's weights: 'package.module:factory', called with the trainer (a WeightSource)
+    source: str = "timeslice_verl.validate.verl_source:ranks"
+    """The trainer's weights: ``package.module:factory``, called with the trainer, returning a WeightSource (the
+    default: verl's actor ranks, rank 0 keeping a due version on its GPU for a policy tenant on the same GPU)."""
     finish_s: float = 600.0  # at the end of training, how long the last validations may still take
 
 

@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable
 
 from timeslice_verl.log import get_logger
+from timeslice_verl.ranks.policy import METHODS as POLICY_METHODS
 
 log = get_logger("ranks")
 
@@ -159,7 +160,7 @@ def _worker_park_reserve(self: Any) -> dict[str, Any]:
 
 
 _METHODS = {RELEASE_CACHES: _worker_release_caches, PARK: _worker_park, UNPARK: _worker_unpark,
-            PARK_RESERVE: _worker_park_reserve}
+            PARK_RESERVE: _worker_park_reserve, **POLICY_METHODS}
 
 
 def install_worker_methods(module: Any) -> None:

@@ -7,23 +7,22 @@ Weights go in through vLLM's weight-transfer API (vLLM ≥ 0.23 with ``VLLM_SERV
 ``/update_weights`` (one call per chunk) → ``/finish_weight_update`` → ``/resume``. vLLM keeps no version: this
 client does, and a push is refused while the tenant holds requests, so one validation never spans two versions.
 
-:func:`ipc_updates` turns named CUDA tensors into ``update_info`` bodies of IPC handles (the tenant on the same GPU
-opens them: no copy through the host); the tensors must stay alive until the push returns (vLLM copies them into
-its own parameters during ``/update_weights``), and a park must not move them meanwhile.
+:func:`~timeslice_verl.weights.ipc_updates` turns named CUDA tensors into ``update_info`` bodies of IPC handles
+(the tenant on the same GPU opens them: no copy through the host); the tensors must stay alive until the push
+returns, and a park must not move them meanwhile.
 """
 
 from __future__ import annotations
 
-import base64
-import pickle
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 import httpx
 
 from timeslice_verl.batch.concurrency import parse_metrics
 from timeslice_verl.log import get_logger
+from timeslice_verl.weights import Update, WeightsError, ipc_updates
 
 log = get_logger("validate")
 
@@ -31,20 +30,12 @@ PUSH_TIMEOUT_S = 300.0
 """One call of a push (vLLM's own trainer-side sender waits as long)."""
 
 
-class PolicyError(Exception):
+class PolicyError(WeightsError):
     """The policy tenant refused or failed a call; the message names which and why."""
 
 
 class PolicyBusy(PolicyError):
     """The tenant holds requests: a push now would mix two versions in one validation."""
-
-
-@dataclass(frozen=True)
-class Update:
-    """One ``/update_weights`` body (``info``: vLLM's ``update_info``, nothing else in it) and the bytes it moves."""
-
-    info: dict[str, Any]
-    bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,43 +122,6 @@ class PolicyTenant:
             self._post("/finish_weight_update", {})
         except PolicyError as exc:
             log.warning("policy tenant %s: the failed update could not be closed: %s", self.url, exc)
-
-
-def ipc_updates(named: Iterable[tuple[str, Any]], *, chunk_bytes: int = 1 << 30) -> Iterator[Update]:
-    """``update_info`` bodies of CUDA IPC handles for named CUDA tensors, about ``chunk_bytes`` of tensors each (the
-    tenant opens each handle on its side of the same GPU). The caller keeps the tensors alive until the push
-    returns; a non-contiguous tensor's contiguous copy is kept here until its chunk was sent."""
-    import torch
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    names: list[str] = []
-    dtypes: list[str] = []
-    shapes: list[list[int]] = []
-    handles: list[dict[str, tuple]] = []
-    keep: list[Any] = []
-    size = 0
-    for name, tensor in named:
-        if not tensor.is_cuda:
-            raise PolicyError(f"tensor {name!r} is on {tensor.device}: IPC handles are for CUDA tensors")
-        weight = tensor.detach().contiguous()
-        keep.append(weight)
-        uuid = str(torch.cuda.get_device_properties(weight.device).uuid)
-        names.append(name)
-        dtypes.append(str(weight.dtype).split(".")[-1])
-        shapes.append(list(weight.shape))
-        handles.append({uuid: reduce_tensor(weight)[1]})
-        size += weight.numel() * weight.element_size()
-        if size >= chunk_bytes:
-            yield _update_info(names, dtypes, shapes, handles, size)
-            names, dtypes, shapes, handles, keep, size = [], [], [], [], [], 0
-    if names:
-        yield _update_info(names, dtypes, shapes, handles, size)
-
-
-def _update_info(names: list[str], dtypes: list[str], shapes: list[list[int]], handles: list[dict[str, tuple]],
-                 size: int) -> Update:
-    return Update({"names": names, "dtype_names": dtypes, "shapes": shapes, "packed": False,
-                   "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}, size)
 
 
 __all__ = ["PUSH_TIMEOUT_S", "PolicyBusy", "PolicyError", "PolicyTenant", "Push", "Update", "ipc_updates"]
