@@ -5,11 +5,15 @@
 #   solo        plain verl (no timeslice section, no tenant)
 #   observe     +timeslice=observe: events and timeline, the GPU is never handed over
 #   interleave  +timeslice=interleave with a vLLM batch tenant on GPU 0 under constant load, and the agent
+#   validate    interleave, plus validation in the valleys (issue 39): a policy tenant (vLLM with IPC weight transfer)
+#               on GPU 0 beside the batch tenant, the batch service, every TEST_FREQ (2) versions validated there
+#               (compare with `solo` at the same TEST_FREQ: verl's own, awaited validation by its rollouter)
 # usage: MODEL=dir DATA=dir OUT=dir bash benchmarks/verl_run/run.sh MODE [extra hydra overrides...]
 # env: TRAINER (fully_async or v1), ROLLOUT_STEPS (fully_async: 32 = 8 trainer steps), STEPS (v1: 8),
 #      DEADLINE_S (480), TENANT_PORT (8001), TENANT_UTIL (0.35), LOAD_CLIENTS (8), PYTHON (python3),
 #      RESPONSE_LEN (128 response tokens), REWARD (a custom reward file, e.g. benchmarks/verl_run/reward.py,
-#      which a random model can earn; default: verl's gsm8k rule).
+#      which a random model can earn; default: verl's gsm8k rule), TEST_FREQ (-1: no validation; validate: 2),
+#      POLICY_PORT (8002), POLICY_UTIL (0.15), SERVICE_PORT (8090).
 # Leaves in OUT: verl.log, timeline.jsonl, load.json, agent.log, tenant.log, status.json, run.json, row.json
 #      (the summary row: python3 benchmarks/verl_run/summarize.py OUT...)
 set -uo pipefail
@@ -33,24 +37,40 @@ extra=()
 if [ -n "${REWARD:-}" ]; then
   extra+=(reward.custom_reward_function.path="$(cd "$(dirname "$REWARD")" && pwd)/$(basename "$REWARD")")
 fi
-if [ "$MODE" = interleave ]; then
+if [ "$MODE" = validate ]; then
+  TEST_FREQ=${TEST_FREQ:-2}; PPORT=${POLICY_PORT:-8002}; SPORT=${SERVICE_PORT:-8090}
+  URLS="[\"http://127.0.0.1:$PORT\",\"http://127.0.0.1:$PPORT\"]"
+  CUDA_VISIBLE_DEVICES=0 VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 TIMESLICE_TENANT=1 setsid "$PY" \
+    -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name policy --enable-sleep-mode \
+    --gpu-memory-utilization "${POLICY_UTIL:-0.15}" --max-model-len 1024 --enforce-eager --host 127.0.0.1 \
+    --port "$PPORT" --weight-transfer-config '{"backend": "ipc"}' > "$OUT/policy.log" 2>&1 &
+  pids+=($!)
+  setsid "$PY" -m timeslice_verl batch serve --set timeslice.batch.port="$SPORT" --set timeslice.batch.db="$OUT/batch/b.sqlite" \
+    --set timeslice.batch.key_file="$OUT/batch/key" --set "timeslice.batch.tenant_urls=[\"http://127.0.0.1:$PORT\"]" \
+    --set timeslice.validate.policy_url="http://127.0.0.1:$PPORT" --set timeslice.agent.socket="$SOCK" \
+    > "$OUT/batch.log" 2>&1 &
+  pids+=($!)
+  extra+=(timeslice.validate.enable=true timeslice.validate.policy_url="http://127.0.0.1:$PPORT"
+         timeslice.validate.service_url="http://127.0.0.1:$SPORT" timeslice.batch.key_file="$OUT/batch/key")
+fi
+if [ "$MODE" = interleave ] || [ "$MODE" = validate ]; then
   # the batch tenant: a vLLM with sleep mode on the trainer's GPU, and the node's agent arbitrating GPU 0
   CUDA_VISIBLE_DEVICES=0 VLLM_SERVER_DEV_MODE=1 TIMESLICE_TENANT=1 setsid "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
     --served-model-name tenant --enable-sleep-mode --gpu-memory-utilization "${TENANT_UTIL:-0.35}" --max-model-len 1024 \
     --enforce-eager --host 127.0.0.1 --port "$PORT" > "$OUT/tenant.log" 2>&1 &
   pids+=($!)
   setsid "$PY" -m timeslice_verl agent timeslice.agent.socket="$SOCK" timeslice.agent.gpus=[0] \
-    timeslice.tenant.url="http://127.0.0.1:$PORT" > "$OUT/agent.log" 2>&1 &
+    timeslice.tenant.urls="${URLS:-[\"http://127.0.0.1:$PORT\"]}" > "$OUT/agent.log" 2>&1 &
   pids+=($!)
   setsid "$PY" "$HERE/load.py" "http://127.0.0.1:$PORT" "$OUT/load.json" --clients "${LOAD_CLIENTS:-8}" \
     --stop-file "$OUT/stop-load" > "$OUT/load.log" 2>&1 &
   load_pid=$!
-  extra+=(+timeslice=interleave timeslice.tenant.url="http://127.0.0.1:$PORT" timeslice.agent.socket="$SOCK"
+  extra+=(+timeslice=interleave timeslice.tenant.urls="${URLS:-[\"http://127.0.0.1:$PORT\"]}" timeslice.agent.socket="$SOCK"
          timeslice.timeline.path="$OUT/timeline.jsonl")
 elif [ "$MODE" = observe ]; then
   extra+=(+timeslice=observe timeslice.timeline.path="$OUT/timeline.jsonl")
 elif [ "$MODE" != solo ]; then
-  echo "unknown mode $MODE (solo, observe, interleave)" >&2; exit 2
+  echo "unknown mode $MODE (solo, observe, interleave, validate)" >&2; exit 2
 fi
 
 common=(
@@ -74,7 +94,7 @@ common=(
   actor_rollout_ref.rollout.checkpoint_engine.backend=nccl
   actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512
   trainer.logger="['console']" trainer.project_name=timeslice-verl trainer.experiment_name="validated-$MODE"
-  trainer.val_before_train=False trainer.test_freq=-1 trainer.save_freq=-1 trainer.resume_mode=disable
+  trainer.val_before_train=False trainer.test_freq="${TEST_FREQ:--1}" trainer.save_freq=-1 trainer.resume_mode=disable
   trainer.total_epochs=1 trainer.nnodes=1 trainer.n_gpus_per_node=1 trainer.default_local_dir="$OUT/ckpt"
   ray_kwargs.ray_init.num_cpus=32 +ray_kwargs.ray_init.include_dashboard=False
 )
@@ -99,7 +119,7 @@ timeout -k 10 "${DEADLINE_S:-480}" "$PY" -m "$entry" "${common[@]}" "${trainer[@
   "${extra[@]}" "$@" > "$OUT/verl.log" 2>&1
 rc=$?
 echo "{\"mode\": \"$MODE\", \"trainer\": \"${TRAINER:-fully_async}\", \"rc\": $rc, \"wall_s\": $(( $(date +%s) - t0 ))}" > "$OUT/run.json"
-if [ "$MODE" = interleave ]; then
+if [ "$MODE" = interleave ] || [ "$MODE" = validate ]; then
   touch "$OUT/stop-load"; wait "$load_pid"
   "$PY" -m timeslice_verl status timeslice.agent.socket="$SOCK" --json > "$OUT/status.json" 2>&1
 fi
