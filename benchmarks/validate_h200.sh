@@ -2,11 +2,11 @@
 # Validation in the valleys on one H200 (issue 39, must-show 2's second half), in calls made back to back on the
 # machine of `harvest_h200.sh setup`, `stash` and `start` (vLLM 0.24 in /tmp/site, the batch tenant on :8000, the
 # vLLM recipe's test model in /root/model):
-#   VERLPARTS=.verlparts bash benchmarks/validate_h200.sh verl   verl 0.9.1's payload part unpacked beside vLLM
+#   VERLPARTS=.gpu/verlparts bash benchmarks/validate_h200.sh verl   verl 0.9.1's payload part unpacked beside vLLM
 #                                                               (validation scores with verl's reward and metrics)
 #   LIMIT_S=240 bash benchmarks/validate_h200.sh run [demo args]   the policy tenant on :8001 (IPC weight transfer),
 #                        then `timeslice-verl demo` solo and validating every 2nd version, the same schedule each
-# Here, beforehand: ../shared/gpu/verl's build_payload.sh run into .verlparts (git-ignored), beside the vLLM parts.
+# Here, beforehand: ../shared/gpu/verl's build_payload.sh run into .gpu/verlparts (git-ignored), beside the vLLM parts.
 # Leaves in $OUT: solo.json and validate.json (the demos' summaries), policy-vllm.log, a table printed last.
 set -uo pipefail
 OUT=${OUT:-validate-out}
