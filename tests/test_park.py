@@ -101,3 +101,24 @@ def test_park_and_unpark_are_idempotent():
     parker.unpark()
     assert parker.unpark().parked == 0
     _step(model, optim, 1)  # the model trains after all of it
+
+
+def test_a_version_kept_for_the_policy_tenant_is_never_parked():
+    """Rank 0 keeps a due version for the policy tenant, which holds IPC handles to it until the push: a park leaves
+    those storages in place even where the parker's roots reach them (here the kept tensors share the parameters'
+    storages), and parks the rest."""
+    from timeslice_verl.ranks import policy
+
+    model, optim = _trainer()
+    _step(model, optim, 0)
+    policy._KEPT[99] = [(n, p.detach()) for n, p in model.named_parameters()]
+    try:
+        parker = Parker(device="cpu")
+        parker.reserve()
+        parker.park()
+        assert all(p.untyped_storage().nbytes() > 0 for p in model.parameters()), "the kept version stayed in place"
+        assert all(v.untyped_storage().nbytes() == 0 for s in optim.state.values() for v in s.values() if v.dim()), \
+            "the rest was parked"
+        parker.unpark()
+    finally:
+        policy._KEPT.pop(99, None)

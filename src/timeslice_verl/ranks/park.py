@@ -150,9 +150,12 @@ class Parker:
         return out
 
     def storages(self) -> list[tuple[Any, int]]:
-        """The distinct, resizable, non-empty device storages behind :meth:`tensors`, largest first."""
+        """The distinct, resizable, non-empty device storages behind :meth:`tensors`, largest first (never a version kept
+    for the policy tenant: its IPC handles must outlive the park)."""
+        from timeslice_verl.ranks.policy import exported
+
         device = self._device()
-        own = {c.untyped_storage().data_ptr() for c in self.chunks}
+        own = {c.untyped_storage().data_ptr() for c in self.chunks} | exported()  # a version vLLM holds handles to
         seen: dict[int, tuple[Any, int]] = {}
         for t in self.tensors():
             try:

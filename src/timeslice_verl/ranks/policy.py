@@ -64,6 +64,12 @@ def snapshot_here(worker: Any, version: int, rank: int | None = None) -> dict[st
     return report
 
 
+def exported() -> set[int]:
+    """Data pointers of the storages kept for the policy tenant: vLLM holds IPC handles to them until the push, so a
+    park (:mod:`~timeslice_verl.ranks.park`) never moves them."""
+    return {t.untyped_storage().data_ptr() for kept in _KEPT.values() for _, t in kept if t is not None}
+
+
 def release_here(worker: Any, version: int) -> dict[str, Any]:
     """Drop what this rank kept of ``version`` (nothing on ranks but 0)."""
     kept = _KEPT.pop(version, None)
@@ -81,4 +87,4 @@ def _worker_release(self: Any, version: int) -> dict[str, Any]:
 METHODS = {POLICY_SNAPSHOT: _worker_snapshot, POLICY_RELEASE: _worker_release}
 """The worker-group methods :func:`~timeslice_verl.ranks.worker.install_worker_methods` adds (``ONE_TO_ALL``)."""
 
-__all__ = ["METHODS", "full_tensors", "release_here", "snapshot_here"]
+__all__ = ["METHODS", "exported", "full_tensors", "release_here", "snapshot_here"]
