@@ -26,7 +26,8 @@ from pathlib import Path
 import httpx
 import torch
 
-from timeslice_verl.validate.policy import PolicyTenant, ipc_updates
+from timeslice_verl.validate.policy import PolicyTenant
+from timeslice_verl.weights import ipc_updates
 
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def __init__(self):", "# parse the",
            "for i in range(10):", "with open(path) as f:", "return sorted(", "try:\n    import numpy"]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from timeslice_verl.log import get_logger
-from timeslice_verl.validate.policy import Update, ipc_updates
+from timeslice_verl.weights import Update, ipc_updates
 
 log = get_logger("demo")
 
