@@ -344,3 +344,46 @@ def test_the_harvest_benchmark_counts_each_valleys_tokens_from_vllms_counter(tmp
     assert harvest.phase_generated(inflight, "p") == 2700 and harvest.phase_generated(inflight, "none") == 0
     figures = harvest.valley_figures({"valleys": got, "capacity_tokens_per_s": 100.0, "vllm_s": 5.0, "trainer_idle_s": 6.0})
     assert figures == {"valley_tokens": 2496, "serving_vs_capacity": 4.992, "idle_vs_capacity": 4.16}
+
+
+def test_a_falling_limit_cancels_the_newest_sends_and_their_lines_go_again_untried(tmp_path, procs):
+    """A limit that falls takes effect at once: the newest sends past it are cancelled (the stand-in, like vLLM,
+    stops a request whose client went away) and their lines queue again, the try not counted; every line is then
+    answered once. The stand-in is paused throughout the shedding, so nothing finishes on its own meanwhile."""
+    import asyncio
+
+    from agent_support import FakeVllmProc, eventually
+
+    from timeslice_verl.batch.feeder import Feeder
+    from timeslice_verl.batch.gate import Gate
+
+    tenant = FakeVllmProc("--token-s", "0.001")
+    procs.append(tenant)
+    tenant.post("/pause?mode=keep")
+    store = Store(tmp_path / "b.sqlite")
+    bid = store.create_batch(CHAT, "f", 86400, "24h", None, parse(_file(10), CHAT))
+
+    async def run() -> tuple[int, dict]:
+        feeder = Feeder(store, tenant.url, Gate(None, poll_s=0.05), policy=Policy(start=8), adapt=False)
+        task = asyncio.create_task(feeder.run())
+
+        async def until(check, what):
+            return await asyncio.to_thread(eventually, check, what=what)
+
+        await until(lambda: tenant.stats()["waiting"] == 8, "8 requests held by the paused stand-in")
+        feeder.stats.limit = 3
+        shed = feeder.shed()
+        await until(lambda: tenant.stats()["cancelled"] == 5, "5 requests cancelled at the stand-in")
+        await until(lambda: feeder.stats.inflight == 3 and not feeder._shed_lines, "the shed lines queued again")
+        assert tenant.stats()["waiting"] == 3
+        tenant.post("/resume")
+        await until(lambda: store.counts(bid)["completed"] == 10, "every line answered")
+        task.cancel()
+        return shed, feeder.stats
+
+    shed, stats = asyncio.run(run())
+    assert shed == 5 and stats.shed == 5 and stats.answered == 10
+    assert store.figures(bid)["retried"] == 0, "a shed try is not counted"
+    assert tenant.stats()["completed"] == 10 and tenant.stats()["cancelled"] == 5
+    tries = store.query("SELECT attempts FROM lines WHERE batch_id = ?", (bid,))
+    assert [r["attempts"] for r in tries] == [1] * 10

@@ -4,7 +4,10 @@
   writer, many outcomes a transaction), and the next lines are claimed ahead, in the background (up to the
   limit), so the tenant never waits on the database.
 * **How many.** The limit follows the tenant (:mod:`timeslice_verl.batch.concurrency`): sampled from vLLM's
-  ``/metrics`` while the gate is open, from ``timeslice.batch.concurrency`` up to ``max_concurrency``.
+  ``/metrics`` while the gate is open, from ``timeslice.batch.concurrency`` up to ``max_concurrency``. A limit that
+  falls takes effect at once: the newest sends past it are cancelled (vLLM aborts a request whose client went away)
+  and their lines go back to the queue, the try not counted — with long completions, waiting for them to end kept a
+  probe that cost tokens in place for a whole valley (512-token answers at 768 in flight: ~25 s each).
 * **HTTP.** One aiohttp session, connections kept alive: its CPU per request does not grow with the number in
   flight (httpx's pool bookkeeping did; ``benchmarks/harvest_cpu.py`` measures both).
 * **Retries.** A line whose request failed for a reason that is not the request's — the ladder's abort (an answer
@@ -86,6 +89,8 @@ class FeederStats:
     answered: int = 0
     written: int = 0
     writes: int = 0
+    shed: int = 0
+    """Sends cancelled because the limit fell below them (their lines queued again)."""
     samples: list[tuple[float, float, float]] = field(default_factory=list)
     """The last (time, vLLM running, vLLM waiting) samples, newest last (at most 600)."""
 
@@ -114,6 +119,10 @@ class Feeder:
         """Lines claimed (in flight in the store) and not sent yet."""
         self._claiming = False
         self._tasks: list[asyncio.Task] = []
+        self._sending: dict[asyncio.Task, Line] = {}
+        """The sends in flight, oldest first."""
+        self._shedding: set[asyncio.Task] = set()
+        self._shed_lines: list[Line] = []
 
     def kick(self) -> None:
         """New lines (a batch was created): look for work now."""
@@ -182,19 +191,51 @@ class Feeder:
     def _launch(self, session: aiohttp.ClientSession, line: Line) -> None:
         self.stats.inflight += 1
         self.stats.sent += 1
-        asyncio.create_task(self._send(session, line))
+        self._sending[asyncio.create_task(self._send(session, line))] = line
+
+    def shed(self) -> int:
+        """Cancel the newest sends past the limit (they lost the least); how many. Their lines go back to the queue
+        (:meth:`_send`), the try not counted."""
+        excess = self.stats.inflight - len(self._shedding) - self.stats.limit
+        if excess <= 0:
+            return 0
+        newest = [task for task in reversed(self._sending) if task not in self._shedding][:excess]
+        for task in newest:
+            self._shedding.add(task)
+            task.cancel()
+        self.stats.shed += len(newest)
+        return len(newest)
 
     async def _send(self, session: aiohttp.ClientSession, line: Line) -> None:
+        task = asyncio.current_task()
+        outcome: Outcome | None = None
         try:
             outcome = await self._try(session, line)
+        except asyncio.CancelledError:
+            if task not in self._shedding:
+                raise  # the service stops: its lease lapses and the line goes back then
         finally:
+            self._sending.pop(task, None)  # type: ignore[arg-type]
+            self._shedding.discard(task)  # type: ignore[arg-type]
             self.stats.inflight -= 1
-            self.stats.answered += 1
+            if outcome is not None:
+                self.stats.answered += 1
             if self.gate.open and self._ready and self.stats.inflight < self.stats.limit:
                 self._launch(session, self._ready.popleft())  # the freed slot's next line, without a wake-up
             if len(self._ready) * 2 < self.stats.limit:
                 self._room.set()  # time to claim ahead
-        self._outcomes.put_nowait(outcome)
+        if outcome is not None:
+            self._outcomes.put_nowait(outcome)
+            return
+        self._shed_lines.append(line)
+        if len(self._shed_lines) == 1:
+            asyncio.create_task(self._release_shed())
+
+    async def _release_shed(self) -> None:
+        await asyncio.sleep(0)  # the rest of this shedding's sends join the one transaction
+        lines, self._shed_lines = self._shed_lines, []
+        await self._db(self.store.release, lines)
+        self._room.set()
 
     async def _try(self, session: aiohttp.ClientSession, line: Line) -> Outcome:
         try:
@@ -303,6 +344,8 @@ class Feeder:
                 previous = sample
                 if self.stats.limit != before:
                     last = None
+                if self.stats.limit < before:
+                    self.shed()
                 self.stats.samples = [*self.stats.samples[-599:], (time.time(), sample.running, sample.waiting)]
                 if self.stats.limit != before:
                     log.debug("batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f, %s tokens/s)", before,

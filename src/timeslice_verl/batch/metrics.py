@@ -31,14 +31,17 @@ class BatchMetrics:
                                 labels=["tenant"])
         has = GaugeMetricFamily("timeslice_batch_tenant_has_gpu", "1 while lines are sent (the tenant owns the GPU)",
                                 labels=["tenant"])
+        shed = CounterMetricFamily("timeslice_batch_requests_shed", "Requests cancelled because the in-flight limit "
+                                   "fell below them (their lines queued again, the try not counted)", labels=["tenant"])
         seconds = CounterMetricFamily("timeslice_batch_tenant_gpu_seconds", "Seconds the tenant has had the GPU",
                                       labels=["tenant"])
         for feeder, gate in zip(self.service.feeders, self.service.gates):
             limit.add_metric([feeder.url], feeder.stats.limit)
             out.add_metric([feeder.url], feeder.stats.inflight)
             has.add_metric([feeder.url], 1.0 if gate.open else 0.0)
+            shed.add_metric([feeder.url], feeder.stats.shed)
             seconds.add_metric([feeder.url], gate.seconds_open())
-        yield from (limit, out, has, seconds)
+        yield from (limit, out, has, shed, seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

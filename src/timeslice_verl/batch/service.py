@@ -175,7 +175,7 @@ class Service:
                    for r in self.store.batches(limit=10) if r["status"] in OPEN]
         each = [{"tenant": f.url, "open": g.open, "open_s": round(g.seconds_open(), 3), **_stats(f)}
                 for f, g in zip(self.feeders, self.gates)]
-        feeder = {k: sum(e[k] for e in each) for k in ("limit", "inflight", "sent", "answered", "written", "writes")}
+        feeder = {k: sum(e[k] for e in each) for k in ("limit", "inflight", "sent", "answered", "written", "writes", "shed")}
         feeder.update(healthy=all(f.healthy for f in self.feeders),
                       samples=self.feeders[0].stats.samples[-50:] if self.feeders else [],
                       problem="; ".join(f.problem for f in self.feeders if f.problem))
@@ -198,7 +198,7 @@ def _validation_version(metadata: str | None) -> int | None:
 def _stats(feeder: Feeder) -> dict[str, Any]:
     st = feeder.stats
     return {"limit": st.limit, "inflight": st.inflight, "sent": st.sent, "answered": st.answered, "written": st.written,
-            "writes": st.writes}
+            "writes": st.writes, "shed": st.shed}
 
 
 def serve(settings: TimesliceSettings, role: Role = Role.all) -> None:

@@ -7,9 +7,12 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from timeslice_verl.testing.fake_weights import Weights
+
+GONE_CHECK_S = 0.05
+"""How often a request that waits (paused, asleep, no free seat) looks whether its client went away."""
 
 
 @dataclass
@@ -68,6 +71,8 @@ class FakeVllm:
         self.frozen = False  # pause mode=keep or asleep: running requests make no progress
         self.abort_epoch = 0  # bumped by an aborting sleep: fails the requests queued before it
         self.waiting = self.completed = self.aborted = self.sleeps = 0
+        self.cancelled = 0
+        """Requests whose client went away mid-generation: stopped there, as vLLM aborts them."""
         self.generated = 0
         self.kv_dropped = 0
         self.pauses: dict[str, int] = {}
@@ -87,17 +92,22 @@ class FakeVllm:
                 "completed": self.completed, "aborted": self.aborted, "sleeps": self.sleeps, "version": self.version,
                 "wake_up_calls": self.wake_up_calls, "pauses": dict(self.pauses), "child_pid": self.child_pid,
                 "control_calls": dict(self.control_calls), "weights": self.weights.stats(),
-                "generated": self.generated, "kv_dropped": self.kv_dropped,
+                "generated": self.generated, "kv_dropped": self.kv_dropped, "cancelled": self.cancelled,
                 "pid": os.getpid(),
             }
 
-    def generate(self, max_tokens: int) -> tuple[int, str]:
+    def generate(self, max_tokens: int, gone: Callable[[], bool] | None = None) -> tuple[int, str]:
+        """``gone``: whether the client closed its connection (checked every tick: the request stops there)."""
         with self.cond:
             self.waiting += 1
             epoch = self.abort_epoch
             while ((self.paused or self.sleeping or (self.max_num_seqs and len(self.running) >= self.max_num_seqs))
                    and epoch == self.abort_epoch):
-                self.cond.wait()
+                if gone is not None and gone():
+                    self.waiting -= 1
+                    self.cancelled += 1
+                    return 0, "cancelled"
+                self.cond.wait(GONE_CHECK_S if gone is not None else None)
             self.waiting -= 1
             if epoch != self.abort_epoch:
                 self.aborted += 1
@@ -112,11 +122,14 @@ class FakeVllm:
             chunk = min(max_tokens - tokens, max(1, int(0.02 / step)) if step > 0 else max_tokens)
             time.sleep(step * chunk)  # a tick of at least 20 ms: the stand-in's own CPU stays small at any batch
             with self.cond:
-                while self.frozen and rid not in self.aborting:
-                    self.cond.wait()
+                while self.frozen and rid not in self.aborting and not (gone is not None and gone()):
+                    self.cond.wait(GONE_CHECK_S if gone is not None else None)
                 if rid in self.aborting:
                     reason = "abort"
                     break
+            if gone is not None and gone():
+                reason = "cancelled"
+                break
             tokens += chunk
             with self.cond:
                 self.generated += chunk
@@ -125,6 +138,8 @@ class FakeVllm:
             self.aborting.discard(rid)
             if reason == "abort":
                 self.aborted += 1
+            elif reason == "cancelled":
+                self.cancelled += 1
             else:
                 self.completed += 1
             self.cond.notify_all()
@@ -183,7 +198,8 @@ class FakeVllm:
             self.frozen = self.sleeping
             self.cond.notify_all()
 
-    def answer(self, url_path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def answer(self, url_path: str, body: dict[str, Any],
+               gone: Callable[[], bool] | None = None) -> tuple[int, dict[str, Any]]:
         """A completion in OpenAI's shape (or vLLM's 404 for a model it does not serve)."""
         model = body.get("model", self.model)
         if model != self.model:
@@ -192,7 +208,7 @@ class FakeVllm:
         chat = url_path.endswith("/chat/completions")
         prompt = (body.get("messages") or [{}])[-1].get("content", "") if chat else body.get("prompt", "")
         before = self.weights.held()
-        tokens, reason = self.generate(int(body.get("max_tokens", 16)))
+        tokens, reason = self.generate(int(body.get("max_tokens", 16)), gone)
         after = self.weights.held()
         text = f"echo:{str(prompt)[:64]}|" + "x" * tokens
         n = body.get("n", 1) if isinstance(body.get("n", 1), int) and 1 <= body.get("n", 1) <= 16 else 1

@@ -23,7 +23,8 @@ It follows the contract the agent relies on (docs/architecture.md §5) including
 * ``--no-dev-mode`` answers 404 on the dev endpoints; ``--version`` < 0.17 has no ``/pause``.
 
 Generation is simulated: ``max_tokens`` steps of ``--token-s`` seconds. ``GET /_fake/stats`` reports
-completed/aborted counts. Run: ``python -m timeslice_verl.testing.fake_vllm --port 0``; it prints
+completed/aborted counts (``cancelled``: requests stopped because their client closed the connection, as vLLM
+aborts them). Run: ``python -m timeslice_verl.testing.fake_vllm --port 0``; it prints
 ``listening on http://127.0.0.1:<port>`` once ready.
 """
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import socket
 import sys
 import threading
@@ -197,7 +199,20 @@ class _Handler(BaseHTTPRequestHandler):
         except (ValueError, TypeError):
             self._send(400, {"object": "error", "message": "bad request", "type": "BadRequestError", "code": 400})
             return
-        self._send(*self.engine.answer(path, body))
+        answer = self.engine.answer(path, body, self._client_gone)
+        if answer[1].get("choices", [{}])[0].get("finish_reason") == "cancelled":
+            self.close_connection = True  # nobody to answer
+            return
+        self._send(*answer)
+
+    def _client_gone(self) -> bool:
+        """The client closed the connection while its request runs (nothing else is read on it meanwhile): vLLM
+        aborts such a request, so the stand-in stops it too."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def do_GET(self) -> None:
         url = urlparse(self.path)
@@ -214,6 +229,10 @@ def make_handler(engine: FakeVllm, server: FakeVllmServer | None = None) -> type
 
 class _Server(ThreadingHTTPServer):
     request_queue_size = 1024  # vLLM's listen backlog is large: hundreds of clients connect at once
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):  # a client that went away
+            super().handle_error(request, client_address)
 
 
 class _V6Server(_Server):
