@@ -256,7 +256,7 @@ def timesliced(args: argparse.Namespace, url: str, mix: int, profile: str, best:
     valley_s = shared["wall_s"] * shared.get("trainer_idle_fraction", 0.0) if "trainer_idle_fraction" in shared else None
     r.update({"mix_tokens": mix, "batch_tokens": batch.get("tokens") or 0, "tenant_gpu_s": batch.get("tenant_gpu_s"),
               "trainer_idle_s": valley_s, "vllm_s": shared["seconds"]["vLLM"], "capacity_tokens_per_s": best,
-              "lost": batch.get("lost"), "twice": batch.get("twice"),
+              "lost": batch.get("lost"), "twice": batch.get("twice"), "feeder": batch.get("feeder"),
               "valleys": valley_tokens(folder / "auto" / "run.jsonl", args.out / "inflight.jsonl",
                                        f"timesliced-{mix}-{profile}"),
               "generated_tokens": phase_generated(args.out / "inflight.jsonl", f"timesliced-{mix}-{profile}")})

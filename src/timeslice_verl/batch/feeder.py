@@ -344,8 +344,10 @@ class Feeder:
                 previous = sample
                 if self.stats.limit != before:
                     last = None
-                if self.stats.limit < before:
-                    self.shed()
+                if self.stats.limit < before and (n := self.shed()):
+                    log.info("batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f, %s tokens/s): the %d newest "
+                             "sends cancelled, their lines queued again", before, self.stats.limit, sample.running,
+                             sample.waiting, f"{rate:.0f}" if rate else "?", n)
                 self.stats.samples = [*self.stats.samples[-599:], (time.time(), sample.running, sample.waiting)]
                 if self.stats.limit != before:
                     log.debug("batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f, %s tokens/s)", before,

@@ -63,7 +63,9 @@ class DemoBatch:
 
     def _figures(self, batch: dict[str, Any]) -> dict[str, Any]:
         fig = self.client.figures(self.id)
-        gate = self.client.summary()["gate"]
+        summary = self.client.summary()
+        gate = summary["gate"]
+        feeder = {k: v for k, v in (summary.get("feeder") or {}).items() if k not in ("samples", "problem")}
         for key, name in (("output_file_id", "batch-output.jsonl"), ("error_file_id", "batch-errors.jsonl")):
             (self.out / name).unlink(missing_ok=True)
             if batch.get(key):
@@ -79,7 +81,7 @@ class DemoBatch:
                 # every line once in the output or the error file: none lost, none answered twice
                 "lost": batch["request_counts"]["total"] - len(set(ids)), "twice": len(ids) - len(set(ids)),
                 "lines_per_gpu_s": round(fig["completed"] / gpu_s, 3) if gpu_s else None,
-                "tokens_per_gpu_s": round(fig["tokens"] / gpu_s, 3) if gpu_s else None}
+                "tokens_per_gpu_s": round(fig["tokens"] / gpu_s, 3) if gpu_s else None, "feeder": feeder}
 
 
 __all__ = ["DemoBatch", "write_input"]
