@@ -163,9 +163,20 @@ def test_the_in_flight_limit_follows_the_tenant(limit, inflight, sample, previou
 @pytest.mark.parametrize("limit, rate, climb, now, expected, why", [
     (48, 900.0, Climb(600.0, 32), 5.0, (96, Climb(900.0, 48)), "the growth paid by half: far from the knee, double"),
     (48, 700.0, Climb(600.0, 32), 5.0, (72, Climb(700.0, 48)), "the growth paid a sixth: grow on by half"),
-    (72, 800.0, Climb(900.0, 48), 6.0, (48, Climb(900.0, 48, 36.0, 1)), "it cost tokens: back to 48, hold 30 s"),
-    (72, 800.0, Climb(900.0, 48, 0.0, 2), 6.0, (48, Climb(900.0, 48, 126.0, 3)), "a third failed probe: hold 120 s"),
-    (72, 800.0, Climb(900.0, 48, 0.0, 9), 6.0, (48, Climb(900.0, 48, 606.0, 10)), "never longer than max_hold_s"),
+    (72, 800.0, Climb(900.0, 48), 6.0, (32, Climb(900.0, 48, down=True, looked_down=True)),
+     "a probe up cost tokens: look once below the limit it started from (past the knee itself?)"),
+    (32, 950.0, Climb(900.0, 48, down=True, looked_down=True), 8.0, (21, Climb(950.0, 32, down=True, looked_down=True)),
+     "below paid: the new best, one step further down"),
+    (32, 920.0, Climb(900.0, 48, down=True, looked_down=True), 8.0, (48, Climb(900.0, 48, 38.0, 1, looked_down=True)),
+     "below about flat: back to the best limit, hold 30 s"),
+    (32, None, Climb(900.0, 48, down=True, looked_down=True), 8.0, (32, Climb(900.0, 48, down=True, looked_down=True)),
+     "below, not judged yet: hold there"),
+    (72, 800.0, Climb(900.0, 48, looked_down=True), 6.0, (48, Climb(900.0, 48, 36.0, 1, looked_down=True)),
+     "it cost tokens, below looked at: back to 48, hold 30 s"),
+    (72, 800.0, Climb(900.0, 48, 0.0, 2, looked_down=True), 6.0, (48, Climb(900.0, 48, 126.0, 3, looked_down=True)),
+     "a third failed probe: hold 120 s"),
+    (72, 800.0, Climb(900.0, 48, 0.0, 9, looked_down=True), 6.0, (48, Climb(900.0, 48, 606.0, 10, looked_down=True)),
+     "never longer than max_hold_s"),
     (48, 880.0, Climb(900.0, 48, 36.0, 2), 37.0, (54, Climb(880.0, 48, 0.0, 2)), "after two failures: a step of 1/8"),
     (54, 990.0, Climb(880.0, 48, 0.0, 2), 40.0, (81, Climb(990.0, 54)), "a probe that paid: failures forgotten"),
     (72, 910.0, Climb(900.0, 48), 6.0, (90, Climb(900.0, 48)), "about flat: probe on by a quarter"),
@@ -181,8 +192,8 @@ def test_growing_stops_where_it_buys_no_more_tokens(limit, rate, climb, now, exp
 def test_a_limit_that_cost_tokens_steps_back_though_not_all_of_it_is_in_flight():
     """Run 12 (H200, 512-token answers): 576 in flight gave 15 000 tokens/s where 384 gave 26 000, and the limit
     stayed three valleys: the step back waited for the limit to be used, which a valley's edges rarely show."""
-    got = next_limit(576, 500, Sample(500, 0), P, 15_000.0, Climb(26_000.0, 384), 10.0)
-    assert got == (384, Climb(26_000.0, 384, 40.0, 1))
+    got = next_limit(576, 500, Sample(500, 0), P, 15_000.0, Climb(26_000.0, 384, looked_down=True), 10.0)
+    assert got == (384, Climb(26_000.0, 384, 40.0, 1, looked_down=True))
 
 
 @pytest.mark.parametrize("sample, expected, why", [
@@ -194,10 +205,10 @@ def test_an_unsettled_limit_only_shrinks_or_holds(sample, expected, why):
     assert next_limit(48, 48, sample, P, None, Climb(900.0, 32), 5.0, settled=False, previous=sample)[0] == expected, why
 
 
-def _series(server_max: int, knee: int, steps: int = 60, past: float = 0.0) -> list[int]:
+def _series(server_max: int, knee: int, steps: int = 60, past: float = 0.0, start: int = 32) -> list[int]:
     """A server that runs at most ``server_max`` at once and generates in proportion to what runs up to ``knee``;
     past it the rate falls by ``past`` per doubling."""
-    limit, climb, seen, previous = 32, Climb(), [], None
+    limit, climb, seen, previous = start, Climb(), [], None
     for t in range(steps):
         running = min(limit, server_max)
         rate = 1000.0 * min(running, knee) * (1 - past) ** math.log2(max(1.0, running / knee)) if t else None
@@ -219,6 +230,14 @@ def test_a_series_stops_past_the_compute_knee_where_more_in_flight_costs_tokens(
     settles near the knee, not at 1 024."""
     seen = _series(server_max=1024, knee=200, past=0.2)
     assert max(seen[-20:]) <= 1.5 * 1.25 * 243 and min(seen[-20:]) >= 162, seen[-20:]
+
+
+def test_a_start_past_the_knee_is_left_downwards():
+    """This H200's vLLM with 512-token answers gave the most tokens near 128 in flight and fewer at 256 and 512 (its
+    API server's CPU): started at 256, the first probe up fails, the one below pays, and the limit settles under
+    256 rather than staying where it started."""
+    seen = _series(server_max=1024, knee=128, past=0.2, start=256, steps=120)
+    assert max(seen[-40:]) < 256 and min(seen[-40:]) >= 64, seen[-40:]
 
 
 def test_probes_past_a_steep_knee_cost_less_and_less():

@@ -11,6 +11,10 @@ batch), never more than the ceiling. Pure: vLLM's ``/metrics`` in, a number out;
   a row doubling the next hold (up to ``max_hold_s``) and halving the next probe's step. A rate about flat
   (within ``gain``) probes on in smaller steps: on an H200 with short completions vLLM's API server, not the GPU,
   sets the pace, and more in flight keeps its running batch fuller between the waves of answers.
+* **A probe up that failed looks below once**: the limit it started from may itself be past the knee (a start of
+  256 where 128 gives the most, as this H200's API server with 512-token answers did): one step down; while a step
+  down raises the rate by ``gain`` it goes on down, else back to the best limit and hold. After the hold the search
+  starts over from there, so both sides are looked at again, each time less often.
 * **A queue longer than wanted while the server is full**: shrink to what it runs plus the wanted queue. Full: its KV
   cache nearly so, or a long queue at two samples in a row with no more running at the second (``max_num_seqs``).
   A queue behind a running count still growing is admission, not a full server: lines sent at once when a wave of
@@ -25,7 +29,7 @@ The wanted queue is ``max(min_queue, queue_fraction × running)``: a few request
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 RUNNING = ("vllm:num_requests_running",)
 WAITING = ("vllm:num_requests_waiting",)
@@ -55,6 +59,10 @@ class Climb:
     failed: int = 0
     """Probes in a row that cost tokens: each doubles the next hold and halves the next probe's step (a probe past
     the knee is paid for a whole window: on an H200 with 512-token answers 576 in flight gave half the tokens of 384)."""
+    down: bool = False
+    """Probing below the best limit (after a probe above it failed)."""
+    looked_down: bool = False
+    """Below the best limit was looked at since the search (re)started: a failed probe up only holds."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,8 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
         return clamp(limit), climb
     if not settled:
         return clamp(limit), climb
+    if climb.down:
+        return _down(limit, rate, climb, policy, now)
     growth = policy.growth
     if rate is not None and rate > climb.best_rate * (1 + policy.gain):
         if climb.best_rate and rate > climb.best_rate * (1 + 4 * policy.gain):
@@ -150,8 +160,11 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
         growth = 1 + (policy.growth - 1) / 2 ** (1 + climb.failed)  # about flat: probe on, in smaller steps
     if (rate is not None and climb.best_limit and limit > climb.best_limit and rate < climb.best_rate * (1 - policy.gain)
             and not (climb.hold_until and now >= climb.hold_until)):  # it cost tokens: back, whatever is in flight
+        if not climb.looked_down and climb.best_limit > policy.floor:  # is the best limit itself past the knee?
+            return clamp(math.floor(climb.best_limit / policy.growth)), replace(climb, down=True, looked_down=True)
         hold = min(policy.max_hold_s, policy.hold_s * 2 ** climb.failed)
-        return clamp(climb.best_limit), Climb(climb.best_rate, climb.best_limit, now + hold, climb.failed + 1)
+        return clamp(climb.best_limit), Climb(climb.best_rate, climb.best_limit, now + hold, climb.failed + 1,
+                                              looked_down=True)
     if not (sample.waiting < want and inflight >= policy.busy * limit):
         return clamp(limit), climb
     if now < climb.hold_until:
@@ -159,6 +172,21 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
     if climb.hold_until and now >= climb.hold_until:  # the hold is over: probe again from here, more gently after failures
         climb, growth = Climb(rate or 0.0, limit, failed=climb.failed), 1 + (policy.growth - 1) / 2 ** climb.failed
     return clamp(max(limit + 1, math.ceil(limit * growth))), climb
+
+
+def _down(limit: int, rate: float | None, climb: Climb, policy: Policy, now: float) -> tuple[int, Climb]:
+    """A probe below the best limit, judged on its settled rate: better by ``gain``, the new best, and one step
+    further down; else back to the best limit and hold (the probe up that led here counts as failed)."""
+    if rate is None:
+        return max(policy.floor, limit), climb
+    if rate > climb.best_rate * (1 + policy.gain):
+        lower = max(policy.floor, math.floor(limit / policy.growth))
+        if lower >= limit:
+            return limit, Climb(rate, limit, looked_down=True)
+        return lower, Climb(rate, limit, down=True, looked_down=True)
+    hold = min(policy.max_hold_s, policy.hold_s * 2 ** climb.failed)
+    return min(policy.ceiling, climb.best_limit), Climb(climb.best_rate, climb.best_limit, now + hold, climb.failed + 1,
+                                                        looked_down=True)
 
 
 __all__ = ["Climb", "Policy", "Sample", "full", "next_limit", "parse_metrics"]
