@@ -406,3 +406,39 @@ def test_a_falling_limit_cancels_the_newest_sends_and_their_lines_go_again_untri
     assert tenant.stats()["completed"] == 10 and tenant.stats()["cancelled"] == 5
     tries = store.query("SELECT attempts FROM lines WHERE batch_id = ?", (bid,))
     assert [r["attempts"] for r in tries] == [1] * 10
+
+
+def test_sends_shed_before_they_ever_ran_free_their_slots_and_lines(tmp_path, procs):
+    """The newest sends are the ones just launched: cancelled in the loop step that made them, their coroutines
+    never run (a ``finally`` inside them would never free the slot: in a dry run five slots stayed taken and the
+    batch never ended). Their slots and lines are freed all the same."""
+    import asyncio
+
+    import aiohttp
+    from agent_support import FakeVllmProc
+
+    from timeslice_verl.batch.feeder import Feeder
+    from timeslice_verl.batch.gate import Gate
+
+    tenant = FakeVllmProc()
+    procs.append(tenant)
+    tenant.post("/pause?mode=keep")
+    store = Store(tmp_path / "b.sqlite")
+    bid = store.create_batch(CHAT, "f", 86400, "24h", None, parse(_file(4), CHAT))
+
+    async def run() -> tuple[int, int]:
+        feeder = Feeder(store, tenant.url, Gate(None), policy=Policy(start=4), adapt=False)
+        async with aiohttp.ClientSession(tenant.url) as session:
+            for line in store.claim(4, now=1e12):
+                feeder._launch(session, line)
+            feeder.stats.limit = 1
+            shed = feeder.shed()
+            for _ in range(6000):  # a guard against a hang, no measurement
+                if not feeder._shed_lines and store.counts(bid)["queued"] == 3:
+                    break
+                await asyncio.sleep(0.01)
+            return shed, feeder.stats.inflight
+
+    assert asyncio.run(run()) == (3, 1)
+    assert store.counts(bid) == {"queued": 3, "inflight": 1, "completed": 0, "failed": 0}
+    assert [ln.attempts for ln in store.claim(3, now=1e12)] == [1, 1, 1], "the shed tries are not counted"

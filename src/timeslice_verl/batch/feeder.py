@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import os
 import secrets
@@ -191,11 +192,13 @@ class Feeder:
     def _launch(self, session: aiohttp.ClientSession, line: Line) -> None:
         self.stats.inflight += 1
         self.stats.sent += 1
-        self._sending[asyncio.create_task(self._send(session, line))] = line
+        task = asyncio.create_task(self._try(session, line))
+        self._sending[task] = line
+        task.add_done_callback(functools.partial(self._sent, session))
 
     def shed(self) -> int:
         """Cancel the newest sends past the limit (they lost the least); how many. Their lines go back to the queue
-        (:meth:`_send`), the try not counted."""
+        (:meth:`_sent`), the try not counted."""
         excess = self.stats.inflight - len(self._shedding) - self.stats.limit
         if excess <= 0:
             return 0
@@ -206,30 +209,31 @@ class Feeder:
         self.stats.shed += len(newest)
         return len(newest)
 
-    async def _send(self, session: aiohttp.ClientSession, line: Line) -> None:
-        task = asyncio.current_task()
+    def _sent(self, session: aiohttp.ClientSession, task: asyncio.Task) -> None:
+        """A send ended: its slot is free now (its outcome is written behind it). A done callback, not the send's
+        own ``finally``: a send cancelled before it ever ran has none."""
+        line = self._sending.pop(task)
+        shed = task in self._shedding
+        self._shedding.discard(task)
+        self.stats.inflight -= 1
         outcome: Outcome | None = None
-        try:
-            outcome = await self._try(session, line)
-        except asyncio.CancelledError:
-            if task not in self._shedding:
-                raise  # the service stops: its lease lapses and the line goes back then
-        finally:
-            self._sending.pop(task, None)  # type: ignore[arg-type]
-            self._shedding.discard(task)  # type: ignore[arg-type]
-            self.stats.inflight -= 1
-            if outcome is not None:
-                self.stats.answered += 1
-            if self.gate.open and self._ready and self.stats.inflight < self.stats.limit:
-                self._launch(session, self._ready.popleft())  # the freed slot's next line, without a wake-up
-            if len(self._ready) * 2 < self.stats.limit:
-                self._room.set()  # time to claim ahead
+        if not task.cancelled():
+            exc = task.exception()
+            if exc is not None:
+                log.error("batch: sending line %s of %s failed unexpectedly", line.custom_id, line.batch_id, exc_info=exc)
+            outcome = self._again(line, f"{type(exc).__name__}: {exc}") if exc is not None else task.result()
+        if self.gate.open and self._ready and self.stats.inflight < self.stats.limit:
+            self._launch(session, self._ready.popleft())  # the freed slot's next line, without a wake-up
+        if len(self._ready) * 2 < self.stats.limit:
+            self._room.set()  # time to claim ahead
         if outcome is not None:
+            self.stats.answered += 1
             self._outcomes.put_nowait(outcome)
-            return
-        self._shed_lines.append(line)
-        if len(self._shed_lines) == 1:
-            asyncio.create_task(self._release_shed())
+        elif shed:
+            self._shed_lines.append(line)
+            if len(self._shed_lines) == 1:
+                asyncio.get_running_loop().create_task(self._release_shed())
+        # else the service stops: the line's lease lapses and it goes back to the queue then
 
     async def _release_shed(self) -> None:
         await asyncio.sleep(0)  # the rest of this shedding's sends join the one transaction
