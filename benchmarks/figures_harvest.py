@@ -1,0 +1,201 @@
+"""The harvest's and the policy tenant's tables of ``benchmarks/figures.py`` (issues 36 and 39): what
+``benchmarks/harvest.py``, ``harvest_cpu.py``, ``policy_push.py`` and ``validate_h200.sh`` committed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from figures_common import RESULTS, _f
+
+
+def _harvest_log(run: Path) -> dict[str, Any]:
+    """harvest.py's JSON lines of one run: the capacity levels and the service alone."""
+    out: dict[str, Any] = {"capacity": []}
+    for line in (run / "harvest.log").read_text().splitlines():
+        if line.startswith('{"capacity"'):
+            out["capacity"].append(json.loads(line)["capacity"])
+        elif line.startswith('{"service_alone"'):
+            out["alone"] = json.loads(line)["service_alone"]
+        elif line.startswith('{"service_fixed"'):
+            out.setdefault("fixed", []).append(json.loads(line)["service_fixed"])
+    return out
+
+
+def harvest_h200() -> str:
+    """benchmarks/harvest.py on one H200 (2026-12-01), 48-token completions, 20 000 lines: each run's capacity, the
+    service alone, and the fleet schedule time-sliced, as ratios within the run."""
+    folder = RESULTS / "2026-12-01-h200-harvest"
+    lines = ["| run | capacity best, tokens/s | service alone / capacity | fleet: serving / capacity | idle / capacity | "
+             "step ratio | wait median / max s | tokens per tenant-GPU s |", "|---|---|---|---|---|---|---|---|"]
+    for run in ("run1", "run2", "run3"):
+        got = _harvest_log(folder / run)
+        best = max(c["tokens_per_s"] for c in got["capacity"])
+        row_path = folder / run / "row-48-fleet.json"
+        r = json.loads(row_path.read_text()) if row_path.exists() else {}
+        fleet = (f"{_f(r['serving_vs_capacity'], 3)} | {_f(r['idle_vs_capacity'], 3)} | {_f(r['step_ratio'], 4)} | "
+                 f"{_f(r['wait_s_median'], 3)} / {_f(r['wait_s_max'], 3)} | {r['tokens_per_gpu_s']:.0f}") if r else "– | – | – | – | –"
+        lines.append(f"| {run[-1]} | {best:.0f} | {_f(got['alone']['tokens_per_s'] / best, 3)} | {fleet} |")
+    return "\n".join(lines)
+
+
+def harvest_h200_pause(folder: Path = RESULTS / "2026-12-02-h200-harvest",
+                       code: dict[str, str] | None = None) -> str:
+    """benchmarks/harvest.py on one H200 (2026-12-02), 20 000 lines: yields that only pause the tenant where memory
+    allows; each run's capacity and the time-sliced rows, as ratios within the run."""
+    lines = ["| run | code | mix | capacity best, tokens/s | service alone / capacity | profile | serving / capacity | "
+             "idle / capacity | step ratio | wait median / max s | tokens per tenant-GPU s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    code = code or {"run1": "9eda120 + tenants", "run2": "9eda120 + tenants", "run3": "40b5e63"}
+    for run in code:
+        got = _harvest_log(folder / run)
+        best = max(c["tokens_per_s"] for c in got["capacity"])
+        alone = _f(got["alone"]["tokens_per_s"] / best, 3) if "alone" in got else "–"
+        for row_path in sorted((folder / run).glob("row-*.json")):
+            r = json.loads(row_path.read_text())
+            lines.append(f"| {run[-1]} | {code[run]} | {r['mix_tokens']} | {best:.0f} | {alone} | {r['profile']} | "
+                         f"{_f(r['serving_vs_capacity'], 3)} | {_f(r['idle_vs_capacity'], 3)} | {_f(r['step_ratio'], 4)} | "
+                         f"{_f(r['wait_s_median'], 3)} / {_f(r['wait_s_max'], 3)} | {r['tokens_per_gpu_s']:.0f} |")
+    return "\n".join(lines)
+
+
+START256 = RESULTS / "2026-12-02-h200-harvest-start256"
+
+
+def harvest_start256_service() -> str:
+    """Run 4 of 2026-12-02-h200-harvest-start256: the service alone starting at 256 in flight, then held at 256 and at
+    512, against the capacity measured in the same run."""
+    got = _harvest_log(START256 / "run4")
+    best = max(c["tokens_per_s"] for c in got["capacity"])
+    lines = ["| the service alone, 6 000 lines of 48 tokens | tokens/s | / capacity | CPU ms per line |", "|---|---|---|---|"]
+    for label, r in [(f"starts at 256, follows vLLM (limit at end {got['alone']['limit_at_end']})", got["alone"]),
+                     *((f"held at {r['fixed']}", r) for r in got.get("fixed", []))]:
+        lines.append(f"| {label} | {r['tokens_per_s']:.0f} | {_f(r['tokens_per_s'] / best, 3)} | "
+                     f"{_f(r['service_cpu_ms_per_line'], 2)} |")
+    return "\n".join(lines)
+
+
+SESSION3 = RESULTS / "2026-12-02-h200-harvest-session3"
+
+
+def harvest_h200_session3() -> str:
+    """Runs 8–10 (one H200, 2026-12-02, third session): every ratio over the best whole-level rate of the same run's
+    capacity (an async client at 32/128/256/512 in flight: no estimator), beside the reference the run itself used."""
+    code = {"run8": "09b1462", "run9": "09b1462", "run10": "b334c21"}
+    lines = ["| run | code | mix | capacity, whole level best / the run's reference, tokens/s | service alone / capacity | "
+             "profile | serving / capacity | idle / capacity | step ratio | wait median / max s | tokens per tenant-GPU s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in code:
+        got = _harvest_log(SESSION3 / run)
+        best = max(c["tokens_per_s"] for c in got["capacity"])
+        ref = max(c.get("steady_tokens_per_s") or c["tokens_per_s"] for c in got["capacity"])
+        alone = _f(got["alone"]["tokens_per_s"] / best, 3) if "alone" in got else "–"
+        for row_path in sorted((SESSION3 / run).glob("row-*.json")):
+            r = json.loads(row_path.read_text())
+            idle = r["tokens"] / r["trainer_idle_s"] / best
+            lines.append(f"| {run[3:]} | {code[run]} | {r['mix_tokens']} | {best:.0f} / {ref:.0f} | {alone} | {r['profile']} | "
+                         f"{_f(r['tokens_per_gpu_s'] / best, 3)} | {_f(idle, 3)} | {_f(r['step_ratio'], 4)} | "
+                         f"{_f(r['wait_s_median'], 3)} / {_f(r['wait_s_max'], 3)} | {r['tokens_per_gpu_s']:.0f} |")
+    return "\n".join(lines)
+
+
+SESSION4 = RESULTS / "2026-12-02-h200-harvest-session4"
+
+
+def harvest_h200_session4() -> str:
+    """Runs 11–12 (one H200, 2026-12-02, fourth session, code ae603aa): the figures over the tokens vLLM generated
+    inside the lent valleys (``valley_figures``), the run's own steady capacity the reference; the ratios over the
+    batch's completed lines (the older measure, which counts the drain after the trainer's end) beside them."""
+    lines = ["| run | mix | capacity, steady best (whole level best), tokens/s | service alone / capacity | profile | "
+             "serving / capacity | idle / capacity | the same over completed lines | step ratio | wait median / max s | "
+             "a valley's tokens/s, lowest–highest |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in ("run11", "run12"):
+        got = _harvest_log(SESSION4 / run)
+        whole = max(c["tokens_per_s"] for c in got["capacity"])
+        for row_path in sorted((SESSION4 / run).glob("row-*.json")):
+            r = json.loads(row_path.read_text())
+            ref = r["capacity_tokens_per_s"]
+            alone = _f(got["alone"]["tokens_per_s"] / ref, 3) if "alone" in got else "–"
+            rates = [v["tokens_per_s"] for v in r["valleys"]]
+            lines.append(f"| {run[3:]} | {r['mix_tokens']} | {ref:.0f} ({whole:.0f}) | {alone} | {r['profile']} | "
+                         f"{_f(r['serving_vs_capacity'], 3)} | {_f(r['idle_vs_capacity'], 3)} | "
+                         f"{_f(r['serving_vs_capacity_batch_tokens'], 3)} / {_f(r['idle_vs_capacity_batch_tokens'], 3)} | "
+                         f"{_f(r['step_ratio'], 4)} | {_f(r['wait_s_median'], 3)} / {_f(r['wait_s_max'], 3)} | "
+                         f"{min(rates):.0f}–{max(rates):.0f} |")
+    return "\n".join(lines)
+
+
+def policy_push_h200() -> str:
+    """benchmarks/policy_push.py on one H200 (2026-12-02): the trainer process's weights pushed into a co-resident
+    vLLM through vLLM's IPC weight transfer, greedy answers compared."""
+    got = json.loads((RESULTS / "2026-12-02-h200-policy-push" / "policy_push.json").read_text())
+    lines = ["| step | version | push s | tensors | GB |", "|---|---|---|---|---|"]
+    for r in got["rows"]:
+        lines.append(f"| {r['step']} | {r['version'] if r['version'] is not None else '–'} | {_f(r['push_s'], 3)} | "
+                     f"{r['tensors'] or '–'} | {_f(r['gb'], 3)} |")
+    checks = ", ".join(f"{k.replace('_', ' ')}: {'yes' if v else 'NO'}" for k, v in got["checks"].items())
+    return "\n".join(lines) + f"\n\n{checks}."
+
+
+def harvest_cpu(folder: Path = RESULTS / "2026-12-01-cpu-harvest") -> str:
+    """benchmarks/harvest_cpu.py on this 2-core CPU machine: the service alone against the stand-in of known capacity,
+    this tree and the tree before the change (38d0fd7) one after the other."""
+    rows = [json.loads(x) for x in (folder / "rows.jsonl").read_text().splitlines()]
+    meta = json.loads((folder / "meta.json").read_text())
+    lines = ["| service | lines | lines/s (stand-in: %.0f) | CPU ms/line | first tenth | last tenth | peak RSS MiB |"
+             % meta["standin_capacity_lines_per_s"], "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        label = "before (38d0fd7)" if r["label"] == "baseline" else "this change"
+        lines.append(f"| {label} | {r['lines']} | {r['lines_per_s']:.0f} | {r['cpu_ms_per_line']:.3f} | "
+                     f"{r['cpu_ms_per_line_first_tenth']:.3f} | {r['cpu_ms_per_line_last_tenth']:.3f} | {r['peak_rss_mib']:.0f} |")
+    if "upload" in meta:
+        u = meta["upload"]
+        lines.append(f"\nA {u['file_mb']:.0f} MB upload (50 000 lines) and its batch: the service's RSS "
+                     f"{u['rss_before_mib']:.0f} → peak {u['rss_peak_mib']:.0f} → after {u['rss_after_mib']:.0f} MiB.")
+    return "\n".join(lines)
+
+
+SESSION5 = RESULTS / "2026-12-02-h200-harvest-session5"
+
+
+def harvest_h200_session5() -> str:
+    """Runs 13–15 (one H200, 2026-12-02, fifth session, code cb9df7f: sheds on a falling limit, looks below the
+    start): the issue's figures over the run's own steady capacity (a), and the same over the higher of (a) and the
+    service alone (b), which a short capacity level can read low."""
+    lines = ["| run | mix | capacity (a), steady best (whole level best), tokens/s | service alone (b) / (a) | profile | "
+             "serving / (a) | idle / (a) | serving, idle / max(a, b) | step ratio | wait median / max s | "
+             "a valley's tokens/s, lowest–highest | sends shed |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in ("run13", "run14", "run15"):
+        got = _harvest_log(SESSION5 / run)
+        whole = max(c["tokens_per_s"] for c in got["capacity"])
+        for row_path in sorted((SESSION5 / run).glob("row-*.json")):
+            r = json.loads(row_path.read_text())
+            ref, alone = r["capacity_tokens_per_s"], got["alone"]["tokens_per_s"]
+            high = max(ref, alone)
+            rates = [v["tokens_per_s"] for v in r["valleys"]]
+            lines.append(f"| {run[3:]} | {r['mix_tokens']} | {ref:.0f} ({whole:.0f}) | {_f(alone / ref, 3)} | "
+                         f"{r['profile']} | {_f(r['serving_vs_capacity'], 3)} | {_f(r['idle_vs_capacity'], 3)} | "
+                         f"{_f(r['serving_vs_capacity'] * ref / high, 3)}, {_f(r['idle_vs_capacity'] * ref / high, 3)} | "
+                         f"{_f(r['step_ratio'], 4)} | {_f(r['wait_s_median'], 3)} / {_f(r['wait_s_max'], 3)} | "
+                         f"{min(rates):.0f}–{max(rates):.0f} | {r['feeder']['shed']} of {r['feeder']['sent']} |")
+    return "\n".join(lines)
+
+
+def validate_h200() -> str:
+    """benchmarks/validate_h200.sh on one H200 (2026-12-02): the demo solo and validating every 2nd version through
+    a policy tenant with IPC weight transfer, the same schedule each."""
+    folder = RESULTS / "2026-12-02-h200-validate"
+    solo, shared = (json.loads((folder / f"{m}.json").read_text()) for m in ("solo", "validate"))
+    ratio = sum(s["step_s"] for s in shared["steps_detail"]) / sum(s["step_s"] for s in solo["steps_detail"])
+    v = shared["validation"]
+    wait = shared["trainer_wait_ms"]
+    lines = [f"Summed-step ratio (validating / solo, {len(solo['steps_detail'])} steps): **{ratio:.4f}**; the trainer's "
+             f"wait for the GPU p50 {_f(wait['p50'], 1)} ms, max {_f(wait['max'], 1)} ms; validations reported late: "
+             f"{len(v['late'])}.", "",
+             "| version | status | answers | push s | seconds to validate | logged at step |", "|---|---|---|---|---|---|"]
+    logged = {e["timeslice/validate/version"]: e["step"] for e in v["logged"]}
+    for r in v["runs"]:
+        lines.append(f"| {r['version']} | {r['status']} | {r['answers']} | {_f(r['push_s'], 3)} | {_f(r['seconds'], 3)} | "
+                     f"{logged.get(r['version'], '–')} |")
+    return "\n".join(lines)
