@@ -17,6 +17,9 @@ For each completion length (``--mixes 48,512``), against one vLLM and one batch 
   run's end cuts lines off, and after the trainer's last step the tenant drains what it holds, outside any valley
   (rows written before counted those: ``--rescore DIR`` recomputes them, the old ratios kept as ``*_batch_tokens``).
 
+With ``--bracket`` (a) runs again after (c): the reference is the best steady level of both passes, and each row
+also gives its figures over the higher of that and (b) (``serving_vs_highest``, ``idle_vs_highest``): one short
+pass can read low, and every ratio over it high (run 15 of 2026-12-02). The scoring is ``harvest_score.py``.
 vLLM's ``num_requests_running`` / ``waiting`` are sampled every 100 ms throughout (``inflight.jsonl``). Each
 time-sliced row is written as ``row-<mix>-<profile>.json`` with the keys the issue names; ``harvest.json`` holds
 everything; the table is printed last.
@@ -44,6 +47,8 @@ import psutil
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harvest_score import (bracketed, counter_at, phase_generated, rescore, steady_best,  # noqa: E402,F401
+                           valley_figures, valley_tokens)
 from valleys import row as valley_row  # noqa: E402
 
 from timeslice_verl.batch.client import BatchClient, served_model  # noqa: E402
@@ -122,15 +127,17 @@ async def _capacity(url: str, bodies: list[bytes], inflight: int) -> dict[str, A
             "steady_s": round(t2 - t1, 3), "steady_tokens_per_s": round(steady, 1) if steady else None}
 
 
-def capacity(url: str, path: Path, per_level: int, levels: list[int], sampler: Sampler) -> list[dict[str, Any]]:
-    """Each level sends ``per_level`` × its requests in flight (at least 256): long enough for a steady state."""
+def capacity(url: str, path: Path, per_level: int, levels: list[int], sampler: Sampler,
+             after: bool = False) -> list[dict[str, Any]]:
+    """Each level sends ``per_level`` × its requests in flight (at least 256): long enough for a steady state.
+    ``after``: the pass after (c) (``--bracket``), logged as ``capacity_after``."""
     bodies = [json.dumps(json.loads(line)["body"]).encode() for line in path.read_text().splitlines()]
     asyncio.run(_capacity(url, bodies[: min(64, len(bodies))], 32))  # warm: compiled graphs, connections
     out = []
     for level in levels:
-        sampler.phase = f"capacity-{level}"
+        sampler.phase = f"capacity-{'after-' if after else ''}{level}"
         out.append(asyncio.run(_capacity(url, bodies[: max(256, per_level * level)], level)))
-        print(json.dumps({"capacity": out[-1]}), flush=True)
+        print(json.dumps({"capacity_after" if after else "capacity": out[-1]}), flush=True)
     return out
 
 
@@ -182,67 +189,6 @@ def _watch_feeder(url: str, key: str, path: Path, stop: threading.Event) -> None
                                 "answered": feeder.get("answered"), "written": feeder.get("written")}) + "\n")
 
 
-def valley_tokens(run_jsonl: Path, inflight: Path, phase: str) -> list[dict[str, Any]]:
-    """Each lent valley of a time-sliced run (a release to the next acquire, from its ``run.jsonl``) with the tokens
-    vLLM generated in it (its counter, as the sampler read it in ``phase``)."""
-    events = [json.loads(x) for x in run_jsonl.read_text().split("\n") if x]
-    marks = [(e["time"], e["action"]) for e in events if e.get("hook") == "handoff" and e.get("ok", True)]
-    reads = [(r["t"], r["generated"]) for r in (json.loads(x) for x in inflight.read_text().split("\n") if x)
-             if r.get("phase") == phase and r.get("generated") is not None]
-    out = []
-    for (t0, a0), (t1, a1) in zip(marks, marks[1:]):
-        g0, g1 = counter_at(reads, t0), counter_at(reads, t1)
-        if a0 == "release" and a1 == "acquire" and g0 is not None and g1 is not None:
-            out.append({"start": round(t0, 3), "seconds": round(t1 - t0, 3), "tokens": round(g1 - g0),
-                        "tokens_per_s": round((g1 - g0) / (t1 - t0), 1) if t1 > t0 else None})
-    return out
-
-
-def counter_at(reads: list[tuple[float, float]], t: float) -> float | None:
-    """vLLM's counter at ``t``, linear between the two reads around it (read every 100 ms: taking the reads inside
-    a valley alone would miss up to a tenth of a second at each end); None outside the reads."""
-    for (ta, ga), (tb, gb) in zip(reads, reads[1:]):
-        if ta <= t <= tb:
-            return ga + (gb - ga) * ((t - ta) / (tb - ta) if tb > ta else 0.0)
-    return None
-
-
-def phase_generated(inflight: Path, phase: str) -> float:
-    """Tokens vLLM generated through one phase (its counter, first read to last): in a time-sliced phase all of them
-    in the valleys, the tenant being paused or asleep outside them."""
-    reads = [r["generated"] for r in (json.loads(x) for x in inflight.read_text().split("\n") if x)
-             if r.get("phase") == phase and r.get("generated") is not None]
-    return reads[-1] - reads[0] if len(reads) >= 2 else 0.0
-
-
-def valley_figures(r: dict[str, Any]) -> dict[str, Any]:
-    """The harvest's two figures over the tokens vLLM generated inside the lent valleys (release → acquire, its own
-    counter): per second the tenant had the GPU in the trainer's run (the timeline's ``vLLM`` seconds) and per second
-    the trainer was idle, each over the capacity. The batch's completed lines are not the measure: the run's end cuts
-    lines off, and the tenant drains what it holds after the trainer's last step (tokens outside every valley)."""
-    tokens = sum(v["tokens"] for v in r["valleys"])
-    best = r["capacity_tokens_per_s"]
-    return {"valley_tokens": tokens,
-            "serving_vs_capacity": round(tokens / r["vllm_s"] / best, 4) if r.get("vllm_s") else None,
-            "idle_vs_capacity": round(tokens / r["trainer_idle_s"] / best, 4) if r.get("trainer_idle_s") else None}
-
-
-def rescore(folder: Path) -> None:
-    """Rows written before :func:`valley_figures` (their ratios over the batch's completed lines): the figures again
-    from the raw data beside them, the old ratios kept as ``*_batch_tokens``."""
-    for path in sorted(folder.glob("row-*.json")):
-        r = json.loads(path.read_text())
-        if "valley_tokens" in r:
-            continue
-        auto = folder / f"mix-{r['mix_tokens']}" / r["profile"] / "auto"
-        summary = json.loads((auto / "summary.json").read_text())
-        r["valleys"] = valley_tokens(auto / "run.jsonl", folder / "inflight.jsonl", f"timesliced-{r['mix_tokens']}-{r['profile']}")
-        r["serving_vs_capacity_batch_tokens"], r["idle_vs_capacity_batch_tokens"] = r["serving_vs_capacity"], r["idle_vs_capacity"]
-        r["batch_tokens"], r["vllm_s"] = r.pop("tokens"), summary["seconds"]["vLLM"]
-        r.update(valley_figures(r))
-        path.write_text(json.dumps(r, indent=1) + "\n")
-
-
 def timesliced(args: argparse.Namespace, url: str, mix: int, profile: str, best: float, sampler: Sampler) -> dict[str, Any]:
     base = DemoOptions(steps=args.steps, rollout_s=args.rollout_s, train_s=args.train_s, device=args.device, gib=args.gib,
                        vllm_url=url, clients=args.start_inflight, seed=args.seed, batch_lines=args.lines, max_tokens=mix, profile=profile)
@@ -285,6 +231,8 @@ def main() -> int:
     ap.add_argument("--rollout-s", type=float, default=4.0)
     ap.add_argument("--train-s", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bracket", action="store_true", help="(a) again after (c): the reference is the best of both "
+                    "passes, and each row also says its figures over the higher of that and (b)")
     ap.add_argument("--rescore", type=Path, help="recompute the rows of a results folder written before valley_figures")
     args = ap.parse_args()
     if args.rescore:
@@ -305,26 +253,7 @@ def main() -> int:
     try:
         with Sampler(url, args.out / "inflight.jsonl") as sampler:
             for mix in (int(m) for m in args.mixes.split(",")):
-                path = write_input(args.out / f"input-{mix}.jsonl", args.lines, served_model(url), mix)
-                got: dict[str, Any] = {}
-                result["mixes"][str(mix)] = got
-                if "a" in parts:
-                    got["capacity"] = capacity(url, path, args.capacity_per_level, [int(x) for x in args.levels.split(",")], sampler)
-                best = max((c.get("steady_tokens_per_s") or c["tokens_per_s"] for c in got.get("capacity", [])), default=0.0)
-                if "b" in parts:
-                    got["service_alone"] = service_alone(url, _head(path, args.alone_lines), args.out / f"mix-{mix}" / "service",
-                                                         args.alone_lines or args.lines, sampler, start=args.start_inflight)
-                    got["service_alone"]["vs_capacity"] = round(got["service_alone"]["tokens_per_s"] / best, 4) if best else None
-                    print(json.dumps({"service_alone": got["service_alone"]}), flush=True)
-                for fixed in (int(x) for x in args.alone_fixed.split(",") if x):
-                    row = service_alone(url, _head(path, args.alone_lines), args.out / f"mix-{mix}" / f"service-{fixed}",
-                                        args.alone_lines or args.lines, sampler, fixed)
-                    row["vs_capacity"] = round(row["tokens_per_s"] / best, 4) if best else None
-                    got.setdefault("service_fixed", []).append(row)
-                    print(json.dumps({"service_fixed": row}), flush=True)
-                if "c" in parts and best:
-                    got["timesliced"] = [timesliced(args, url, mix, p, best, sampler) for p in args.profiles.split(",")]
-                path.unlink()
+                result["mixes"][str(mix)] = run_mix(args, url, mix, parts, sampler)
                 (args.out / "harvest.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     finally:
         if fake is not None:
@@ -332,6 +261,37 @@ def main() -> int:
             fake.wait(30)
     print(table(result))
     return 0
+
+
+def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampler: Sampler) -> dict[str, Any]:
+    """(a), (b) and (c) for one prompt mix; with ``--bracket``, (a) again after (c), the reference the best of both
+    (a capacity level is short: read once it can read low, and every ratio over it high)."""
+    path = write_input(args.out / f"input-{mix}.jsonl", args.lines, served_model(url), mix)
+    levels = [int(x) for x in args.levels.split(",")]
+    got: dict[str, Any] = {}
+    if "a" in parts:
+        got["capacity"] = capacity(url, path, args.capacity_per_level, levels, sampler)
+    best = steady_best(got.get("capacity", []))
+    if "b" in parts:
+        got["service_alone"] = service_alone(url, _head(path, args.alone_lines), args.out / f"mix-{mix}" / "service",
+                                             args.alone_lines or args.lines, sampler, start=args.start_inflight)
+        got["service_alone"]["vs_capacity"] = round(got["service_alone"]["tokens_per_s"] / best, 4) if best else None
+        print(json.dumps({"service_alone": got["service_alone"]}), flush=True)
+    for fixed in (int(x) for x in args.alone_fixed.split(",") if x):
+        row = service_alone(url, _head(path, args.alone_lines), args.out / f"mix-{mix}" / f"service-{fixed}",
+                            args.alone_lines or args.lines, sampler, fixed)
+        row["vs_capacity"] = round(row["tokens_per_s"] / best, 4) if best else None
+        got.setdefault("service_fixed", []).append(row)
+        print(json.dumps({"service_fixed": row}), flush=True)
+    if "c" in parts and best:
+        got["timesliced"] = [timesliced(args, url, mix, p, best, sampler) for p in args.profiles.split(",")]
+        if args.bracket:
+            got["capacity_after"] = capacity(url, path, args.capacity_per_level, levels, sampler, after=True)
+            alone = (got.get("service_alone") or {}).get("tokens_per_s")
+            got["timesliced"] = [bracketed(args.out, r, best, steady_best(got["capacity_after"]), alone)
+                                 for r in got["timesliced"]]
+    path.unlink()
+    return got
 
 
 def _head(path: Path, n: int) -> Path:
@@ -370,10 +330,15 @@ def table(result: dict[str, Any]) -> str:
         for s in got.get("service_fixed", []):
             out.append(f"  service, {s['fixed']} in flight: {s['tokens_per_s']:.0f} tokens/s ({s['vs_capacity']} of capacity), "
                        f"{s['completed']}/{s['lines']} lines")
+        if "capacity_after" in got:
+            caps = ", ".join(f"{c['inflight']}: {c['tokens_per_s']:.0f}" for c in got["capacity_after"])
+            out.append(f"  capacity again after (c): {caps}; the reference: the best steady level of both passes")
         for r in got.get("timesliced", []):
+            strict = (f"  (over the higher of it and (b): {r['serving_vs_highest']} / {r['idle_vs_highest']})"
+                      if "serving_vs_highest" in r else "")
             out.append(f"  {r['profile']:9} serving/capacity {r['serving_vs_capacity']}  idle/capacity {r['idle_vs_capacity']}  "
                        f"step ratio {r['step_ratio']}  wait median {r['wait_s_median']} s max {r['wait_s_max']} s  "
-                       f"vLLM of idle {r['vllm_of_idle']}  lost {r['lost']} twice {r['twice']}")
+                       f"vLLM of idle {r['vllm_of_idle']}  lost {r['lost']} twice {r['twice']}{strict}")
     return "\n".join(out)
 
 

@@ -363,6 +363,14 @@ def test_the_harvest_benchmark_counts_each_valleys_tokens_from_vllms_counter(tmp
     assert harvest.phase_generated(inflight, "p") == 2700 and harvest.phase_generated(inflight, "none") == 0
     figures = harvest.valley_figures({"valleys": got, "capacity_tokens_per_s": 100.0, "vllm_s": 5.0, "trainer_idle_s": 6.0})
     assert figures == {"valley_tokens": 2496, "serving_vs_capacity": 4.992, "idle_vs_capacity": 4.16}
+    # --bracket: (a) again after (c); the row over the best of both passes, and over the higher of that and (b)
+    row = {"valleys": got, "capacity_tokens_per_s": 100.0, "vllm_s": 5.0, "trainer_idle_s": 6.0, "mix_tokens": 48,
+           "profile": "fleet"}
+    again = harvest.bracketed(tmp_path, row, 100.0, 160.0, 200.0)
+    assert (again["capacity_tokens_per_s"], again["serving_vs_capacity"], again["idle_vs_capacity"]) == (160.0, 3.12, 2.6)
+    assert (again["serving_vs_highest"], again["idle_vs_highest"]) == (2.496, 2.08)
+    assert json.loads((tmp_path / "row-48-fleet.json").read_text()) == again
+    assert harvest.steady_best([{"tokens_per_s": 90.0, "steady_tokens_per_s": 120.0}, {"tokens_per_s": 130.0}]) == 130.0
 
 
 def test_a_falling_limit_cancels_the_newest_sends_and_their_lines_go_again_untried(tmp_path, procs):

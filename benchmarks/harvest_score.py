@@ -1,0 +1,89 @@
+"""The harvest benchmark's scoring (``benchmarks/harvest.py``), pure over its raw data: each lent valley's tokens from
+vLLM's own counter, the figures over the capacity, a row read again over a bracketed capacity or recomputed from the
+files beside it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def valley_tokens(run_jsonl: Path, inflight: Path, phase: str) -> list[dict[str, Any]]:
+    """Each lent valley of a time-sliced run (a release to the next acquire, from its ``run.jsonl``) with the tokens
+    vLLM generated in it (its counter, as the sampler read it in ``phase``)."""
+    events = [json.loads(x) for x in run_jsonl.read_text().split("\n") if x]
+    marks = [(e["time"], e["action"]) for e in events if e.get("hook") == "handoff" and e.get("ok", True)]
+    reads = [(r["t"], r["generated"]) for r in (json.loads(x) for x in inflight.read_text().split("\n") if x)
+             if r.get("phase") == phase and r.get("generated") is not None]
+    out = []
+    for (t0, a0), (t1, a1) in zip(marks, marks[1:]):
+        g0, g1 = counter_at(reads, t0), counter_at(reads, t1)
+        if a0 == "release" and a1 == "acquire" and g0 is not None and g1 is not None:
+            out.append({"start": round(t0, 3), "seconds": round(t1 - t0, 3), "tokens": round(g1 - g0),
+                        "tokens_per_s": round((g1 - g0) / (t1 - t0), 1) if t1 > t0 else None})
+    return out
+
+
+def counter_at(reads: list[tuple[float, float]], t: float) -> float | None:
+    """vLLM's counter at ``t``, linear between the two reads around it (read every 100 ms: taking the reads inside
+    a valley alone would miss up to a tenth of a second at each end); None outside the reads."""
+    for (ta, ga), (tb, gb) in zip(reads, reads[1:]):
+        if ta <= t <= tb:
+            return ga + (gb - ga) * ((t - ta) / (tb - ta) if tb > ta else 0.0)
+    return None
+
+
+def phase_generated(inflight: Path, phase: str) -> float:
+    """Tokens vLLM generated through one phase (its counter, first read to last): in a time-sliced phase all of them
+    in the valleys, the tenant being paused or asleep outside them."""
+    reads = [r["generated"] for r in (json.loads(x) for x in inflight.read_text().split("\n") if x)
+             if r.get("phase") == phase and r.get("generated") is not None]
+    return reads[-1] - reads[0] if len(reads) >= 2 else 0.0
+
+
+def valley_figures(r: dict[str, Any]) -> dict[str, Any]:
+    """The harvest's two figures over the tokens vLLM generated inside the lent valleys (release → acquire, its own
+    counter): per second the tenant had the GPU in the trainer's run (the timeline's ``vLLM`` seconds) and per second
+    the trainer was idle, each over the capacity. The batch's completed lines are not the measure: the run's end cuts
+    lines off, and the tenant drains what it holds after the trainer's last step (tokens outside every valley)."""
+    tokens = sum(v["tokens"] for v in r["valleys"])
+    best = r["capacity_tokens_per_s"]
+    return {"valley_tokens": tokens,
+            "serving_vs_capacity": round(tokens / r["vllm_s"] / best, 4) if r.get("vllm_s") else None,
+            "idle_vs_capacity": round(tokens / r["trainer_idle_s"] / best, 4) if r.get("trainer_idle_s") else None}
+
+
+def rescore(folder: Path) -> None:
+    """Rows written before :func:`valley_figures` (their ratios over the batch's completed lines): the figures again
+    from the raw data beside them, the old ratios kept as ``*_batch_tokens``."""
+    for path in sorted(folder.glob("row-*.json")):
+        r = json.loads(path.read_text())
+        if "valley_tokens" in r:
+            continue
+        auto = folder / f"mix-{r['mix_tokens']}" / r["profile"] / "auto"
+        summary = json.loads((auto / "summary.json").read_text())
+        r["valleys"] = valley_tokens(auto / "run.jsonl", folder / "inflight.jsonl", f"timesliced-{r['mix_tokens']}-{r['profile']}")
+        r["serving_vs_capacity_batch_tokens"], r["idle_vs_capacity_batch_tokens"] = r["serving_vs_capacity"], r["idle_vs_capacity"]
+        r["batch_tokens"], r["vllm_s"] = r.pop("tokens"), summary["seconds"]["vLLM"]
+        r.update(valley_figures(r))
+        path.write_text(json.dumps(r, indent=1) + "\n")
+
+
+def steady_best(levels: list[dict[str, Any]]) -> float:
+    """A capacity pass's best level: its steady rate (the first and last waves left out), else its whole one."""
+    return max((c.get("steady_tokens_per_s") or c["tokens_per_s"] for c in levels), default=0.0)
+
+
+def bracketed(out: Path, r: dict[str, Any], before: float, after: float, alone: float | None) -> dict[str, Any]:
+    """A time-sliced row over the best of the capacity passes around it (its file rewritten), and over the higher of
+    that and the service alone (``*_vs_highest``): the strictest reading of the same tokens."""
+    r = dict(r, capacity_before=before, capacity_after=after, capacity_tokens_per_s=max(before, after),
+             service_alone_tokens_per_s=alone)
+    r.update(valley_figures(r))
+    high = max(r["capacity_tokens_per_s"], alone or 0.0)
+    for key in ("serving", "idle"):
+        value = r.get(f"{key}_vs_capacity")
+        r[f"{key}_vs_highest"] = round(value * r["capacity_tokens_per_s"] / high, 4) if value is not None else None
+    (out / f"row-{r['mix_tokens']}-{r['profile']}.json").write_text(json.dumps(r, indent=1) + "\n")
+    return r
