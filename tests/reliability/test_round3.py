@@ -69,7 +69,7 @@ def test_the_agent_answers_others_and_says_which_tenant_call_it_waits_for(tmp_pa
         done.set()
 
     threading.Thread(target=acquire, daemon=True).start()
-    status = eventually(lambda: "POST /pause" in (s := agent.status())["waiting_for"] and s, timeout=30,
+    status = eventually(lambda: "POST /pause" in (s := agent.status())["waiting_for"] and s,
                         what="the yield to reach /pause")
     assert status["waiting_for"].startswith(f"POST /pause?mode=keep&clear_cache=false on {vllm.url} for ")
     assert "tenant yield" in status["transition"]
