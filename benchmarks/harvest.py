@@ -17,6 +17,8 @@ For each completion length (``--mixes 48,512``), against one vLLM and one batch 
   run's end cuts lines off, and after the trainer's last step the tenant drains what it holds, outside any valley
   (rows written before counted those: ``--rescore DIR`` recomputes them, the old ratios kept as ``*_batch_tokens``).
 
+With ``--capacity-s S`` each level of (a) keeps its requests out for S seconds (the bodies sent round again) instead
+of ``--capacity-per-level`` lines per slot: with 512-token answers a few waves leave a steady window of 2–3 s.
 With ``--bracket`` (a) runs again after (c): the reference is the best steady level of both passes, and each row
 also gives its figures over the higher of that and (b) (``serving_vs_highest``, ``idle_vs_highest``): one short
 pass can read low, and every ratio over it high (run 15 of 2026-12-02). The scoring is ``harvest_score.py``.
@@ -94,49 +96,59 @@ async def _generated(session: aiohttp.ClientSession) -> tuple[float, float | Non
     return time.monotonic(), sample.generated if sample is not None else None
 
 
-async def _capacity(url: str, bodies: list[bytes], inflight: int) -> dict[str, Any]:
-    """``inflight`` requests kept out until the bodies run out. Besides the whole run's rate, the steady rate: the
-    tokens vLLM generated (its own counter) from the first answer (the pipeline primed) to the last request sent (from
-    then on fewer are out) — what a batch service that keeps the server full can get; the start and end of a short
-    run read the whole rate low. (Counting the answers that came in that span instead read twice the rate where
-    answers of one length come in waves: the span opens at the end of the first wave and closes at the end of the
-    second, which both fall in it.)"""
-    sem, done, marks = asyncio.Semaphore(inflight), [], {}
+async def _capacity(url: str, bodies: list[bytes], inflight: int, seconds: float = 0.0) -> dict[str, Any]:
+    """``inflight`` requests kept out until the bodies run out (``seconds``: until that long has passed, the bodies
+    sent round again). Besides the whole run's rate, the steady rate: the tokens vLLM generated (its own counter)
+    from the first answer (the pipeline primed) to the last request sent (from then on fewer are out) — what a batch
+    service that keeps the server full can get; the start and end of a short run read the whole rate low. (Counting
+    the answers that came in that span instead read twice the rate where answers of one length come in waves: the
+    span opens at the end of the first wave and closes at the end of the second, which both fall in it.)"""
+    done: list[tuple[float, int]] = []
+    marks: dict[str, asyncio.Future] = {}
     sent = {"n": 0}
     async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=3600)) as session:
-        async def one(body: bytes) -> None:
-            async with sem:
+        t0 = time.monotonic()
+
+        def more() -> bool:
+            return time.monotonic() < t0 + seconds if seconds else sent["n"] < len(bodies)
+
+        async def worker() -> None:
+            while True:
+                if not more():  # time is up: the first worker to see it marks the end of the steady window
+                    marks.setdefault("last", asyncio.ensure_future(_generated(session)))
+                    return
+                body = bodies[sent["n"] % len(bodies)]
                 sent["n"] += 1
-                if sent["n"] == len(bodies):
-                    marks["last"] = asyncio.ensure_future(_generated(session))
+                if not seconds and not more():  # the last body sent: fewer are out from here on
+                    marks.setdefault("last", asyncio.ensure_future(_generated(session)))
                 async with session.post("/v1/completions", data=body, headers={"Content-Type": "application/json"}) as resp:
                     data = await resp.json()
                 done.append((time.monotonic(), int(data["usage"]["completion_tokens"])))
                 if "first" not in marks:
                     marks["first"] = asyncio.ensure_future(_generated(session))
 
-        t0 = time.monotonic()
-        await asyncio.gather(*(one(b) for b in bodies))
+        await asyncio.gather(*(worker() for _ in range(inflight)))
         wall = time.monotonic() - t0
-        (t1, g1), (t2, g2) = await marks["first"], await marks["last"]
+        (t1, g1), (t2, g2) = (await marks["first"], await marks["last"]) if "first" in marks else ((0.0, None), (0.0, None))
     tokens = sum(n for _, n in done)
     steady = (g2 - g1) / (t2 - t1) if g1 is not None and g2 is not None and t2 > t1 else None
-    return {"inflight": inflight, "lines": len(bodies), "wall_s": round(wall, 3), "tokens": tokens,
-            "tokens_per_s": round(tokens / wall, 1), "lines_per_s": round(len(bodies) / wall, 1),
+    return {"inflight": inflight, "lines": sent["n"], "wall_s": round(wall, 3), "tokens": tokens,
+            "tokens_per_s": round(tokens / wall, 1), "lines_per_s": round(sent["n"] / wall, 1),
             "steady_s": round(t2 - t1, 3), "steady_tokens_per_s": round(steady, 1) if steady else None}
 
 
 def capacity(url: str, path: Path, per_level: int, levels: list[int], sampler: Sampler,
-             after: bool = False) -> list[dict[str, Any]]:
-    """Each level sends ``per_level`` × its requests in flight (at least 256): long enough for a steady state.
-    ``after``: the pass after (c) (``--bracket``), logged as ``capacity_after``."""
+             after: bool = False, seconds: float = 0.0) -> list[dict[str, Any]]:
+    """Each level sends ``per_level`` × its requests in flight (at least 256), or keeps them out for ``seconds``
+    (``--capacity-s``: with long answers a few waves leave a steady window of 2–3 s, which read 15–30 % apart from
+    run to run). ``after``: the pass after (c) (``--bracket``), logged as ``capacity_after``."""
     bodies = [json.dumps(json.loads(line)["body"]).encode() for line in path.read_text().splitlines()]
     asyncio.run(_capacity(url, bodies[: min(64, len(bodies))], 32))  # warm: compiled graphs, connections
     out = []
     for level in levels:
         sampler.phase = f"capacity-{'after-' if after else ''}{level}"
-        out.append(asyncio.run(_capacity(url, bodies[: max(256, per_level * level)], level)))
+        out.append(asyncio.run(_capacity(url, bodies[: max(256, per_level * level)], level, seconds)))
         print(json.dumps({"capacity_after" if after else "capacity": out[-1]}), flush=True)
     return out
 
@@ -220,6 +232,8 @@ def main() -> int:
     ap.add_argument("--alone-lines", type=int, default=0, help="(b)'s lines (0: --lines)")
     ap.add_argument("--capacity-per-level", type=int, default=12, help="lines per request in flight, at each level")
     ap.add_argument("--levels", default="32,128,256,512")
+    ap.add_argument("--capacity-s", type=float, default=0.0, help="each level kept full this long (0: "
+                    "--capacity-per-level lines per slot)")
     ap.add_argument("--profiles", default="fleet,longtail")
     ap.add_argument("--parts", default="a,b,c", help="which of (a) capacity, (b) service alone, (c) time-sliced")
     ap.add_argument("--start-inflight", type=int, default=256, help="the service's lines in flight at the start "
@@ -270,7 +284,7 @@ def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampl
     levels = [int(x) for x in args.levels.split(",")]
     got: dict[str, Any] = {}
     if "a" in parts:
-        got["capacity"] = capacity(url, path, args.capacity_per_level, levels, sampler)
+        got["capacity"] = capacity(url, path, args.capacity_per_level, levels, sampler, seconds=args.capacity_s)
     best = steady_best(got.get("capacity", []))
     if "b" in parts:
         got["service_alone"] = service_alone(url, _head(path, args.alone_lines), args.out / f"mix-{mix}" / "service",
@@ -286,7 +300,8 @@ def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampl
     if "c" in parts and best:
         got["timesliced"] = [timesliced(args, url, mix, p, best, sampler) for p in args.profiles.split(",")]
         if args.bracket:
-            got["capacity_after"] = capacity(url, path, args.capacity_per_level, levels, sampler, after=True)
+            got["capacity_after"] = capacity(url, path, args.capacity_per_level, levels, sampler, after=True,
+                                             seconds=args.capacity_s)
             alone = (got.get("service_alone") or {}).get("tokens_per_s")
             got["timesliced"] = [bracketed(args.out, r, best, steady_best(got["capacity_after"]), alone)
                                  for r in got["timesliced"]]
