@@ -318,9 +318,13 @@ def test_status_shows_the_supervisor_the_ladder_and_the_batch_without_control_ch
     assert "reclaim ladder: kill 1x" in text and "\x1b" not in text and "\x07" not in text and "\r" not in text
     batch = render_batch({"tenant": "http://t", "gate": {"open": True, "source": "agent"}, "tokens_per_s_open": 512.0,
                           "lines": {"queued": 5, "inflight": 2, "done": 90, "retried": 3, "failed": 1},
+                          "tenants": [{"tenant": "http://t\x1b[2J", "limit": 256, "inflight": 2, "sent": 99,
+                                       "answered": 90, "shed": 7}],
                           "open_batches": [{"id": "batch_x", "status": "in_progress", "total": 100, "completed": 90,
                                             "failed": 1}]})
     assert "completed 90, retried 3, failed 1; 512 tokens/s" in batch and "batch_x  in_progress 91/100 (91 %)" in batch
+    assert "2 in flight of a limit of 256 (it follows vLLM); 99 sent, 90 answered, 7 shed when the limit fell" in batch
+    assert "\x1b" not in batch
 
 
 @pytest.mark.parametrize("answer", [b"<html>proxy error</html>", b"\x1b[2Jnot json", b"[1, 2]"])

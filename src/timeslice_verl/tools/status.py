@@ -85,6 +85,10 @@ def render_batch(summary: dict[str, Any]) -> str:
            f"lines queued {lines.get('queued', 0)}, in flight {lines.get('inflight', 0)}, completed {lines.get('done', 0)}, "
            f"retried {lines.get('retried', 0)}, failed {lines.get('failed', 0)}"
            + (f"; {rate:.0f} tokens/s while the tenant had the GPU" if rate else "")]
+    for t in summary.get("tenants") or []:
+        out.append(f"  to {clean(t.get('tenant', '?'))}: {t.get('inflight', 0)} in flight of a limit of {t.get('limit', 0)} "
+                   f"(it follows vLLM); {t.get('sent', 0)} sent, {t.get('answered', 0)} answered"
+                   + (f", {t['shed']} shed when the limit fell" if t.get("shed") else ""))
     if summary.get("key_file"):
         out.append(f"  API key: {clean(summary['key_file'])} (timeslice-verl batch key prints it)")
     for b in summary.get("open_batches") or []:
