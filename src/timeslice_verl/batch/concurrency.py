@@ -162,9 +162,7 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
             and not (climb.hold_until and now >= climb.hold_until)):  # it cost tokens: back, whatever is in flight
         if not climb.looked_down and climb.best_limit > policy.floor:  # is the best limit itself past the knee?
             return clamp(math.floor(climb.best_limit / policy.growth)), replace(climb, down=True, looked_down=True)
-        hold = min(policy.max_hold_s, policy.hold_s * 2 ** climb.failed)
-        return clamp(climb.best_limit), Climb(climb.best_rate, climb.best_limit, now + hold, climb.failed + 1,
-                                              looked_down=True)
+        return _back(climb, policy, now)
     if not (sample.waiting < want and inflight >= policy.busy * limit):
         return clamp(limit), climb
     if now < climb.hold_until:
@@ -184,9 +182,15 @@ def _down(limit: int, rate: float | None, climb: Climb, policy: Policy, now: flo
         if lower >= limit:
             return limit, Climb(rate, limit, looked_down=True)
         return lower, Climb(rate, limit, down=True, looked_down=True)
+    return _back(climb, policy, now)
+
+
+def _back(climb: Climb, policy: Policy, now: float) -> tuple[int, Climb]:
+    """A probe that cost tokens (up, or the look below after it): back to the best limit, and hold it — the longer,
+    the more probes in a row have failed."""
     hold = min(policy.max_hold_s, policy.hold_s * 2 ** climb.failed)
-    return min(policy.ceiling, climb.best_limit), Climb(climb.best_rate, climb.best_limit, now + hold, climb.failed + 1,
-                                                        looked_down=True)
+    return (max(policy.floor, min(policy.ceiling, climb.best_limit)),
+            Climb(climb.best_rate, climb.best_limit, now + hold, climb.failed + 1, looked_down=True))
 
 
 __all__ = ["Climb", "Policy", "Sample", "full", "next_limit", "parse_metrics"]

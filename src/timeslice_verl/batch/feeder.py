@@ -22,6 +22,7 @@ import asyncio
 import collections
 import functools
 import json
+import logging
 import os
 import secrets
 import socket
@@ -346,16 +347,14 @@ class Feeder:
                 self.stats.limit, climb = next_limit(before, self.stats.inflight, sample, self.policy,
                                                      rate if settled else None, climb, now, settled, previous)
                 previous = sample
-                if self.stats.limit != before:
-                    last = None
-                if self.stats.limit < before and (n := self.shed()):
-                    log.info("batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f, %s tokens/s): the %d newest "
-                             "sends cancelled, their lines queued again", before, self.stats.limit, sample.running,
-                             sample.waiting, f"{rate:.0f}" if rate else "?", n)
                 self.stats.samples = [*self.stats.samples[-599:], (time.time(), sample.running, sample.waiting)]
                 if self.stats.limit != before:
-                    log.debug("batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f, %s tokens/s)", before,
-                              self.stats.limit, sample.running, sample.waiting, f"{rate:.0f}" if rate else "?")
+                    last = None
+                    shed = self.shed() if self.stats.limit < before else 0
+                    log.log(logging.INFO if shed else logging.DEBUG,
+                            "batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f, %s tokens/s)%s", before,
+                            self.stats.limit, sample.running, sample.waiting, f"{rate:.0f}" if rate else "?",
+                            f": the {shed} newest sends cancelled, their lines queued again" if shed else "")
                     self._room.set()
             await asyncio.sleep(SAMPLE_S)
 

@@ -98,16 +98,18 @@ class FakeVllm:
 
     def generate(self, max_tokens: int, gone: Callable[[], bool] | None = None) -> tuple[int, str]:
         """``gone``: whether the client closed its connection (checked every tick: the request stops there)."""
+        check_s = GONE_CHECK_S if gone is not None else None  # nothing to look at: wait for a notify alone
+        gone = gone or (lambda: False)
         with self.cond:
             self.waiting += 1
             epoch = self.abort_epoch
             while ((self.paused or self.sleeping or (self.max_num_seqs and len(self.running) >= self.max_num_seqs))
                    and epoch == self.abort_epoch):
-                if gone is not None and gone():
+                if gone():
                     self.waiting -= 1
                     self.cancelled += 1
                     return 0, "cancelled"
-                self.cond.wait(GONE_CHECK_S if gone is not None else None)
+                self.cond.wait(check_s)
             self.waiting -= 1
             if epoch != self.abort_epoch:
                 self.aborted += 1
@@ -122,12 +124,12 @@ class FakeVllm:
             chunk = min(max_tokens - tokens, max(1, int(0.02 / step)) if step > 0 else max_tokens)
             time.sleep(step * chunk)  # a tick of at least 20 ms: the stand-in's own CPU stays small at any batch
             with self.cond:
-                while self.frozen and rid not in self.aborting and not (gone is not None and gone()):
-                    self.cond.wait(GONE_CHECK_S if gone is not None else None)
+                while self.frozen and rid not in self.aborting and not gone():
+                    self.cond.wait(check_s)
                 if rid in self.aborting:
                     reason = "abort"
                     break
-            if gone is not None and gone():
+            if gone():
                 reason = "cancelled"
                 break
             tokens += chunk
