@@ -14,7 +14,8 @@ import textwrap
 
 import pytest
 
-from timeslice_verl.batch.concurrency import Climb, Policy, Sample, next_limit, parse_metrics
+from timeslice_verl.batch.concurrency import Climb, Policy, Sample, next_limit, parse_metrics, shed_to
+from timeslice_verl.batch.feeder import Window
 from timeslice_verl.batch.lines import parse
 from timeslice_verl.batch.schema import SCHEMA_VERSION, V1
 from timeslice_verl.batch.store import Outcome, Store
@@ -165,10 +166,12 @@ def test_the_in_flight_limit_follows_the_tenant(limit, inflight, sample, previou
     (48, 700.0, Climb(600.0, 32), 5.0, (72, Climb(700.0, 48)), "the growth paid a sixth: grow on by half"),
     (72, 800.0, Climb(900.0, 48), 6.0, (32, Climb(900.0, 48, down=True, looked_down=True)),
      "a probe up cost tokens: look once below the limit it started from (past the knee itself?)"),
-    (32, 950.0, Climb(900.0, 48, down=True, looked_down=True), 8.0, (21, Climb(950.0, 32, down=True, looked_down=True)),
-     "below paid: the new best, one step further down"),
+    (32, 1000.0, Climb(900.0, 48, down=True, looked_down=True), 8.0, (21, Climb(1000.0, 32, down=True, looked_down=True)),
+     "below paid a tenth: the new best, one step further down"),
     (32, 920.0, Climb(900.0, 48, down=True, looked_down=True), 8.0, (48, Climb(900.0, 48, 38.0, 1, looked_down=True)),
      "below about flat: back to the best limit, hold 30 s"),
+    (32, 970.0, Climb(900.0, 48, down=True, looked_down=True), 8.0, (48, Climb(900.0, 48, 38.0, 1, looked_down=True)),
+     "below by 8 %: within a window's noise near the knee, not enough to give up what the best limit runs"),
     (32, None, Climb(900.0, 48, down=True, looked_down=True), 8.0, (32, Climb(900.0, 48, down=True, looked_down=True)),
      "below, not judged yet: hold there"),
     (72, 800.0, Climb(900.0, 48, looked_down=True), 6.0, (48, Climb(900.0, 48, 36.0, 1, looked_down=True)),
@@ -203,6 +206,39 @@ def test_a_limit_that_cost_tokens_steps_back_though_not_all_of_it_is_in_flight()
 ])
 def test_an_unsettled_limit_only_shrinks_or_holds(sample, expected, why):
     assert next_limit(48, 48, sample, P, None, Climb(900.0, 32), 5.0, settled=False, previous=sample)[0] == expected, why
+
+
+@pytest.mark.parametrize("rate, climb, expected, why", [
+    (700.0, Climb(900.0, 32), (21, Climb(900.0, 32, down=True, looked_down=True)),
+     "a probe up already a fifth below the best: back without waiting for its turnover (here, a look below)"),
+    (700.0, Climb(900.0, 32, looked_down=True), (32, Climb(900.0, 32, 35.0, 1, looked_down=True)),
+     "… below looked at: back to the best limit and hold"),
+    (820.0, Climb(900.0, 32), (48, Climb(900.0, 32)), "a tenth below on a short window: wait for the turnover"),
+    (500.0, Climb(900.0, 64, down=True, looked_down=True), (48, Climb(900.0, 64, down=True, looked_down=True)),
+     "a look below is never cut short: it waits for its turnover"),
+    (700.0, Climb(), (48, Climb()), "nothing to compare with yet: hold"),
+])
+def test_a_probe_up_clearly_worse_goes_back_before_it_settles(rate, climb, expected, why):
+    assert next_limit(48, 48, Sample(48, 0), P, rate, climb, 5.0, settled=False) == expected, why
+
+
+@pytest.mark.parametrize("limit, climb, expected, why", [
+    (256, Climb(29_000.0, 256, 40.0, 1, looked_down=True), 256, "back from a probe up: its excess cancelled"),
+    (170, Climb(29_000.0, 256, down=True, looked_down=True), 256,
+     "a look below: only what the best limit does not hold is cancelled; the rest drains as answers come"),
+    (282, Climb(), 282, "the server full: down to what it runs and the wanted queue"),
+])
+def test_what_a_falling_limit_cancels(limit, climb, expected, why):
+    assert shed_to(limit, climb) == expected, why
+
+
+@pytest.mark.parametrize("seconds, answered, settled, why", [
+    (1.0, 500, False, "shorter than the window"),
+    (3.0, 255, False, "long enough, but not a turnover of the 256 in flight answered"),
+    (3.0, 256, True, "long enough and a turnover answered"),
+])
+def test_a_window_is_judged_after_a_turnover_of_its_limit(seconds, answered, settled, why):
+    assert Window(256, 1000, 50_000.0, seconds).settled(1000 + answered) is settled, why
 
 
 def _series(server_max: int, knee: int, steps: int = 60, past: float = 0.0, start: int = 32) -> list[int]:

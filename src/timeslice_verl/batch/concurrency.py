@@ -8,13 +8,20 @@ batch), never more than the ceiling. Pure: vLLM's ``/metrics`` in, a number out;
 * … **unless growing cost tokens**: vLLM's generation rate (``vllm:generation_tokens_total`` per second) fell by
   more than ``gain`` below the best rate seen: back to the limit that gave it and hold it for ``hold_s`` (far past
   the GPU's compute knee every request is slower and the steps longer); then probe again — each probe that failed in
-  a row doubling the next hold (up to ``max_hold_s``) and halving the next probe's step. A rate about flat
+  a row doubling the next hold (up to ``max_hold_s``) and halving the next probe's step. A limit is judged once a
+  turnover of what it holds has been answered (the feeder's *settled*); a probe up already ``loss`` below the best
+  on a shorter window goes back at once (a probe past a steep knee is paid for every second it stays). A rate about flat
   (within ``gain``) probes on in smaller steps: on an H200 with short completions vLLM's API server, not the GPU,
   sets the pace, and more in flight keeps its running batch fuller between the waves of answers.
 * **A probe up that failed looks below once**: the limit it started from may itself be past the knee (a start of
   256 where 128 gives the most, as this H200's API server with 512-token answers did): one step down; while a step
-  down raises the rate by ``gain`` it goes on down, else back to the best limit and hold. After the hold the search
-  starts over from there, so both sides are looked at again, each time less often.
+  down raises the rate by ``down_gain`` it goes on down, else back to the best limit and hold. After the hold the
+  search starts over from there, so both sides are looked at again, each time less often. The bar below is higher
+  than above: near the knee neighbouring limits differ by less than a window's noise (on an H200 with 512-token
+  answers, rates read 8 % apart at one limit), and a walk down on noise gave up a third of the batch running.
+* **What a fall cancels** (:func:`shed_to`): a probe up that cost tokens gives back its excess at once (the newest
+  sends, which lost the least); a look below lets what is in flight drain — it is a question, not a loss, and
+  cancelling 512-token answers half made throws their tokens away.
 * **A queue longer than wanted while the server is full**: shrink to what it runs plus the wanted queue. Full: its KV
   cache nearly so, or a long queue at two samples in a row with no more running at the second (``max_num_seqs``).
   A queue behind a running count still growing is admission, not a full server: lines sent at once when a wave of
@@ -76,6 +83,10 @@ class Policy:
     growth: float = 1.5
     gain: float = 0.05
     """A growth must raise the generation rate by this share to count."""
+    down_gain: float = 0.10
+    """A step below the best limit must raise the generation rate by this share to count."""
+    loss: float = 0.15
+    """A probe up whose rate, not yet settled, is this share below the best goes back without waiting."""
     hold_s: float = 30.0
     max_hold_s: float = 600.0
     busy: float = 0.9
@@ -148,6 +159,9 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
     if sample.kv_usage is not None and sample.kv_usage >= policy.kv_full and sample.waiting > 0:
         return clamp(limit), climb
     if not settled:
+        if (rate is not None and climb.best_limit and limit > climb.best_limit and not climb.down
+                and rate < climb.best_rate * (1 - policy.loss)):
+            return _failed_up(climb, policy, now)
         return clamp(limit), climb
     if climb.down:
         return _down(limit, rate, climb, policy, now)
@@ -160,9 +174,7 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
         growth = 1 + (policy.growth - 1) / 2 ** (1 + climb.failed)  # about flat: probe on, in smaller steps
     if (rate is not None and climb.best_limit and limit > climb.best_limit and rate < climb.best_rate * (1 - policy.gain)
             and not (climb.hold_until and now >= climb.hold_until)):  # it cost tokens: back, whatever is in flight
-        if not climb.looked_down and climb.best_limit > policy.floor:  # is the best limit itself past the knee?
-            return clamp(math.floor(climb.best_limit / policy.growth)), replace(climb, down=True, looked_down=True)
-        return _back(climb, policy, now)
+        return _failed_up(climb, policy, now)
     if not (sample.waiting < want and inflight >= policy.busy * limit):
         return clamp(limit), climb
     if now < climb.hold_until:
@@ -172,12 +184,26 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
     return clamp(max(limit + 1, math.ceil(limit * growth))), climb
 
 
+def _failed_up(climb: Climb, policy: Policy, now: float) -> tuple[int, Climb]:
+    """A probe up that cost tokens: look once below the limit it started from (is that limit itself past the knee?),
+    else back to it and hold."""
+    if not climb.looked_down and climb.best_limit > policy.floor:
+        return max(policy.floor, math.floor(climb.best_limit / policy.growth)), replace(climb, down=True, looked_down=True)
+    return _back(climb, policy, now)
+
+
+def shed_to(limit: int, climb: Climb) -> int:
+    """After the limit fell to ``limit``: the number in flight past which sends are cancelled. A look below keeps
+    what the best limit holds (it drains as answers come); anything else, the limit itself."""
+    return max(limit, climb.best_limit) if climb.down else limit
+
+
 def _down(limit: int, rate: float | None, climb: Climb, policy: Policy, now: float) -> tuple[int, Climb]:
-    """A probe below the best limit, judged on its settled rate: better by ``gain``, the new best, and one step
+    """A probe below the best limit, judged on its settled rate: better by ``down_gain``, the new best, and one step
     further down; else back to the best limit and hold (the probe up that led here counts as failed)."""
     if rate is None:
         return max(policy.floor, limit), climb
-    if rate > climb.best_rate * (1 + policy.gain):
+    if rate > climb.best_rate * (1 + policy.down_gain):
         lower = max(policy.floor, math.floor(limit / policy.growth))
         if lower >= limit:
             return limit, Climb(rate, limit, looked_down=True)
@@ -193,4 +219,4 @@ def _back(climb: Climb, policy: Policy, now: float) -> tuple[int, Climb]:
             Climb(climb.best_rate, climb.best_limit, now + hold, climb.failed + 1, looked_down=True))
 
 
-__all__ = ["Climb", "Policy", "Sample", "full", "next_limit", "parse_metrics"]
+__all__ = ["Climb", "Policy", "Sample", "full", "next_limit", "parse_metrics", "shed_to"]

@@ -5,9 +5,11 @@
   limit), so the tenant never waits on the database.
 * **How many.** The limit follows the tenant (:mod:`timeslice_verl.batch.concurrency`): sampled from vLLM's
   ``/metrics`` while the gate is open, from ``timeslice.batch.concurrency`` up to ``max_concurrency``. A limit that
-  falls takes effect at once: the newest sends past it are cancelled (vLLM aborts a request whose client went away)
-  and their lines go back to the queue, the try not counted — with long completions, waiting for them to end kept a
-  probe that cost tokens in place for a whole valley (512-token answers at 768 in flight: ~25 s each).
+  falls after a probe that cost tokens takes effect at once: the newest sends past it are cancelled (vLLM aborts a
+  request whose client went away) and their lines go back to the queue, the try not counted — with long
+  completions, waiting for them to end kept such a probe in place for a whole valley (512-token answers at 768 in
+  flight: ~25 s each). A look below the best limit lets what is in flight drain instead, and its window opens
+  once it has.
 * **HTTP.** One aiohttp session, connections kept alive: its CPU per request does not grow with the number in
   flight (httpx's pool bookkeeping did; ``benchmarks/harvest_cpu.py`` measures both).
 * **Retries.** A line whose request failed for a reason that is not the request's — the ladder's abort (an answer
@@ -22,7 +24,6 @@ import asyncio
 import collections
 import functools
 import json
-import logging
 import os
 import secrets
 import socket
@@ -33,11 +34,11 @@ from typing import Any
 import aiohttp
 
 from timeslice_verl.backoff import Backoff
-from timeslice_verl.batch.concurrency import Climb, Policy, Sample, next_limit, parse_metrics
+from timeslice_verl.batch.concurrency import Climb, Policy, Sample, next_limit, parse_metrics, shed_to
 from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.store import LEASE_S, Line, Outcome, Store, StoreUnavailable
-from timeslice_verl.names import TenantRole
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import TenantRole
 
 log = get_logger("batch")
 
@@ -48,17 +49,26 @@ STORE_AGAIN = Backoff(0.5, 10.0)
 SAMPLE_S = 1.0
 """How often the tenant's ``/metrics`` are read while the gate is open (the generation rate is taken over it)."""
 WINDOW_S = 2.0
-"""The generation rate a limit is judged on is taken over this long at that limit, summed over the intervals the gate
-was open (a valley may be shorter: the window goes on in the next)."""
+"""The generation rate a limit is judged on is taken over at least this long at that limit, summed over the intervals
+the gate was open (a valley may be shorter: the window goes on in the next) …"""
+TURNOVER = 1.0
+"""… and until this many times the limit has been answered since the window opened: with 512-token answers a 2 s
+window at 256 in flight read rates 8 % apart (what finished in it, not the limit's own pace), and the policy walked
+down on them; a probe up clearly worse is judged before (the policy's ``loss``)."""
 
 
 @dataclass
 class Window:
-    """Tokens generated and seconds the gate was open, at one limit."""
+    """Tokens generated and seconds the gate was open, at one limit, and the answers counted when it opened."""
 
     limit: int = -1
+    answered: int = 0
     tokens: float = 0.0
     seconds: float = 0.0
+
+    def settled(self, answered: int) -> bool:
+        """Long enough, and a turnover of the limit answered, to judge the limit by its rate."""
+        return self.seconds >= WINDOW_S and answered - self.answered >= TURNOVER * self.limit
 SETTLE_S = 5.0
 """How often open batches are checked for their window and cancels (also while the trainer holds the GPU)."""
 WRITE_MAX = 1024
@@ -197,10 +207,10 @@ class Feeder:
         self._sending[task] = line
         task.add_done_callback(functools.partial(self._sent, session))
 
-    def shed(self) -> int:
-        """Cancel the newest sends past the limit (they lost the least); how many. Their lines go back to the queue
-        (:meth:`_sent`), the try not counted."""
-        excess = self.stats.inflight - len(self._shedding) - self.stats.limit
+    def shed(self, to: int | None = None) -> int:
+        """Cancel the newest sends past ``to`` (default: the limit; they lost the least); how many. Their lines go
+        back to the queue (:meth:`_sent`), the try not counted."""
+        excess = self.stats.inflight - len(self._shedding) - (self.stats.limit if to is None else to)
         if excess <= 0:
             return 0
         newest = [task for task in reversed(self._sending) if task not in self._shedding][:excess]
@@ -335,26 +345,27 @@ class Feeder:
             if sample is None or not opened:
                 last = previous = None
             else:
-                if window.limit != self.stats.limit:
-                    window = Window(self.stats.limit)  # a window opens a sample after the change
+                if window.limit != self.stats.limit or self.stats.inflight > self.stats.limit:
+                    window = Window(self.stats.limit, self.stats.answered)  # opens a sample after the change, drained
                 elif last is not None and sample.generated is not None and last[1] is not None and now > last[0]:
                     window.tokens += max(0.0, sample.generated - last[1])
                     window.seconds += now - last[0]
                 last = (now, sample.generated)
-                settled = sample.generated is None or window.seconds >= WINDOW_S  # no counter: sample by sample
-                rate = window.tokens / window.seconds if window.seconds and sample.generated is not None else None
+                settled = sample.generated is None or window.settled(self.stats.answered)  # no counter: each sample
+                rate = window.tokens / window.seconds if window.seconds >= WINDOW_S and sample.generated is not None \
+                    else None
                 before = self.stats.limit
                 self.stats.limit, climb = next_limit(before, self.stats.inflight, sample, self.policy,
-                                                     rate if settled else None, climb, now, settled, previous)
+                                                     rate, climb, now, settled, previous)
                 previous = sample
                 self.stats.samples = [*self.stats.samples[-599:], (time.time(), sample.running, sample.waiting)]
                 if self.stats.limit != before:
                     last = None
-                    shed = self.shed() if self.stats.limit < before else 0
-                    log.log(logging.INFO if shed else logging.DEBUG,
-                            "batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f, %s tokens/s)%s", before,
-                            self.stats.limit, sample.running, sample.waiting, f"{rate:.0f}" if rate else "?",
-                            f": the {shed} newest sends cancelled, their lines queued again" if shed else "")
+                    shed = self.shed(shed_to(self.stats.limit, climb)) if self.stats.limit < before else 0
+                    log.info("batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f, %s tokens/s)%s", before,
+                             self.stats.limit, sample.running, sample.waiting, f"{rate:.0f}" if rate else "?",
+                             f": the {shed} newest sends cancelled, their lines queued again" if shed else
+                             ": what is in flight drains" if self.stats.inflight > self.stats.limit else "")
                     self._room.set()
             await asyncio.sleep(SAMPLE_S)
 
