@@ -183,7 +183,10 @@ def test_the_in_flight_limit_follows_the_tenant(limit, inflight, sample, previou
     (48, 880.0, Climb(900.0, 48, 36.0, 2), 37.0, (54, Climb(880.0, 48, 0.0, 2)), "after two failures: a step of 1/8"),
     (54, 990.0, Climb(880.0, 48, 0.0, 2), 40.0, (81, Climb(990.0, 54)), "a probe that paid: failures forgotten"),
     (72, 910.0, Climb(900.0, 48), 6.0, (90, Climb(900.0, 48)), "about flat: probe on by a quarter"),
-    (48, 905.0, Climb(900.0, 48, 36.0), 20.0, (48, Climb(900.0, 48, 36.0)), "holding"),
+    (48, 905.0, Climb(900.0, 48, 36.0), 20.0, (48, Climb(905.0, 48, 36.0)), "holding, the best limit's rate read again"),
+    (72, 820.0, Climb(900.0, 48), 6.0, (90, Climb(900.0, 48)), "9 % below is within the noise: probe on"),
+    (48, 700.0, Climb(900.0, 48, 36.0), 20.0, (48, Climb(700.0, 48, 36.0)),
+     "the server slowed: the bar follows it (else every probe after would read as a loss)"),
     (48, 880.0, Climb(900.0, 48, 36.0), 37.0, (72, Climb(880.0, 48)), "the hold is over: probe again from here"),
     (48, None, Climb(), 1.0, (72, Climb()), "no rate yet (the gate just opened): grow"),
 ])
@@ -290,7 +293,7 @@ def test_probes_past_a_steep_knee_cost_less_and_less():
             seen.append(limit)
         return lost / steps, seen
     (early, _), (late, seen) = run(300), run(3000)
-    assert late < early / 2 and late < 0.002, (early, late)
+    assert late < early / 2 and late < 0.004, (early, late)  # a probe within ``fail`` of the best goes on: ~0.3 %
     assert max(seen[100:]) <= 1.15 * 384, "after two failed probes the steps are an eighth or less"
 
 

@@ -6,13 +6,16 @@ batch), never more than the ceiling. Pure: vLLM's ``/metrics`` in, a number out;
   that reaches 512 from 32 in seven steps, doubling while each step still raises the rate by a fifth; each step
   judged on the rate over a settled window) …
 * … **unless growing cost tokens**: vLLM's generation rate (``vllm:generation_tokens_total`` per second) fell by
-  more than ``gain`` below the best rate seen: back to the limit that gave it and hold it for ``hold_s`` (far past
-  the GPU's compute knee every request is slower and the steps longer); then probe again — each probe that failed in
-  a row doubling the next hold (up to ``max_hold_s``) and halving the next probe's step. A limit is judged once a
-  turnover of what it holds has been answered (the feeder's *settled*); a probe up already ``loss`` below the best
-  on a shorter window goes back at once (a probe past a steep knee is paid for every second it stays). A rate about flat
-  (within ``gain``) probes on in smaller steps: on an H200 with short completions vLLM's API server, not the GPU,
-  sets the pace, and more in flight keeps its running batch fuller between the waves of answers.
+  more than ``fail`` below the best limit's rate (read again whenever the limit is back there, so neither one lucky
+  window nor a server that slowed since sets the bar): back to the limit that gave it and hold it for ``hold_s`` (far
+  past the GPU's compute knee every request is slower and the steps longer); then probe again — each probe that
+  failed in a row doubling the next hold (up to ``max_hold_s``) and halving the next probe's step. A limit is judged
+  once a turnover of what it holds has been answered (the feeder's *settled*); a probe up already ``loss`` below the
+  best on a shorter window goes back at once (a probe past a steep knee is paid for every second it stays). A rate
+  about flat (from ``fail`` below to ``gain`` above) probes on in smaller steps: on an H200 with short completions
+  vLLM's API server, not the GPU, sets the pace, and more in flight keeps its running batch fuller between the waves
+  of answers (an H200 in this project's runs read rates 5–8 % apart at one limit, window to window: a bar of
+  ``gain`` below stopped the climb at 256 where 512 gave a fifth more).
 * **A probe up that failed looks below once**: the limit it started from may itself be past the knee (a start of
   256 where 128 gives the most, as this H200's API server with 512-token answers did): one step down; while a step
   down raises the rate by ``down_gain`` it goes on down, else back to the best limit and hold. After the hold the
@@ -83,6 +86,8 @@ class Policy:
     growth: float = 1.5
     gain: float = 0.05
     """A growth must raise the generation rate by this share to count."""
+    fail: float = 0.10
+    """A probe up fails when its settled rate is this share below the best (between the two: about flat, probe on)."""
     down_gain: float = 0.10
     """A step below the best limit must raise the generation rate by this share to count."""
     loss: float = 0.15
@@ -165,6 +170,8 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
         return clamp(limit), climb
     if climb.down:
         return _down(limit, rate, climb, policy, now)
+    if rate is not None and limit == climb.best_limit:  # the best limit's own rate, read again over a longer window
+        climb = replace(climb, best_rate=rate)
     growth = policy.growth
     if rate is not None and rate > climb.best_rate * (1 + policy.gain):
         if climb.best_rate and rate > climb.best_rate * (1 + 4 * policy.gain):
@@ -172,7 +179,7 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
         climb = Climb(rate, limit, climb.hold_until)  # a growth that paid: the failed probes are forgotten
     elif rate is not None and climb.best_rate:
         growth = 1 + (policy.growth - 1) / 2 ** (1 + climb.failed)  # about flat: probe on, in smaller steps
-    if (rate is not None and climb.best_limit and limit > climb.best_limit and rate < climb.best_rate * (1 - policy.gain)
+    if (rate is not None and climb.best_limit and limit > climb.best_limit and rate < climb.best_rate * (1 - policy.fail)
             and not (climb.hold_until and now >= climb.hold_until)):  # it cost tokens: back, whatever is in flight
         return _failed_up(climb, policy, now)
     if not (sample.waiting < want and inflight >= policy.busy * limit):

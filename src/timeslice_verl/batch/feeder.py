@@ -46,14 +46,15 @@ LINE_AGAIN = Backoff(0.5, 30.0)
 """A line whose try failed for a reason not its own waits this long before it is sent again."""
 STORE_AGAIN = Backoff(0.5, 10.0)
 """While the database cannot be written."""
-SAMPLE_S = 1.0
-"""How often the tenant's ``/metrics`` are read while the gate is open (the generation rate is taken over it)."""
-WINDOW_S = 2.0
+SAMPLE_S = 0.5
+"""How often the tenant's ``/metrics`` are read while the gate is open (the generation rate is taken over it; a
+valley's first interval, its ramp, is left out)."""
+WINDOW_S = 3.0
 """The generation rate a limit is judged on is taken over at least this long at that limit, summed over the intervals
 the gate was open (a valley may be shorter: the window goes on in the next) …"""
 TURNOVER = 1.0
-"""… and until this many times the limit has been answered since the window opened: with 512-token answers a 2 s
-window at 256 in flight read rates 8 % apart (what finished in it, not the limit's own pace), and the policy walked
+"""… and until this many times the limit has been answered since the window opened: with 512-token answers 2 s
+windows at 256 in flight read rates 8 % apart (what finished in it, not the limit's own pace), and the policy walked
 down on them; a probe up clearly worse is judged before (the policy's ``loss``)."""
 
 
@@ -334,16 +335,19 @@ class Feeder:
     async def _follow(self, session: aiohttp.ClientSession) -> None:
         """Sample the tenant's ``/metrics`` while the gate is open; move the limit by the policy. The generation rate
         is taken only over an interval the gate stayed open through (a sleeping tenant generates nothing)."""
-        climb, last, previous = Climb(), None, None
+        climb, last, previous, ramp = Climb(), None, None, True
         window = Window()
         while True:
             if not self.gate.open:
                 last = previous = None  # the window keeps what it has: it goes on in the next valley
+                ramp = True
                 await self.gate.wait_open()
             sample = await self._sample(session)
             now, opened = time.monotonic(), self.gate.open
             if sample is None or not opened:
                 last = previous = None
+            elif ramp:  # the gate just opened: the first interval holds the wake's ramp, not the limit's pace
+                ramp, previous = False, sample
             else:
                 if window.limit != self.stats.limit or self.stats.inflight > self.stats.limit:
                     window = Window(self.stats.limit, self.stats.answered)  # opens a sample after the change, drained
