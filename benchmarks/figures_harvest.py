@@ -182,6 +182,31 @@ def harvest_h200_session5() -> str:
     return "\n".join(lines)
 
 
+SESSION6 = RESULTS / "2026-12-02-h200-harvest-session6"
+SESSION6_CODE = {"run16": "9a415b0", "run17": "f7b7a09", "run18": "f7b7a09"}
+
+
+def harvest_h200_session6() -> str:
+    """Runs 16–18 (one H200, 2026-12-02, sixth session): both mixes with the capacity bracketed (``--bracket``, each
+    level kept out 12 s); the reference is the best steady level of both passes."""
+    lines = ["| run (code) | mix | capacity steady best, before / after (c), tokens/s | service alone (b) / ref | "
+             "profile | serving / ref | idle / ref | step ratio | wait median / max s | a valley's tokens/s, "
+             "lowest–highest | limit moves, sends shed |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run, code in SESSION6_CODE.items():
+        for row_path in sorted((SESSION6 / run).glob("row-*.json")):
+            r = json.loads(row_path.read_text())
+            ref = r["capacity_tokens_per_s"]
+            rates = [v["tokens_per_s"] for v in r["valleys"]]
+            log = SESSION6 / run / f"mix-{r['mix_tokens']}" / r["profile"] / "auto" / "batch.log"
+            moves = sum(" in flight " in x and " -> " in x for x in log.read_text().splitlines())
+            lines.append(f"| {run[3:]} ({code}) | {r['mix_tokens']} | {r['capacity_before']:.0f} / "
+                         f"{r['capacity_after']:.0f} | {_f(r['service_alone_tokens_per_s'] / ref, 3)} | {r['profile']} | "
+                         f"{_f(r['serving_vs_capacity'], 3)} | {_f(r['idle_vs_capacity'], 3)} | {_f(r['step_ratio'], 4)} | "
+                         f"{_f(r['wait_s_median'], 3)} / {_f(r['wait_s_max'], 3)} | {min(rates):.0f}–{max(rates):.0f} | "
+                         f"{moves}, {r['feeder']['shed']} of {r['feeder']['sent']} |")
+    return "\n".join(lines)
+
+
 def validate_h200() -> str:
     """benchmarks/validate_h200.sh on one H200 (2026-12-02): the demo solo and validating every 2nd version through
     a policy tenant with IPC weight transfer, the same schedule each."""
