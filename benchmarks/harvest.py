@@ -17,8 +17,9 @@ For each completion length (``--mixes 48,512``), against one vLLM and one batch 
   run's end cuts lines off, and after the trainer's last step the tenant drains what it holds, outside any valley
   (rows written before counted those: ``--rescore DIR`` recomputes them, the old ratios kept as ``*_batch_tokens``).
 
-With ``--capacity-s S`` each level of (a) keeps its requests out for S seconds (the bodies sent round again) instead
-of ``--capacity-per-level`` lines per slot: with 512-token answers a few waves leave a steady window of 2–3 s.
+With ``--capacity-s S`` each level of (a) keeps its requests out for S seconds after its first answer (the bodies
+sent round again) instead of ``--capacity-per-level`` lines per slot: with 512-token answers a few waves leave a
+steady window of 2–3 s.
 With ``--bracket`` (a) runs again after (c): the reference is the best steady level of both passes, and each row
 also gives its figures over the higher of that and (b) (``serving_vs_highest``, ``idle_vs_highest``): one short
 pass can read low, and every ratio over it high (run 15 of 2026-12-02). The scoring is ``harvest_score.py``.
@@ -97,8 +98,9 @@ async def _generated(session: aiohttp.ClientSession) -> tuple[float, float | Non
 
 
 async def _capacity(url: str, bodies: list[bytes], inflight: int, seconds: float = 0.0) -> dict[str, Any]:
-    """``inflight`` requests kept out until the bodies run out (``seconds``: until that long has passed, the bodies
-    sent round again). Besides the whole run's rate, the steady rate: the tokens vLLM generated (its own counter)
+    """``inflight`` requests kept out until the bodies run out (``seconds``: until that long has passed since the first
+    answer, the bodies sent round again — with 512-token answers at 512 in flight the first wave takes ~12 s, and a
+    level timed from its start kept 1 s of steady window). Besides the whole run's rate, the steady rate: the tokens vLLM generated (its own counter)
     from the first answer (the pipeline primed) to the last request sent (from then on fewer are out) — what a batch
     service that keeps the server full can get; the start and end of a short run read the whole rate low. (Counting
     the answers that came in that span instead read twice the rate where answers of one length come in waves: the
@@ -111,7 +113,9 @@ async def _capacity(url: str, bodies: list[bytes], inflight: int, seconds: float
         t0 = time.monotonic()
 
         def more() -> bool:
-            return time.monotonic() < t0 + seconds if seconds else sent["n"] < len(bodies)
+            if not seconds:
+                return sent["n"] < len(bodies)
+            return not done or time.monotonic() < done[0][0] + seconds
 
         async def worker() -> None:
             while True:
@@ -232,8 +236,8 @@ def main() -> int:
     ap.add_argument("--alone-lines", type=int, default=0, help="(b)'s lines (0: --lines)")
     ap.add_argument("--capacity-per-level", type=int, default=12, help="lines per request in flight, at each level")
     ap.add_argument("--levels", default="32,128,256,512")
-    ap.add_argument("--capacity-s", type=float, default=0.0, help="each level kept full this long (0: "
-                    "--capacity-per-level lines per slot)")
+    ap.add_argument("--capacity-s", type=float, default=0.0, help="each level kept full this long after its "
+                    "first answer (0: --capacity-per-level lines per slot)")
     ap.add_argument("--profiles", default="fleet,longtail")
     ap.add_argument("--parts", default="a,b,c", help="which of (a) capacity, (b) service alone, (c) time-sliced")
     ap.add_argument("--start-inflight", type=int, default=256, help="the service's lines in flight at the start "
