@@ -9,7 +9,8 @@ For each completion length (``--mixes 48,512``), against one vLLM and one batch 
   rate reads low on short levels);
 * **(b) the service alone** — ``timeslice-verl batch serve`` feeds the whole batch (``--lines``), no trainer:
   tokens per second of the run;
-* **(c) time-sliced** — the demo's trainer on the ``fleet`` and ``longtail`` schedules (``--profiles``), solo and
+* **(c) time-sliced** — the demo's trainer on the ``fleet`` and ``longtail`` schedules (``--profiles``), solo (once
+  per profile and run: the trainer alone does not depend on the mix; each row's ``solo_from`` says which) and
   under the defaults (``auto``), the same batch submitted to the service in the time-sliced run: tokens per second
   the tenant had the GPU (**serving_vs_capacity**) and per second the trainer was idle (**idle_vs_capacity**), each
   over (a)'s best, beside the trainer's figures (summed-step ratio, wait median and max). The tokens are those vLLM
@@ -205,18 +206,25 @@ def _watch_feeder(url: str, key: str, path: Path, stop: threading.Event) -> None
                                 "answered": feeder.get("answered"), "written": feeder.get("written")}) + "\n")
 
 
-def timesliced(args: argparse.Namespace, url: str, mix: int, profile: str, best: float, sampler: Sampler) -> dict[str, Any]:
+Solos = dict[str, tuple[str, dict[str, Any]]]
+"""Each profile's solo run (its folder, its summary), made once per harvest.py run."""
+
+
+def timesliced(args: argparse.Namespace, url: str, mix: int, profile: str, best: float, sampler: Sampler,
+               solos: Solos) -> dict[str, Any]:
     base = DemoOptions(steps=args.steps, rollout_s=args.rollout_s, train_s=args.train_s, device=args.device, gib=args.gib,
                        vllm_url=url, clients=args.start_inflight, seed=args.seed, batch_lines=args.lines, max_tokens=mix, profile=profile)
     folder = args.out / f"mix-{mix}" / profile
-    sampler.phase = f"solo-{mix}-{profile}"
-    solo = run_demo(replace(base, out=folder / "solo", solo=True))
+    if profile not in solos:  # the trainer alone does not depend on the mix: once per profile and run
+        sampler.phase = f"solo-{mix}-{profile}"
+        solos[profile] = (f"mix-{mix}/{profile}/solo", run_demo(replace(base, out=folder / "solo", solo=True)))
+    solo_from, solo = solos[profile]
     sampler.phase = f"timesliced-{mix}-{profile}"
     shared = run_demo(replace(base, out=folder / "auto"))
     r = valley_row(solo, shared, profile, "auto")
     batch = shared.get("batch") or {}
     valley_s = shared["wall_s"] * shared.get("trainer_idle_fraction", 0.0) if "trainer_idle_fraction" in shared else None
-    r.update({"mix_tokens": mix, "batch_tokens": batch.get("tokens") or 0, "tenant_gpu_s": batch.get("tenant_gpu_s"),
+    r.update({"mix_tokens": mix, "solo_from": solo_from, "batch_tokens": batch.get("tokens") or 0, "tenant_gpu_s": batch.get("tenant_gpu_s"),
               "trainer_idle_s": valley_s, "vllm_s": shared["seconds"]["vLLM"], "capacity_tokens_per_s": best,
               "lost": batch.get("lost"), "twice": batch.get("twice"), "feeder": batch.get("feeder"),
               "valleys": valley_tokens(folder / "auto" / "run.jsonl", args.out / "inflight.jsonl",
@@ -234,6 +242,8 @@ def main() -> int:
     ap.add_argument("--mixes", default="48,512")
     ap.add_argument("--lines", type=int, default=20000, help="the batch of (b) and (c)")
     ap.add_argument("--alone-lines", type=int, default=0, help="(b)'s lines (0: --lines)")
+    ap.add_argument("--alone-tokens", type=int, default=0, help="(b)'s lines: this many tokens' worth of the mix, "
+                    "at most --lines (a (b) of about one length for every mix; 0: --alone-lines)")
     ap.add_argument("--capacity-per-level", type=int, default=12, help="lines per request in flight, at each level")
     ap.add_argument("--levels", default="32,128,256,512")
     ap.add_argument("--capacity-s", type=float, default=0.0, help="each level kept full this long after its "
@@ -268,10 +278,11 @@ def main() -> int:
         _wait(url)
     result: dict[str, Any] = {"options": vars(args) | {"out": str(args.out)}, "tenant": url, "mixes": {}}
     parts = set(args.parts.split(","))
+    solos: Solos = {}
     try:
         with Sampler(url, args.out / "inflight.jsonl") as sampler:
             for mix in (int(m) for m in args.mixes.split(",")):
-                result["mixes"][str(mix)] = run_mix(args, url, mix, parts, sampler)
+                result["mixes"][str(mix)] = run_mix(args, url, mix, parts, sampler, solos)
                 (args.out / "harvest.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     finally:
         if fake is not None:
@@ -281,7 +292,8 @@ def main() -> int:
     return 0
 
 
-def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampler: Sampler) -> dict[str, Any]:
+def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampler: Sampler,
+            solos: Solos) -> dict[str, Any]:
     """(a), (b) and (c) for one prompt mix; with ``--bracket``, (a) again after (c), the reference the best of both
     (a capacity level is short: read once it can read low, and every ratio over it high)."""
     path = write_input(args.out / f"input-{mix}.jsonl", args.lines, served_model(url), mix)
@@ -290,19 +302,20 @@ def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampl
     if "a" in parts:
         got["capacity"] = capacity(url, path, args.capacity_per_level, levels, sampler, seconds=args.capacity_s)
     best = steady_best(got.get("capacity", []))
+    alone = min(args.lines, args.alone_tokens // mix) if args.alone_tokens else args.alone_lines
     if "b" in parts:
-        got["service_alone"] = service_alone(url, _head(path, args.alone_lines), args.out / f"mix-{mix}" / "service",
-                                             args.alone_lines or args.lines, sampler, start=args.start_inflight)
+        got["service_alone"] = service_alone(url, _head(path, alone), args.out / f"mix-{mix}" / "service",
+                                             alone or args.lines, sampler, start=args.start_inflight)
         got["service_alone"]["vs_capacity"] = round(got["service_alone"]["tokens_per_s"] / best, 4) if best else None
         print(json.dumps({"service_alone": got["service_alone"]}), flush=True)
     for fixed in (int(x) for x in args.alone_fixed.split(",") if x):
-        row = service_alone(url, _head(path, args.alone_lines), args.out / f"mix-{mix}" / f"service-{fixed}",
-                            args.alone_lines or args.lines, sampler, fixed)
+        row = service_alone(url, _head(path, alone), args.out / f"mix-{mix}" / f"service-{fixed}",
+                            alone or args.lines, sampler, fixed)
         row["vs_capacity"] = round(row["tokens_per_s"] / best, 4) if best else None
         got.setdefault("service_fixed", []).append(row)
         print(json.dumps({"service_fixed": row}), flush=True)
     if "c" in parts and best:
-        got["timesliced"] = [timesliced(args, url, mix, p, best, sampler) for p in args.profiles.split(",")]
+        got["timesliced"] = [timesliced(args, url, mix, p, best, sampler, solos) for p in args.profiles.split(",")]
         if args.bracket:
             got["capacity_after"] = capacity(url, path, args.capacity_per_level, levels, sampler, after=True,
                                              seconds=args.capacity_s)

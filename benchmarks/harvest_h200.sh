@@ -5,6 +5,9 @@
 #   (a payload in three parts, when the working tree and a part pass the 64 MiB a call carries: PARTS=DIR for
 #    setup (part0), stash (part1) and start (part2), each call carrying its part)
 #   bash benchmarks/harvest_h200.sh run ARGS…   benchmarks/harvest.py --vllm-url … ARGS (vLLM stays up between calls)
+#   bash benchmarks/harvest_h200.sh bg ARGS…    the same, started in the background (a run longer than one call:
+#                                               both mixes in one harvest.py), then in the next calls:
+#   bash benchmarks/harvest_h200.sh wait        waits up to WAIT_S (570) s; when the run has ended, packs it as run does
 # Here, beforehand: the vLLM recipe copied to .gpu/vllm and its build_payload.sh run into .gpu/parts; the project's
 # pure-Python needs the GPU image lacks (hydra-core, omegaconf, antlr4 4.9.3, python-multipart) in .gpu/pydeps.tar.xz.
 set -uo pipefail
@@ -27,17 +30,32 @@ case "$1" in
     source .gpu/vllm/vllm_env.sh
     export TIMESLICE_TENANT=1  # the reclaim ladder may stop it
     bash .gpu/vllm/start_vllm.sh 8000 0.35 ;;
-  run)
-    shift
+  run|bg)
+    mode=$1; shift
     source .gpu/vllm/vllm_env.sh
     export PYTHONPATH=$PWD/src:/root/pydeps:$PYTHONPATH NCCL_CUMEM_ENABLE=0 NCCL_NVLS_ENABLE=0
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
     WORK=/root/harvest/$(date +%H%M%S); mkdir -p "$WORK"
+    if [ "$mode" = bg ]; then  # its own session: the call's end does not stop it
+      echo "$WORK" > /root/harvest/current
+      setsid nohup bash -c 'timeout "$0" python3 benchmarks/harvest.py --out "$1" --vllm-url http://127.0.0.1:8000 \
+        --device cuda "${@:2}" > "$1/harvest.log" 2>&1; echo $? > "$1/rc"' "${LIMIT_S:-1500}" "$WORK" "$@" \
+        < /dev/null > /dev/null 2>&1 &
+      echo "started in the background: $WORK"; exit 0
+    fi
     timeout "${LIMIT_S:-520}" python3 benchmarks/harvest.py --out "$WORK" --vllm-url http://127.0.0.1:8000 --device cuda "$@" \
       > "$WORK/harvest.log" 2>&1  # ends before the call does, so what it wrote still comes back
-    rc=$?
+    echo $? > "$WORK/rc"
+    bash "$0" pack "$WORK" ;;
+  wait)
+    WORK=$(cat /root/harvest/current) || exit 2
+    for _ in $(seq 1 "${WAIT_S:-570}"); do [ -f "$WORK/rc" ] && break; sleep 1; done
+    [ -f "$WORK/rc" ] || { grep -v " INFO " "$WORK/harvest.log" | tail -5; echo "still running: call wait again"; exit 3; }
+    bash "$0" pack "$WORK" ;;
+  pack)
+    WORK=$2
     tail -c 20000 /root/vllm.log > "$WORK/vllm-tail.log"
     grep -v " INFO " "$WORK/harvest.log" | tail -40
     tar -czf "$OUT/$(basename "$WORK").tgz" -C "$WORK" --exclude='input-*.jsonl' --exclude='head-*.jsonl' --exclude='*.sqlite*' --exclude='batch-input.jsonl' --exclude='*-output*.jsonl' .  # $OUT takes 8 files
-    exit $rc ;;
+    exit "$(cat "$WORK/rc")" ;;
 esac
