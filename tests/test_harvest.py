@@ -14,8 +14,8 @@ import textwrap
 
 import pytest
 
-from timeslice_verl.batch.concurrency import Climb, Policy, Sample, next_limit, parse_metrics, shed_to
-from timeslice_verl.batch.feeder import Window
+from timeslice_verl.batch.concurrency import (Climb, Follower, Policy, Sample, Window, next_limit, parse_metrics,
+                                              shed_to)
 from timeslice_verl.batch.lines import parse
 from timeslice_verl.batch.schema import SCHEMA_VERSION, V1
 from timeslice_verl.batch.store import Outcome, Store
@@ -242,6 +242,43 @@ def test_what_a_falling_limit_cancels(limit, climb, expected, why):
 ])
 def test_a_window_is_judged_after_a_turnover_of_its_limit(seconds, answered, settled, why):
     assert Window(256, 1000, 50_000.0, seconds).settled(1000 + answered) is settled, why
+
+
+def test_the_follower_judges_a_limit_on_open_intervals_past_the_ramp_and_a_drained_fall():
+    """The feeder's loop, sample by sample (0.5 s apart, 1 000 tokens/s, 64 in flight): a valley's first interval is
+    its ramp and not counted; what the counter grew while the gate was closed is not counted; the limit is judged
+    once 3 s of open time and a turnover of it are in the window; after a fall, the window opens only once what is
+    in flight has drained to it."""
+    f, gen, answered = Follower(P), 0.0, 0
+
+    def step(t: float, limit: int, inflight: int, running: float | None = None) -> tuple[int, float | None]:
+        return f.step(t, Sample(inflight if running is None else running, 0, None, gen), limit, inflight, answered)
+
+    assert step(0.0, 64, 64) == (64, None), "the gate just opened: the ramp"
+    for i in range(1, 4):  # 1.5 s of open time: too short to judge
+        gen, answered = gen + 500, answered + 30
+        assert step(0.5 * i, 64, 64) == (64, None)
+    f.closed()
+    gen += 99_999  # generated while closed (the counter jumps): never in a window
+    assert step(10.0, 64, 64) == (64, None), "the next valley's ramp"
+    for i in range(1, 4):
+        gen, answered = gen + 500, answered + 30
+        limit, rate = step(10.0 + 0.5 * i, 64, 64)
+    assert (f.window.seconds, f.window.tokens) == (2.0, 2000.0), "1 s of each valley: its ramp interval left out"
+    gen, answered = gen + 500, answered + 30
+    assert step(12.0, 64, 64) == (64, None), "2.5 s: not yet"
+    gen, answered = gen + 500, answered + 30
+    limit, rate = step(12.5, 64, 64)
+    assert rate == 1000.0 and limit == 96, "3 s and 210 answers (a turnover of 64): judged, grown by half"
+    f.climb = Climb(1000.0, 96, hold_until=99.0, looked_down=True)
+    assert step(13.0, 48, 96)[0] == 48 and f.window.seconds == 0, "96 in flight over a limit of 48: draining"
+    gen += 500
+    assert step(13.5, 48, 60)[0] == 48 and f.window.seconds == 0, "still draining"
+    gen += 500
+    step(14.0, 48, 48)
+    gen += 500
+    step(14.5, 48, 48)
+    assert f.window.seconds == 0.5 and f.window.tokens == 500.0, "drained: the window counts from here"
 
 
 def _series(server_max: int, knee: int, steps: int = 60, past: float = 0.0, start: int = 32) -> list[int]:

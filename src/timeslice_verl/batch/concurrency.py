@@ -226,4 +226,76 @@ def _back(climb: Climb, policy: Policy, now: float) -> tuple[int, Climb]:
             Climb(climb.best_rate, climb.best_limit, now + hold, climb.failed + 1, looked_down=True))
 
 
-__all__ = ["Climb", "Policy", "Sample", "full", "next_limit", "parse_metrics", "shed_to"]
+# ------------------------------------------------------------------ the closed loop's bookkeeping (the feeder's clock)
+
+WINDOW_S = 3.0
+"""The generation rate a limit is judged on is taken over at least this long at that limit, summed over the intervals
+the gate was open (a valley may be shorter: the window goes on in the next) …"""
+TURNOVER = 1.0
+"""… and until this many times the limit has been answered since the window opened: with 512-token answers 2 s
+windows at 256 in flight read rates 8 % apart (what finished in it, not the limit's own pace), and the policy walked
+down on them; a probe up clearly worse is judged before (the policy's ``loss``)."""
+
+
+@dataclass
+class Window:
+    """Tokens generated and seconds the gate was open, at one limit, and the answers counted when it opened."""
+
+    limit: int = -1
+    answered: int = 0
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+    def settled(self, answered: int, seconds: float = WINDOW_S, turnover: float = TURNOVER) -> bool:
+        """Long enough, and a turnover of the limit answered, to judge the limit by its rate."""
+        return self.seconds >= seconds and answered - self.answered >= turnover * self.limit
+
+
+class Follower:
+    """One tenant's limit, sample by sample: what the feeder reads (the time, vLLM's sample, its own limit, lines in
+    flight and answered so far) in, the next limit out. The rate is taken only over intervals the gate stayed open
+    through, leaving out each valley's first (the wake's ramp), and a window opens only once a fall has drained."""
+
+    def __init__(self, policy: Policy, window_s: float = WINDOW_S, turnover: float = TURNOVER) -> None:
+        self.policy, self.window_s, self.turnover = policy, window_s, turnover
+        self.climb = Climb()
+        self.window = Window()
+        self._last: tuple[float, float | None] | None = None
+        self._previous: Sample | None = None
+        self._ramp = True
+
+    def closed(self) -> None:
+        """The gate closed: the window keeps what it has (it goes on in the next valley), whose first interval is a
+        ramp."""
+        self._last = self._previous = None
+        self._ramp = True
+
+    def lost(self) -> None:
+        """No sample (the metrics could not be read) or the gate closed while reading: no interval spans it."""
+        self._last = self._previous = None
+
+    def step(self, now: float, sample: Sample, limit: int, inflight: int, answered: int) -> tuple[int, float | None]:
+        """The limit after this sample, and the rate it was judged on (None: not yet)."""
+        if self._ramp:  # the gate just opened: the first interval holds the wake's ramp, not the limit's pace
+            self._ramp, self._previous = False, sample
+            return limit, None
+        window = self.window
+        if window.limit != limit or inflight > limit:
+            window = self.window = Window(limit, answered)  # opens a sample after a change, once drained
+        elif self._last is not None and sample.generated is not None and self._last[1] is not None \
+                and now > self._last[0]:
+            window.tokens += max(0.0, sample.generated - self._last[1])
+            window.seconds += now - self._last[0]
+        self._last = (now, sample.generated) if inflight <= limit else None  # a draining interval is not the limit's
+        settled = sample.generated is None or window.settled(answered, self.window_s, self.turnover)  # no counter
+        rate = window.tokens / window.seconds if window.seconds >= self.window_s and sample.generated is not None \
+            else None
+        new, self.climb = next_limit(limit, inflight, sample, self.policy, rate, self.climb, now, settled,
+                                     self._previous)
+        self._previous = sample
+        if new != limit:
+            self._last = None
+        return new, rate
+
+
+__all__ = ["Climb", "Follower", "Policy", "Sample", "Window", "full", "next_limit", "parse_metrics", "shed_to"]

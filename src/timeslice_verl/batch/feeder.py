@@ -34,7 +34,7 @@ from typing import Any
 import aiohttp
 
 from timeslice_verl.backoff import Backoff
-from timeslice_verl.batch.concurrency import Climb, Policy, Sample, next_limit, parse_metrics, shed_to
+from timeslice_verl.batch.concurrency import Follower, Policy, Sample, parse_metrics, shed_to
 from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.store import LEASE_S, Line, Outcome, Store, StoreUnavailable
 from timeslice_verl.log import get_logger
@@ -49,27 +49,6 @@ STORE_AGAIN = Backoff(0.5, 10.0)
 SAMPLE_S = 0.5
 """How often the tenant's ``/metrics`` are read while the gate is open (the generation rate is taken over it; a
 valley's first interval, its ramp, is left out)."""
-WINDOW_S = 3.0
-"""The generation rate a limit is judged on is taken over at least this long at that limit, summed over the intervals
-the gate was open (a valley may be shorter: the window goes on in the next) …"""
-TURNOVER = 1.0
-"""… and until this many times the limit has been answered since the window opened: with 512-token answers 2 s
-windows at 256 in flight read rates 8 % apart (what finished in it, not the limit's own pace), and the policy walked
-down on them; a probe up clearly worse is judged before (the policy's ``loss``)."""
-
-
-@dataclass
-class Window:
-    """Tokens generated and seconds the gate was open, at one limit, and the answers counted when it opened."""
-
-    limit: int = -1
-    answered: int = 0
-    tokens: float = 0.0
-    seconds: float = 0.0
-
-    def settled(self, answered: int) -> bool:
-        """Long enough, and a turnover of the limit answered, to judge the limit by its rate."""
-        return self.seconds >= WINDOW_S and answered - self.answered >= TURNOVER * self.limit
 SETTLE_S = 5.0
 """How often open batches are checked for their window and cancels (also while the trainer holds the GPU)."""
 WRITE_MAX = 1024
@@ -333,39 +312,24 @@ class Feeder:
             await asyncio.sleep(SETTLE_S)
 
     async def _follow(self, session: aiohttp.ClientSession) -> None:
-        """Sample the tenant's ``/metrics`` while the gate is open; move the limit by the policy. The generation rate
-        is taken only over an interval the gate stayed open through (a sleeping tenant generates nothing)."""
-        climb, last, previous, ramp = Climb(), None, None, True
-        window = Window()
+        """Sample the tenant's ``/metrics`` while the gate is open; move the limit by the policy
+        (:class:`~timeslice_verl.batch.concurrency.Follower`: the rate only over intervals the gate stayed open
+        through — a sleeping tenant generates nothing)."""
+        follower = Follower(self.policy)
         while True:
             if not self.gate.open:
-                last = previous = None  # the window keeps what it has: it goes on in the next valley
-                ramp = True
+                follower.closed()
                 await self.gate.wait_open()
             sample = await self._sample(session)
-            now, opened = time.monotonic(), self.gate.open
-            if sample is None or not opened:
-                last = previous = None
-            elif ramp:  # the gate just opened: the first interval holds the wake's ramp, not the limit's pace
-                ramp, previous = False, sample
+            if sample is None or not self.gate.open:
+                follower.lost()
             else:
-                if window.limit != self.stats.limit or self.stats.inflight > self.stats.limit:
-                    window = Window(self.stats.limit, self.stats.answered)  # opens a sample after the change, drained
-                elif last is not None and sample.generated is not None and last[1] is not None and now > last[0]:
-                    window.tokens += max(0.0, sample.generated - last[1])
-                    window.seconds += now - last[0]
-                last = (now, sample.generated)
-                settled = sample.generated is None or window.settled(self.stats.answered)  # no counter: each sample
-                rate = window.tokens / window.seconds if window.seconds >= WINDOW_S and sample.generated is not None \
-                    else None
                 before = self.stats.limit
-                self.stats.limit, climb = next_limit(before, self.stats.inflight, sample, self.policy,
-                                                     rate, climb, now, settled, previous)
-                previous = sample
+                self.stats.limit, rate = follower.step(time.monotonic(), sample, before, self.stats.inflight,
+                                                       self.stats.answered)
                 self.stats.samples = [*self.stats.samples[-599:], (time.time(), sample.running, sample.waiting)]
                 if self.stats.limit != before:
-                    last = None
-                    shed = self.shed(shed_to(self.stats.limit, climb)) if self.stats.limit < before else 0
+                    shed = self.shed(shed_to(self.stats.limit, follower.climb)) if self.stats.limit < before else 0
                     log.info("batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f, %s tokens/s)%s", before,
                              self.stats.limit, sample.running, sample.waiting, f"{rate:.0f}" if rate else "?",
                              f": the {shed} newest sends cancelled, their lines queued again" if shed else
