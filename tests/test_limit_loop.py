@@ -19,7 +19,8 @@ from timeslice_verl.batch.concurrency import Follower, Policy, Sample, shed_to
 
 STEP_S = 0.5
 NOISE = 0.08
-"""Each 0.5 s interval's tokens drawn ±8 % (one sigma): 2 s windows at one limit then read ~8 % apart, as there."""
+"""Each 0.5 s interval's tokens drawn ±8 % (one sigma): 2 s windows at one limit then read ~10 % apart (run 16's
+read 9–25 %)."""
 
 CURVES = {
     # tokens per answer, {running: tokens/s}: the mean of the passes before and after the time-sliced rows (run 16's

@@ -14,14 +14,14 @@ batch), never more than the ceiling. Pure: vLLM's ``/metrics`` in, a number out;
   best on a shorter window goes back at once (a probe past a steep knee is paid for every second it stays). A rate
   about flat (from ``fail`` below to ``gain`` above) probes on in smaller steps: on an H200 with short completions
   vLLM's API server, not the GPU, sets the pace, and more in flight keeps its running batch fuller between the waves
-  of answers (an H200 in this project's runs read rates 5–8 % apart at one limit, window to window: a bar of
+  of answers (2 s windows at one limit read 9–25 % apart on an H200, run 16 of 2026-12-02: a bar of
   ``gain`` below stopped the climb at 256 where 512 gave a fifth more).
 * **A probe up that failed looks below once**: the limit it started from may itself be past the knee (a start of
   256 where 128 gives the most, as this H200's API server with 512-token answers did): one step down; while a step
   down raises the rate by ``down_gain`` it goes on down, else back to the best limit and hold. After the hold the
   search starts over from there, so both sides are looked at again, each time less often. The bar below is higher
   than above: near the knee neighbouring limits differ by less than a window's noise (on an H200 with 512-token
-  answers, rates read 8 % apart at one limit), and a walk down on noise gave up a third of the batch running.
+  answers, 2 s windows at one limit read 9–25 % apart), and a walk down on noise gave up a third of the batch.
 * **What a fall cancels** (:func:`shed_to`): a probe up that cost tokens gives back its excess at once (the newest
   sends, which lost the least); a look below lets what is in flight drain — it is a question, not a loss, and
   cancelling 512-token answers half made throws their tokens away.
@@ -233,7 +233,7 @@ WINDOW_S = 3.0
 the gate was open (a valley may be shorter: the window goes on in the next) …"""
 TURNOVER = 1.0
 """… and until this many times the limit has been answered since the window opened: with 512-token answers 2 s
-windows at 256 in flight read rates 8 % apart (what finished in it, not the limit's own pace), and the policy walked
+windows at 256 in flight read rates 9–25 % apart (what finished in it, not the limit's own pace), and the policy walked
 down on them; a probe up clearly worse is judged before (the policy's ``loss``)."""
 
 
