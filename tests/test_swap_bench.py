@@ -49,7 +49,7 @@ def test_the_valley_benchmark_compares_solo_and_interleave_on_one_schedule(tmp_p
     out = tmp_path / "v"
     proc = subprocess.run([sys.executable, str(root / "benchmarks" / "valleys.py"), "--out", str(out), "--steps", "4",
                            "--rollout-s", "0.6", "--train-s", "0.1", "--burst-every", "2", "--device", "cpu",
-                           "--clients", "2"], capture_output=True, text=True, timeout=300)
+                           "--clients", "2", "--batch-lines", "300"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((out / "valleys.json").read_text())
     (run,), (row,) = result["runs"], result["rows"]
