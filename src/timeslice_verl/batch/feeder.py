@@ -83,8 +83,9 @@ class FeederStats:
     writes: int = 0
     shed: int = 0
     """Sends cancelled because the limit fell below them (their lines queued again)."""
-    samples: list[tuple[float, float, float]] = field(default_factory=list)
-    """The last (time, vLLM running, vLLM waiting) samples, newest last (at most 600)."""
+    samples: list[tuple[float, float, float, int]] = field(default_factory=list)
+    """The last (time, vLLM running, vLLM waiting, our lines in flight) samples, newest last (at most 600): where
+    vLLM holds less than we sent, its front end lags (on an H200 with 48-token answers, half of 768)."""
 
 
 class Feeder:
@@ -327,11 +328,13 @@ class Feeder:
                 before = self.stats.limit
                 self.stats.limit, rate = follower.step(time.monotonic(), sample, before, self.stats.inflight,
                                                        self.stats.answered)
-                self.stats.samples = [*self.stats.samples[-599:], (time.time(), sample.running, sample.waiting)]
+                self.stats.samples = [*self.stats.samples[-599:],
+                                      (time.time(), sample.running, sample.waiting, self.stats.inflight)]
                 if self.stats.limit != before:
                     shed = self.shed(shed_to(self.stats.limit, follower.climb)) if self.stats.limit < before else 0
-                    log.info("batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f, %s tokens/s)%s", before,
-                             self.stats.limit, sample.running, sample.waiting, f"{rate:.0f}" if rate else "?",
+                    log.info("batch: in flight %d -> %d (vLLM running %.0f, waiting %.0f of %d sent, %s tokens/s)%s",
+                             before, self.stats.limit, sample.running, sample.waiting, self.stats.inflight,
+                             f"{rate:.0f}" if rate else "?",
                              f": the {shed} newest sends cancelled, their lines queued again" if shed else
                              ": what is in flight drains" if self.stats.inflight > self.stats.limit else "")
                     self._room.set()
