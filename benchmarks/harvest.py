@@ -101,11 +101,12 @@ async def _generated(session: aiohttp.ClientSession) -> tuple[float, float | Non
 async def _capacity(url: str, bodies: list[bytes], inflight: int, seconds: float = 0.0) -> dict[str, Any]:
     """``inflight`` requests kept out until the bodies run out (``seconds``: until that long has passed since the first
     answer, the bodies sent round again — with 512-token answers at 512 in flight the first wave takes ~12 s, and a
-    level timed from its start kept 1 s of steady window). Besides the whole run's rate, the steady rate: the tokens vLLM generated (its own counter)
-    from the first answer (the pipeline primed) to the last request sent (from then on fewer are out) — what a batch
-    service that keeps the server full can get; the start and end of a short run read the whole rate low. (Counting
-    the answers that came in that span instead read twice the rate where answers of one length come in waves: the
-    span opens at the end of the first wave and closes at the end of the second, which both fall in it.)"""
+    level timed from its start kept 1 s of steady window). Besides the whole run's rate, the steady rate: the tokens
+    vLLM generated (its own counter) from the first answer (the pipeline primed) to the last request sent (from then
+    on fewer are out) — what a batch service that keeps the server full can get; the start and end of a short run
+    read the whole rate low. (Counting the answers that came in that span instead read twice the rate where answers
+    of one length come in waves: the span opens at the end of the first wave and closes at the end of the second,
+    which both fall in it.)"""
     done: list[tuple[float, int]] = []
     marks: dict[str, asyncio.Future] = {}
     sent = {"n": 0}

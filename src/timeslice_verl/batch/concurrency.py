@@ -246,9 +246,9 @@ class Window:
     tokens: float = 0.0
     seconds: float = 0.0
 
-    def settled(self, answered: int, seconds: float = WINDOW_S, turnover: float = TURNOVER) -> bool:
+    def settled(self, answered: int) -> bool:
         """Long enough, and a turnover of the limit answered, to judge the limit by its rate."""
-        return self.seconds >= seconds and answered - self.answered >= turnover * self.limit
+        return self.seconds >= WINDOW_S and answered - self.answered >= TURNOVER * self.limit
 
 
 class Follower:
@@ -256,8 +256,8 @@ class Follower:
     flight and answered so far) in, the next limit out. The rate is taken only over intervals the gate stayed open
     through, leaving out each valley's first (the wake's ramp), and a window opens only once a fall has drained."""
 
-    def __init__(self, policy: Policy, window_s: float = WINDOW_S, turnover: float = TURNOVER) -> None:
-        self.policy, self.window_s, self.turnover = policy, window_s, turnover
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
         self.climb = Climb()
         self.window = Window()
         self._last: tuple[float, float | None] | None = None
@@ -287,14 +287,11 @@ class Follower:
             window.tokens += max(0.0, sample.generated - self._last[1])
             window.seconds += now - self._last[0]
         self._last = (now, sample.generated) if inflight <= limit else None  # a draining interval is not the limit's
-        settled = sample.generated is None or window.settled(answered, self.window_s, self.turnover)  # no counter
-        rate = window.tokens / window.seconds if window.seconds >= self.window_s and sample.generated is not None \
-            else None
+        settled = sample.generated is None or window.settled(answered)  # no counter: sample by sample
+        rate = window.tokens / window.seconds if window.seconds >= WINDOW_S and sample.generated is not None else None
         new, self.climb = next_limit(limit, inflight, sample, self.policy, rate, self.climb, now, settled,
                                      self._previous)
         self._previous = sample
-        if new != limit:
-            self._last = None
         return new, rate
 
 
