@@ -24,7 +24,8 @@ steady window of 2–3 s.
 With ``--bracket`` (a) runs again after (c): the reference is the best steady level of both passes, and each row
 also gives its figures over the higher of that and (b) (``serving_vs_highest``, ``idle_vs_highest``): one short
 pass can read low, and every ratio over it high (run 15 of 2026-12-02). The scoring is ``harvest_score.py``.
-vLLM's ``num_requests_running`` / ``waiting`` are sampled every 100 ms throughout (``inflight.jsonl``). Each
+vLLM's ``num_requests_running`` / ``waiting`` are sampled every 100 ms throughout (``inflight.jsonl``), with the host's
+busy CPU share, vLLM's processes' CPU in cores and the GPU's SM clock (``hostload.py``). Each
 time-sliced row is written as ``row-<mix>-<profile>.json`` with the keys the issue names; ``harvest.json`` holds
 everything; the table is printed last.
 
@@ -53,6 +54,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harvest_score import (bracketed, counter_at, phase_generated, rescore, steady_best,  # noqa: E402,F401
                            valley_figures, valley_tokens)
+from hostload import HostLoad  # noqa: E402
 from valleys import row as valley_row  # noqa: E402
 
 from timeslice_verl.batch.client import BatchClient, served_model  # noqa: E402
@@ -64,7 +66,8 @@ from timeslice_verl.demo.run import DemoOptions, run_demo  # noqa: E402
 
 
 class Sampler:
-    """vLLM's running and waiting requests every ``every_s``, labelled with the phase of the benchmark."""
+    """vLLM's running and waiting requests, KV-cache use and generated tokens every ``every_s``, labelled with the phase
+    of the benchmark, beside the host's CPU, vLLM's processes' CPU and the GPU's clock (:class:`hostload.HostLoad`)."""
 
     def __init__(self, url: str, path: Path, every_s: float = 0.1) -> None:
         self.url, self.path, self.every_s, self.phase = url, path, every_s, "start"
@@ -80,6 +83,7 @@ class Sampler:
         self._thread.join()
 
     def _run(self) -> None:
+        load = HostLoad()
         with self.path.open("a") as f, httpx.Client(timeout=2) as http:
             while not self._stop.wait(self.every_s):
                 try:
@@ -88,7 +92,8 @@ class Sampler:
                     s = None
                 if s is not None:
                     f.write(json.dumps({"t": round(time.time(), 3), "phase": self.phase, "running": s.running,
-                                        "waiting": s.waiting, "kv": s.kv_usage, "generated": s.generated}) + "\n")
+                                        "waiting": s.waiting, "kv": s.kv_usage, "generated": s.generated,
+                                        **load.sample()}) + "\n")
 
 
 async def _generated(session: aiohttp.ClientSession) -> tuple[float, float | None]:

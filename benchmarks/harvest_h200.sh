@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The harvest benchmark on one H200 (issue 36), from the repo root there, in calls made back to back:
 #   bash benchmarks/harvest_h200.sh setup   stash vLLM's payload part0, build the test model
-#   bash benchmarks/harvest_h200.sh start   part1: unpack vLLM 0.24, start it (0.35 of the GPU), tagged
+#   bash benchmarks/harvest_h200.sh start   part1: unpack vLLM 0.24, start it (0.35 of the GPU), tagged (VLLM_ARGS: more)
 #   (a payload in three parts, when the working tree and a part pass the 64 MiB a call carries: PARTS=DIR for
 #    setup (part0), stash (part1) and start (part2), each call carrying its part)
 #   bash benchmarks/harvest_h200.sh run ARGS…   benchmarks/harvest.py --vllm-url … ARGS (vLLM stays up between calls)
@@ -9,7 +9,7 @@
 #                                               both mixes in one harvest.py), then in the next calls:
 #   bash benchmarks/harvest_h200.sh wait        waits up to WAIT_S (570) s; when the run has ended, packs it as run does
 # Here, beforehand: the vLLM recipe copied to .gpu/vllm and its build_payload.sh run into .gpu/parts; the project's
-# pure-Python needs the GPU image lacks (hydra-core, omegaconf, antlr4 4.9.3, python-multipart) in .gpu/pydeps.tar.xz.
+# pure-Python needs the GPU image lacks (hydra-core, omegaconf, antlr4 4.9.3, python-multipart, nvidia-ml-py) in .gpu/pydeps.tar.xz.
 set -uo pipefail
 OUT=${OUT:-harvest-out}
 mkdir -p "$OUT"
@@ -29,7 +29,7 @@ case "$1" in
     tar -xJf .gpu/pydeps.tar.xz -C /root
     source .gpu/vllm/vllm_env.sh
     export TIMESLICE_TENANT=1  # the reclaim ladder may stop it
-    bash .gpu/vllm/start_vllm.sh 8000 0.35 ;;
+    bash .gpu/vllm/start_vllm.sh 8000 0.35 ${VLLM_ARGS:-} ;;  # VLLM_ARGS: e.g. "--max-num-seqs 512"
   run|bg)
     mode=$1; shift
     source .gpu/vllm/vllm_env.sh

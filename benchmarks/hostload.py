@@ -1,0 +1,121 @@
+"""What the harvest benchmark's sampler records beside vLLM's metrics, so that a server slower in one row than in the
+next (run 19 of 2026-12-02: 32 000 against 47 575 tokens/s at the same running count, two minutes apart) can be told
+apart: the host's busy CPU share, the CPU each vLLM process used (in cores: its API server and engine core are
+Python loops whose pace can be the server's), and the GPU's SM clock and utilisation (nvidia-ml-py, when it loads).
+Read only: nothing here signals or changes a process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, NamedTuple
+
+import psutil
+
+log = logging.getLogger("timeslice.bench")
+
+ROLES = (("EngineCore", "engine_core"), ("vllm.entrypoints", "api_server"), ("vllm serve", "api_server"),
+         ("VLLM::", "worker"))
+"""A vLLM process's role by what its command line holds (vLLM names its engine core ``VLLM::EngineCore``), first
+match wins."""
+
+
+class Busy(NamedTuple):
+    busy: float
+    total: float
+
+
+def host_busy(times: Any) -> Busy:
+    """CPU seconds busy and in all from ``psutil.cpu_times()`` (idle and waiting on I/O are not busy)."""
+    total = sum(times)
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    return Busy(total - idle, total)
+
+
+def busy_share(before: Busy, after: Busy) -> float | None:
+    """The share of the host's CPU time that was busy between two reads; None when no time passed."""
+    total = after.total - before.total
+    return round(max(0.0, min(1.0, (after.busy - before.busy) / total)), 4) if total > 0 else None
+
+
+def vllm_role(cmdline: list[str]) -> str | None:
+    """``engine_core``, ``api_server`` or ``worker`` for a vLLM process's command line, else None."""
+    text = " ".join(cmdline)
+    return next((role for mark, role in ROLES if mark in text), None)
+
+
+def cores_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                  seconds: float) -> dict[str, float]:
+    """CPU used between two reads, in cores, summed by role; a process seen in only one read is left out."""
+    out: dict[str, float] = {}
+    if seconds <= 0:
+        return out
+    for pid, (role, cpu) in after.items():
+        if pid in before and before[pid][0] == role:
+            out[role] = round(out.get(role, 0.0) + max(0.0, cpu - before[pid][1]) / seconds, 3)
+    return out
+
+
+def _gpu(index: int) -> Any:
+    try:
+        import pynvml
+    except ImportError as exc:
+        log.info("no GPU clock samples: %s", exc)
+        return None
+    try:
+        pynvml.nvmlInit()
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+    except pynvml.NVMLError as exc:  # no driver (a CPU machine) or no such GPU: the GPU fields stay None
+        log.info("no GPU clock samples: %s", exc)
+        return None
+
+
+class HostLoad:
+    """Samples since the previous call: host CPU busy share, vLLM's processes' cores by role, GPU SM clock (MHz) and
+    utilisation (%). The vLLM processes are looked for again every ``rescan`` samples (a restarted server)."""
+
+    def __init__(self, gpu_index: int = 0, rescan: int = 20) -> None:
+        self._rescan, self._n = rescan, 0
+        self._pids: dict[int, str] = {}
+        self._host = host_busy(psutil.cpu_times())
+        self._procs, self._at = self._read(), time.monotonic()
+        self._nvml = _gpu(gpu_index)
+
+    def _scan(self) -> None:
+        self._pids = {}
+        for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
+            uids = proc.info.get("uids")
+            if uids is not None and uids.real != os.getuid():
+                continue
+            role = vllm_role(proc.info.get("cmdline") or [])
+            if role is not None:
+                self._pids[proc.info["pid"]] = role
+
+    def _read(self) -> dict[int, tuple[str, float]]:
+        if self._n % self._rescan == 0:
+            self._scan()
+        self._n += 1
+        out = {}
+        for pid, role in self._pids.items():
+            try:
+                t = psutil.Process(pid).cpu_times()
+            except psutil.Error:  # it ended: the next scan drops it
+                continue
+            out[pid] = (role, t.user + t.system)
+        return out
+
+    def sample(self) -> dict[str, Any]:
+        host, procs, now = host_busy(psutil.cpu_times()), self._read(), time.monotonic()
+        out: dict[str, Any] = {"host_cpu": busy_share(self._host, host),
+                               "vllm_cores": cores_by_role(self._procs, procs, now - self._at),
+                               "sm_mhz": None, "gpu_util": None}
+        self._host, self._procs, self._at = host, procs, now
+        if self._nvml is not None:
+            nvml, handle = self._nvml
+            try:
+                out["sm_mhz"] = nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)
+                out["gpu_util"] = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+            except nvml.NVMLError as exc:
+                log.info("GPU clock sample failed: %s", exc)
+        return out

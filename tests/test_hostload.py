@@ -1,0 +1,66 @@
+"""benchmarks/hostload.py: what the harvest benchmark's sampler records beside vLLM's metrics (the host's CPU, vLLM's
+processes' CPU by role, the GPU's clock), so that a slower server can be told from a slower feeder."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location("hostload", Path(__file__).resolve().parents[1] / "benchmarks" /
+                                               "hostload.py")
+assert _spec is not None and _spec.loader is not None
+hostload = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hostload)
+
+Times = namedtuple("Times", "user nice system idle iowait irq softirq steal")
+
+
+@pytest.mark.parametrize("cmdline, role", [
+    (["VLLM::EngineCore"], "engine_core"),
+    (["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], "api_server"),
+    (["/usr/bin/vllm", "serve", "m"], "api_server"),
+    (["VLLM::Worker_TP0"], "worker"),
+    (["python3", "trainer.py", "--vllm-url", "x"], None),
+    ([], None),
+])
+def test_a_vllm_process_is_known_by_its_command_line(cmdline, role):
+    assert hostload.vllm_role(cmdline) == role
+
+
+@pytest.mark.parametrize("before, after, share", [
+    (Times(10, 0, 5, 80, 5, 0, 0, 0), Times(20, 0, 10, 85, 5, 0, 0, 0), 0.75),  # 15 busy of 20
+    (Times(10, 0, 5, 80, 5, 0, 0, 0), Times(10, 0, 5, 90, 10, 0, 0, 0), 0.0),  # idle and iowait are not busy
+    (Times(10, 0, 5, 80, 5, 0, 0, 0), Times(10, 0, 5, 80, 5, 0, 0, 0), None),  # no time passed
+])
+def test_the_hosts_busy_share_between_two_reads(before, after, share):
+    assert hostload.busy_share(hostload.host_busy(before), hostload.host_busy(after)) == share
+
+
+def test_cores_by_role_sum_a_roles_processes_and_leave_out_one_seen_once():
+    before = {1: ("api_server", 10.0), 2: ("engine_core", 5.0), 3: ("engine_core", 1.0), 4: ("worker", 0.0)}
+    after = {1: ("api_server", 10.5), 2: ("engine_core", 6.0), 3: ("engine_core", 1.5), 5: ("worker", 9.0),
+             4: ("api_server", 3.0)}  # pid 4 reused by another role: not counted
+    assert hostload.cores_by_role(before, after, 0.5) == {"api_server": 1.0, "engine_core": 3.0}
+    assert hostload.cores_by_role(before, after, 0.0) == {}
+
+
+def test_a_sample_finds_a_running_vllm_process_of_this_user_and_reads_only():
+    """A live read on this host: a process whose command line names vLLM's API server is found and its CPU counted
+    (a value, not a speed: no threshold); it is left running — the sampler never signals anything."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "vllm.entrypoints.fake"],
+                             stdin=subprocess.PIPE)
+    try:
+        load = hostload.HostLoad(rescan=1)
+        got = load.sample()
+        assert set(got) == {"host_cpu", "vllm_cores", "sm_mhz", "gpu_util"}
+        assert got["host_cpu"] is None or 0.0 <= got["host_cpu"] <= 1.0
+        assert "api_server" in got["vllm_cores"] and got["vllm_cores"]["api_server"] >= 0.0
+        assert child.poll() is None
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
