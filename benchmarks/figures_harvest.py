@@ -184,26 +184,96 @@ def harvest_h200_session5() -> str:
 
 SESSION6 = RESULTS / "2026-12-02-h200-harvest-session6"
 SESSION6_CODE = {"run16": "9a415b0", "run17": "f7b7a09", "run18": "f7b7a09"}
+SESSION7 = RESULTS / "2026-12-02-h200-harvest-session7"
+SESSION7_CODE = {"run19": "5c9ee72", "run21": "5c9ee72"}
 
 
-def harvest_h200_session6() -> str:
-    """Runs 16–18 (one H200, 2026-12-02, sixth session): both mixes with the capacity bracketed (``--bracket``, each
-    level kept out 12 s); the reference is the best steady level of both passes."""
+def _bracketed_rows(folder: Path, codes: dict[str, str]) -> str:
+    """Time-sliced rows over the best steady capacity level of both passes (``--bracket``), with each row's limit
+    moves (its ``batch.log``) and sends shed."""
     lines = ["| run (code) | mix | capacity steady best, before / after (c), tokens/s | service alone (b) / ref | "
              "profile | serving / ref | idle / ref | step ratio | wait median / max s | a valley's tokens/s, "
              "lowest–highest | limit moves, sends shed |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for run, code in SESSION6_CODE.items():
-        for row_path in sorted((SESSION6 / run).glob("row-*.json")):
+    for run, code in codes.items():
+        for row_path in sorted((folder / run).glob("row-*.json")):
             r = json.loads(row_path.read_text())
             ref = r["capacity_tokens_per_s"]
             rates = [v["tokens_per_s"] for v in r["valleys"]]
-            log = SESSION6 / run / f"mix-{r['mix_tokens']}" / r["profile"] / "auto" / "batch.log"
+            log = folder / run / f"mix-{r['mix_tokens']}" / r["profile"] / "auto" / "batch.log"
             moves = sum(" in flight " in x and " -> " in x for x in log.read_text().splitlines())
             lines.append(f"| {run[3:]} ({code}) | {r['mix_tokens']} | {r['capacity_before']:.0f} / "
                          f"{r['capacity_after']:.0f} | {_f(r['service_alone_tokens_per_s'] / ref, 3)} | {r['profile']} | "
                          f"{_f(r['serving_vs_capacity'], 3)} | {_f(r['idle_vs_capacity'], 3)} | {_f(r['step_ratio'], 4)} | "
                          f"{_f(r['wait_s_median'], 3)} / {_f(r['wait_s_max'], 3)} | {min(rates):.0f}–{max(rates):.0f} | "
                          f"{moves}, {r['feeder']['shed']} of {r['feeder']['sent']} |")
+    return "\n".join(lines)
+
+
+def harvest_h200_session6() -> str:
+    """Runs 16–18 (one H200, 2026-12-02, sixth session): both mixes with the capacity bracketed (``--bracket``, each
+    level kept out 12 s); the reference is the best steady level of both passes."""
+    return _bracketed_rows(SESSION6, SESSION6_CODE)
+
+
+def harvest_h200_session7() -> str:
+    """Runs 19 and 21 (one H200, 2026-12-02, seventh session): run 19 both mixes in one harvest.py, run 21 the
+    512-token mix again on the same machine; bracketed as in session 6."""
+    return _bracketed_rows(SESSION7, SESSION7_CODE)
+
+
+def _phases(inflight: Path) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for line in inflight.read_text().splitlines():
+        r = json.loads(line)
+        out.setdefault(r["phase"], []).append(r)
+    return out
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+def harvest_h200_curve48() -> str:
+    """Runs 20 and 22 (session 7): the 48-token mix's capacity at more levels and the service alone; run 22 with
+    vLLM started ``--max-num-seqs 512`` (a queue inside vLLM past 512 in flight). vLLM's running and waiting are the
+    medians of the 100 ms samples over the level."""
+    lines = ["| run (vLLM) | requests in flight | steady tokens/s | whole level tokens/s | vLLM running / waiting, median |",
+             "|---|---|---|---|---|"]
+    for run, server in (("run20", "default"), ("run22", "--max-num-seqs 512")):
+        got = json.loads((SESSION7 / run / "harvest.json").read_text())["mixes"]["48"]
+        phases = _phases(SESSION7 / run / "inflight.jsonl")
+        for c in got["capacity"]:
+            p = phases[f"capacity-{c['inflight']}"]
+            lines.append(f"| {run[3:]} ({server}) | {c['inflight']} | {c['steady_tokens_per_s']:.0f} | "
+                         f"{c['tokens_per_s']:.0f} | {_median([x['running'] for x in p]):.0f} / "
+                         f"{_median([x['waiting'] for x in p]):.0f} |")
+        alone, p = got["service_alone"], phases["service-alone"]
+        lines.append(f"| {run[3:]} ({server}) | service alone, limit at end {alone['limit_at_end']} | – | "
+                     f"{alone['tokens_per_open_s']:.0f} per open s | {_median([x['running'] for x in p]):.0f} / "
+                     f"{_median([x['waiting'] for x in p]):.0f} |")
+    return "\n".join(lines)
+
+
+def harvest_h200_by_running() -> str:
+    """vLLM's own generation rate (its counter between two 100 ms samples) by how many requests it was running, per
+    time-sliced row of runs 19 and 21 (512-token answers): the same running count gave different rates in rows
+    minutes apart, and above 576 running every row lost a third or more. Medians of the samples in each bin (bins
+    of 64; bins with fewer than five samples left out)."""
+    bins = (128, 256, 320, 384, 448, 512, 576)
+    lines = ["| run, row | " + " | ".join(f"{b}–{b + 63}" for b in bins) + " | ≥ 640 |",
+             "|---|" + "---|" * (len(bins) + 1)]
+    for run in ("run19", "run21"):
+        phases = _phases(SESSION7 / run / "inflight.jsonl")
+        for profile in ("fleet", "longtail"):
+            got: dict[int, list[float]] = {}
+            p = phases[f"timesliced-512-{profile}"]
+            for a, b in zip(p, p[1:]):
+                dt, dg = b["t"] - a["t"], b["generated"] - a["generated"]
+                if 0 < dt <= 0.3 and dg > 0:
+                    got.setdefault(min(640, int(a["running"] // 64) * 64), []).append(dg / dt)
+            cells = [f"{_median(got[b]):.0f}" if len(got.get(b, [])) >= 5 else "–" for b in (*bins, 640)]
+            lines.append(f"| {run[3:]}, {profile} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
