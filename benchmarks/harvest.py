@@ -53,7 +53,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harvest_score import (bracketed, counter_at, phase_generated, rescore, steady_best,  # noqa: E402,F401
-                           valley_figures, valley_tokens)
+                           table, valley_figures, valley_tokens)
 from hostload import HostLoad  # noqa: E402
 from valleys import row as valley_row  # noqa: E402
 
@@ -165,13 +165,14 @@ def capacity(url: str, path: Path, per_level: int, levels: list[int], sampler: S
 
 
 def service_alone(url: str, path: Path, out: Path, lines: int, sampler: Sampler, fixed: int = 0,
-                  start: int = 32) -> dict[str, Any]:
-    """(b): the service feeds the batch alone; ``fixed``: that many in flight throughout (the limit not adapted).
-    The feeder's own limit and in-flight count are sampled every 100 ms beside vLLM's (``feeder.jsonl``)."""
-    sampler.phase = f"service-alone{f'-fixed-{fixed}' if fixed else ''}"
+                  start: int = 32, spread: bool = False) -> dict[str, Any]:
+    """(b): the service feeds the batch alone; ``fixed``: that many in flight throughout (the limit not adapted);
+    ``spread``: its sends released at the limit's pace (``timeslice.batch.spread``). The feeder's own limit and
+    in-flight count are sampled every 100 ms beside vLLM's (``feeder.jsonl``)."""
+    sampler.phase = f"service-alone{f'-fixed-{fixed}' if fixed else ''}{'-spread' if spread else ''}"
     out.mkdir(parents=True, exist_ok=True)
-    extra = ("timeslice.batch.adapt_concurrency=false", f"timeslice.batch.max_concurrency={max(fixed, 1024)}") \
-        if fixed else ()
+    extra = (("timeslice.batch.adapt_concurrency=false", f"timeslice.batch.max_concurrency={max(fixed, 1024)}")
+             if fixed else ()) + (("timeslice.batch.spread=true",) if spread else ())
     service, service_url, key = start_batch_service(out, None, url, fixed or start, extra=extra)
     client = BatchClient(service_url, key, timeout_s=600)
     proc = psutil.Process(service.proc.pid)
@@ -197,7 +198,7 @@ def service_alone(url: str, path: Path, out: Path, lines: int, sampler: Sampler,
             "retried": fig["retried"], "wall_s": round(wall, 2), "tokens": fig["tokens"],
             "tokens_per_s": round(fig["tokens"] / wall, 1), "tokens_per_open_s": summary.get("tokens_per_s_open"),
             "upload_s": round(t0 - t_upload, 2), "service_cpu_ms_per_line": round(1000 * cpu / max(1, lines), 3),
-            "limit_at_end": (summary.get("feeder") or {}).get("limit"), "fixed": fixed}
+            "limit_at_end": (summary.get("feeder") or {}).get("limit"), "fixed": fixed, "spread": spread}
 
 
 def _watch_feeder(url: str, key: str, path: Path, stop: threading.Event) -> None:
@@ -219,7 +220,8 @@ Solos = dict[str, tuple[str, dict[str, Any]]]
 def timesliced(args: argparse.Namespace, url: str, mix: int, profile: str, best: float, sampler: Sampler,
                solos: Solos) -> dict[str, Any]:
     base = DemoOptions(steps=args.steps, rollout_s=args.rollout_s, train_s=args.train_s, device=args.device, gib=args.gib,
-                       vllm_url=url, clients=args.start_inflight, seed=args.seed, batch_lines=args.lines, max_tokens=mix, profile=profile)
+                       vllm_url=url, clients=args.start_inflight, seed=args.seed, batch_lines=args.lines, max_tokens=mix, profile=profile,
+                       batch_overrides=("timeslice.batch.spread=true",) if args.spread else ())
     folder = args.out / f"mix-{mix}" / profile
     if profile not in solos:  # the trainer alone does not depend on the mix: once per profile and run
         sampler.phase = f"solo-{mix}-{profile}"
@@ -259,6 +261,9 @@ def main() -> int:
     ap.add_argument("--start-inflight", type=int, default=256, help="the service's lines in flight at the start "
                     "(timeslice.batch.concurrency) in (b) and (c); then the limit follows vLLM")
     ap.add_argument("--alone-fixed", default="", help="(b) again at these fixed numbers in flight, e.g. 256,512")
+    ap.add_argument("--spread", action="store_true", help="the service's sends at the limit's pace in (b) and (c) "
+                    "(timeslice.batch.spread)")
+    ap.add_argument("--alone-spread", action="store_true", help="(b) again with the other --spread setting")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--gib", type=float, default=8.0)
     ap.add_argument("--steps", type=int, default=12)
@@ -310,10 +315,13 @@ def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampl
     best = steady_best(got.get("capacity", []))
     alone = min(args.lines, args.alone_tokens // mix) if args.alone_tokens else args.alone_lines
     if "b" in parts:
-        got["service_alone"] = service_alone(url, _head(path, alone), args.out / f"mix-{mix}" / "service",
-                                             alone or args.lines, sampler, start=args.start_inflight)
-        got["service_alone"]["vs_capacity"] = round(got["service_alone"]["tokens_per_s"] / best, 4) if best else None
-        print(json.dumps({"service_alone": got["service_alone"]}), flush=True)
+        for key, spread in (("service_alone", args.spread), ("service_alone_other", not args.spread)):
+            if key == "service_alone_other" and not args.alone_spread:
+                break
+            got[key] = service_alone(url, _head(path, alone), args.out / f"mix-{mix}" / f"service{'-spread' if spread else ''}",
+                                     alone or args.lines, sampler, start=args.start_inflight, spread=spread)
+            got[key]["vs_capacity"] = round(got[key]["tokens_per_s"] / best, 4) if best else None
+            print(json.dumps({key: got[key]}), flush=True)
     for fixed in (int(x) for x in args.alone_fixed.split(",") if x):
         row = service_alone(url, _head(path, alone), args.out / f"mix-{mix}" / f"service-{fixed}",
                             alone or args.lines, sampler, fixed)
@@ -354,30 +362,6 @@ def _wait(url: str) -> None:
             pass
         time.sleep(0.1)
     raise SystemExit(f"no tenant answers at {url}")
-
-
-def table(result: dict[str, Any]) -> str:
-    out = []
-    for mix, got in result["mixes"].items():
-        caps = ", ".join(f"{c['inflight']}: {c['tokens_per_s']:.0f}" for c in got.get("capacity", []))
-        out.append(f"{mix}-token completions — capacity tokens/s by requests in flight: {caps or '–'}")
-        if "service_alone" in got:
-            s = got["service_alone"]
-            out.append(f"  service alone: {s['tokens_per_s']:.0f} tokens/s ({s['vs_capacity']} of capacity), "
-                       f"{s['completed']}/{s['lines']} lines, limit at end {s['limit_at_end']}")
-        for s in got.get("service_fixed", []):
-            out.append(f"  service, {s['fixed']} in flight: {s['tokens_per_s']:.0f} tokens/s ({s['vs_capacity']} of capacity), "
-                       f"{s['completed']}/{s['lines']} lines")
-        if "capacity_after" in got:
-            caps = ", ".join(f"{c['inflight']}: {c['tokens_per_s']:.0f}" for c in got["capacity_after"])
-            out.append(f"  capacity again after (c): {caps}; the reference: the best steady level of both passes")
-        for r in got.get("timesliced", []):
-            strict = (f"  (over the higher of it and (b): {r['serving_vs_highest']} / {r['idle_vs_highest']})"
-                      if "serving_vs_highest" in r else "")
-            out.append(f"  {r['profile']:9} serving/capacity {r['serving_vs_capacity']}  idle/capacity {r['idle_vs_capacity']}  "
-                       f"step ratio {r['step_ratio']}  wait median {r['wait_s_median']} s max {r['wait_s_max']} s  "
-                       f"vLLM of idle {r['vllm_of_idle']}  lost {r['lost']} twice {r['twice']}{strict}")
-    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The harvest benchmark's scoring (``benchmarks/harvest.py``), pure over its raw data: each lent valley's tokens from
 vLLM's own counter, the figures over the capacity, a row read again over a bracketed capacity or recomputed from the
-files beside it."""
+files beside it; the table harvest.py prints last."""
 
 from __future__ import annotations
 
@@ -87,3 +87,27 @@ def bracketed(out: Path, r: dict[str, Any], before: float, after: float, alone: 
         r[f"{key}_vs_highest"] = round(value * r["capacity_tokens_per_s"] / high, 4) if value is not None else None
     (out / f"row-{r['mix_tokens']}-{r['profile']}.json").write_text(json.dumps(r, indent=1) + "\n")
     return r
+
+
+def table(result: dict[str, Any]) -> str:
+    out = []
+    for mix, got in result["mixes"].items():
+        caps = ", ".join(f"{c['inflight']}: {c['tokens_per_s']:.0f}" for c in got.get("capacity", []))
+        out.append(f"{mix}-token completions — capacity tokens/s by requests in flight: {caps or '–'}")
+        for s in (got[k] for k in ("service_alone", "service_alone_other") if k in got):
+            out.append(f"  service alone{' (sends spread)' if s.get('spread') else ''}: {s['tokens_per_s']:.0f} tokens/s "
+                       f"({s['vs_capacity']} of capacity), {s['completed']}/{s['lines']} lines, limit at end "
+                       f"{s['limit_at_end']}")
+        for s in got.get("service_fixed", []):
+            out.append(f"  service, {s['fixed']} in flight: {s['tokens_per_s']:.0f} tokens/s ({s['vs_capacity']} of capacity), "
+                       f"{s['completed']}/{s['lines']} lines")
+        if "capacity_after" in got:
+            caps = ", ".join(f"{c['inflight']}: {c['tokens_per_s']:.0f}" for c in got["capacity_after"])
+            out.append(f"  capacity again after (c): {caps}; the reference: the best steady level of both passes")
+        for r in got.get("timesliced", []):
+            strict = (f"  (over the higher of it and (b): {r['serving_vs_highest']} / {r['idle_vs_highest']})"
+                      if "serving_vs_highest" in r else "")
+            out.append(f"  {r['profile']:9} serving/capacity {r['serving_vs_capacity']}  idle/capacity {r['idle_vs_capacity']}  "
+                       f"step ratio {r['step_ratio']}  wait median {r['wait_s_median']} s max {r['wait_s_max']} s  "
+                       f"vLLM of idle {r['vllm_of_idle']}  lost {r['lost']} twice {r['twice']}{strict}")
+    return "\n".join(out)

@@ -36,6 +36,7 @@ import aiohttp
 from timeslice_verl.backoff import Backoff
 from timeslice_verl.batch.concurrency import Follower, Policy, Sample, parse_metrics, shed_to
 from timeslice_verl.batch.gate import Gate
+from timeslice_verl.batch.pacing import Latency, Pacer
 from timeslice_verl.batch.store import LEASE_S, Line, Outcome, Store, StoreUnavailable
 from timeslice_verl.log import get_logger
 from timeslice_verl.names import TenantRole
@@ -91,7 +92,7 @@ class FeederStats:
 class Feeder:
     def __init__(self, store: Store, url: str, gate: Gate, *, policy: Policy, adapt: bool = True,
                  max_attempts: int = 5, request_timeout_s: float = 600.0, settle: bool = True,
-                 lease_s: float = LEASE_S, role: TenantRole = TenantRole.batch) -> None:
+                 lease_s: float = LEASE_S, role: TenantRole = TenantRole.batch, spread: bool = False) -> None:
         self.store, self.url, self.gate = store, url.rstrip("/"), gate
         self.role = role
         """Which batches this tenant answers (users' or the policy's validation runs)."""
@@ -116,6 +117,10 @@ class Feeder:
         """The sends in flight, oldest first."""
         self._shedding: set[asyncio.Task] = set()
         self._shed_lines: list[Line] = []
+        self.spread = spread
+        """Sends released at the limit's pace (:mod:`timeslice_verl.batch.pacing`), not all at once."""
+        self._pacer, self.latency = Pacer(), Latency()
+        self._sent_at: dict[asyncio.Task, float] = {}
 
     def kick(self) -> None:
         """New lines (a batch was created): look for work now."""
@@ -160,15 +165,18 @@ class Feeder:
                     await self._db(self.store.release, held)
                 await self.gate.wait_open()
             free = self.stats.limit - self.stats.inflight
-            while free > 0 and self._ready:
+            go = self._allowed(min(free, len(self._ready)))
+            for _ in range(go):
                 self._launch(session, self._ready.popleft())
-                free -= 1
+            free -= go
             if len(self._ready) < self.stats.limit and not self._claiming:
                 self._claiming = True
                 asyncio.create_task(self._claim(self.stats.limit - len(self._ready) + max(0, free)))
             self._room.clear()
+            wait = 0.2 if go >= free or not self._ready else \
+                min(0.2, max(0.001, self._pacer.wait_s(self.stats.limit, self.latency.mean_s)))  # the pacer's next send
             try:
-                await asyncio.wait_for(self._room.wait(), timeout=0.2)  # a slot, claimed lines, a new batch, a backoff
+                await asyncio.wait_for(self._room.wait(), timeout=wait)  # a slot, claimed lines, a new batch, a backoff
             except asyncio.TimeoutError:
                 pass
 
@@ -186,7 +194,14 @@ class Feeder:
         self.stats.sent += 1
         task = asyncio.create_task(self._try(session, line))
         self._sending[task] = line
+        self._sent_at[task] = time.monotonic()
         task.add_done_callback(functools.partial(self._sent, session))
+
+    def _allowed(self, want: int) -> int:
+        """How many of ``want`` sends may go now: all, unless sends are spread."""
+        if not self.spread:
+            return max(0, want)
+        return self._pacer.allow(time.monotonic(), want, self.stats.limit, self.latency.mean_s)
 
     def shed(self, to: int | None = None) -> int:
         """Cancel the newest sends past ``to`` (default: the limit; they lost the least); how many. Their lines go
@@ -205,6 +220,7 @@ class Feeder:
         """A send ended: its slot is free now (its outcome is written behind it). A done callback, not the send's
         own ``finally``: a send cancelled before it ever ran has none."""
         line = self._sending.pop(task)
+        sent_at = self._sent_at.pop(task)
         shed = task in self._shedding
         self._shedding.discard(task)
         self.stats.inflight -= 1
@@ -214,8 +230,13 @@ class Feeder:
             if exc is not None:
                 log.error("batch: sending line %s of %s failed unexpectedly", line.custom_id, line.batch_id, exc_info=exc)
             outcome = self._again(line, f"{type(exc).__name__}: {exc}") if exc is not None else task.result()
+        if outcome is not None and outcome.state == "done":
+            self.latency.add(time.monotonic() - sent_at)
         if self.gate.open and self._ready and self.stats.inflight < self.stats.limit:
-            self._launch(session, self._ready.popleft())  # the freed slot's next line, without a wake-up
+            if self._allowed(1):
+                self._launch(session, self._ready.popleft())  # the freed slot's next line, without a wake-up
+            else:
+                self._room.set()  # the pacer holds it: the feed loop sends it when the pacer lets it
         if len(self._ready) * 2 < self.stats.limit:
             self._room.set()  # time to claim ahead
         if outcome is not None:

@@ -115,7 +115,8 @@ class Service:
         """One per tenant: the agent's word for all, each tenant's own health (a restarting server stops only its
         own lines)."""
         self.feeders = [Feeder(self.store, url, gate, policy=policy, adapt=b.adapt_concurrency, max_attempts=b.max_attempts,
-                               request_timeout_s=b.request_timeout_s, settle=i == 0, lease_s=b.lease_s, role=which)
+                               request_timeout_s=b.request_timeout_s, settle=i == 0, lease_s=b.lease_s, role=which,
+                               spread=b.spread)
                         for i, ((url, which), gate) in enumerate(zip(fed, self.gates))]
         self.metrics = BatchMetrics(self)
         served = {TenantRole.batch: Models(self.url) if self.url else None,
@@ -176,7 +177,8 @@ class Service:
         each = [{"tenant": f.url, "open": g.open, "open_s": round(g.seconds_open(), 3), **_stats(f)}
                 for f, g in zip(self.feeders, self.gates)]
         feeder = {k: sum(e[k] for e in each) for k in ("limit", "inflight", "sent", "answered", "written", "writes", "shed")}
-        feeder.update(healthy=all(f.healthy for f in self.feeders),
+        feeder.update(healthy=all(f.healthy for f in self.feeders), spread=any(f.spread for f in self.feeders),
+                      answer_s=each[0]["answer_s"] if each else None,
                       samples=self.feeders[0].stats.samples[-50:] if self.feeders else [],
                       problem="; ".join(f.problem for f in self.feeders if f.problem))
         return {"tenant": self.url, "tenants": each, "role": self.role.value,
@@ -198,7 +200,8 @@ def _validation_version(metadata: str | None) -> int | None:
 def _stats(feeder: Feeder) -> dict[str, Any]:
     st = feeder.stats
     return {"limit": st.limit, "inflight": st.inflight, "sent": st.sent, "answered": st.answered, "written": st.written,
-            "writes": st.writes, "shed": st.shed}
+            "writes": st.writes, "shed": st.shed, "spread": feeder.spread,
+            "answer_s": round(feeder.latency.mean_s, 4) if feeder.latency.mean_s is not None else None}
 
 
 def serve(settings: TimesliceSettings, role: Role = Role.all) -> None:

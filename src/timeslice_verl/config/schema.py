@@ -223,6 +223,10 @@ class BatchSettings:
     max_concurrency: int = 1024
     adapt_concurrency: bool = True
     """Follow vLLM's ``/metrics``: its running batch full, a short queue inside it (off: always ``concurrency``)."""
+    spread: bool = False
+    """Release sends at the limit's pace (the limit per answer's time), not all at once: answers of one length sent
+    together come back together, and vLLM's front end leaves the GPU idle between the waves. Off until measured on a
+    GPU (``benchmarks/harvest.py --spread``)."""
     max_attempts: int = 5
     """Tries of a line whose request failed for a reason not its own (an abort, a kill, a restart), then it fails."""
     max_file_mb: float = 200.0  # the largest input file accepted

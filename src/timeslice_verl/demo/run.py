@@ -79,6 +79,8 @@ class DemoOptions:
     """The same schedule with ``+timeslice=observe``: no agent, no tenant (the baseline)."""
     overrides: tuple[str, ...] = ()
     """More ``timeslice.…`` overrides for the interleave section (e.g. ``timeslice.handoff.swap=checkpoint``)."""
+    batch_overrides: tuple[str, ...] = ()
+    """More ``timeslice.batch.…`` settings for the batch service (e.g. ``timeslice.batch.spread=true``)."""
     validate_every: int = 0
     """Validate every this many versions in the valleys (:mod:`~timeslice_verl.demo.validation`); 0: off."""
     policy_url: str = ""
@@ -177,7 +179,8 @@ def _start_node(opts: DemoOptions, out: Path, backend: str, node: Node) -> None:
         node.policy, _, _ = start_tenant(out, node.socket, "", policy_port, name="policy-tenant")
     wait_tenant_warm(node.socket)
     policy = (f"timeslice.validate.policy_url={node.policy_url}",) if node.policy_url else ()
-    node.service, service_url, key = start_batch_service(out, node.socket, node.tenant_url, opts.clients, policy)
+    node.service, service_url, key = start_batch_service(out, node.socket, node.tenant_url, opts.clients,
+                                                         (*policy, *opts.batch_overrides))
     node.service_url = service_url
     tokens = opts.max_tokens or (48 if backend == "cuda" else 24)
     lines = opts.batch_lines or (20000 if backend == "cuda" else 1000)
