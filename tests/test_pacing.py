@@ -82,3 +82,42 @@ def test_a_service_with_spread_sends_answers_every_line_once(tmp_path, procs):
     assert batch["request_counts"] == {"total": 600, "completed": 600, "failed": 0}
     assert feeder["spread"] is True and feeder["answer_s"] is not None
     assert tenant.stats()["completed"] == 600
+
+
+def test_an_answers_time_counts_only_the_gates_open_seconds(tmp_path, procs):
+    """The answer time the pacer paces by is taken on the gate's open-seconds clock: a request held through a
+    trainer's turn (the gate closed) took the server no longer. Here that clock reads 10.0 at the send and 10.5 at
+    the answer, whatever the wall clock did."""
+    import asyncio
+
+    import aiohttp
+    from agent_support import FakeVllmProc
+
+    from timeslice_verl.batch.concurrency import Policy
+    from timeslice_verl.batch.feeder import Feeder
+    from timeslice_verl.batch.gate import Gate
+    from timeslice_verl.batch.lines import parse
+    from timeslice_verl.batch.store import Store
+
+    tenant = FakeVllmProc()
+    procs.append(tenant)
+    store = Store(tmp_path / "b.sqlite")
+    body = json.dumps({"custom_id": "c0", "method": "POST", "url": "/v1/completions",
+                       "body": {"model": "m", "prompt": "x", "max_tokens": 2}}).encode()
+    store.create_batch("/v1/completions", "f", 86400, "24h", None, parse(body, "/v1/completions"))
+    gate = Gate(None)
+    reads = iter([10.0, 10.5])
+    gate.seconds_open = lambda: next(reads)  # type: ignore[method-assign]
+
+    async def run() -> float | None:
+        feeder = Feeder(store, tenant.url, gate, policy=Policy(start=1), adapt=False, spread=True)
+        async with aiohttp.ClientSession(tenant.url) as session:
+            (line,) = store.claim(1, now=1e12)
+            feeder._launch(session, line)
+            for _ in range(6000):  # a guard against a hang, no measurement
+                if feeder.stats.inflight == 0:
+                    break
+                await asyncio.sleep(0.01)
+        return feeder.latency.mean_s
+
+    assert asyncio.run(run()) == pytest.approx(0.5)

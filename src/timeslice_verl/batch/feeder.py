@@ -121,6 +121,7 @@ class Feeder:
         """Sends released at the limit's pace (:mod:`timeslice_verl.batch.pacing`), not all at once."""
         self._pacer, self.latency = Pacer(), Latency()
         self._sent_at: dict[asyncio.Task, float] = {}
+        """Each send's start, in the gate's open seconds (an answer held through a trainer's turn took no longer)."""
 
     def kick(self) -> None:
         """New lines (a batch was created): look for work now."""
@@ -173,7 +174,7 @@ class Feeder:
                 self._claiming = True
                 asyncio.create_task(self._claim(self.stats.limit - len(self._ready) + max(0, free)))
             self._room.clear()
-            wait = 0.2 if go >= free or not self._ready else \
+            wait = 0.2 if free <= 0 or not self._ready else \
                 min(0.2, max(0.001, self._pacer.wait_s(self.stats.limit, self.latency.mean_s)))  # the pacer's next send
             try:
                 await asyncio.wait_for(self._room.wait(), timeout=wait)  # a slot, claimed lines, a new batch, a backoff
@@ -194,7 +195,7 @@ class Feeder:
         self.stats.sent += 1
         task = asyncio.create_task(self._try(session, line))
         self._sending[task] = line
-        self._sent_at[task] = time.monotonic()
+        self._sent_at[task] = self.gate.seconds_open()
         task.add_done_callback(functools.partial(self._sent, session))
 
     def _allowed(self, want: int) -> int:
@@ -230,8 +231,8 @@ class Feeder:
             if exc is not None:
                 log.error("batch: sending line %s of %s failed unexpectedly", line.custom_id, line.batch_id, exc_info=exc)
             outcome = self._again(line, f"{type(exc).__name__}: {exc}") if exc is not None else task.result()
-        if outcome is not None and outcome.state == "done":
-            self.latency.add(time.monotonic() - sent_at)
+        if outcome is not None and outcome.state == "done":  # its time with the gate open: a pause is not the server's
+            self.latency.add(self.gate.seconds_open() - sent_at)
         if self.gate.open and self._ready and self.stats.inflight < self.stats.limit:
             if self._allowed(1):
                 self._launch(session, self._ready.popleft())  # the freed slot's next line, without a wake-up
