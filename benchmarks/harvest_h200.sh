@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The harvest benchmark on one H200 (issue 36), from the repo root there, in calls made back to back:
 #   bash benchmarks/harvest_h200.sh setup   stash vLLM's payload part0, build the test model
-#   bash benchmarks/harvest_h200.sh start   part1: unpack vLLM 0.24, start it (0.35 of the GPU), tagged (VLLM_ARGS: more)
+#   bash benchmarks/harvest_h200.sh start   part1: unpack vLLM 0.24, start it (0.35 of the GPU), tagged (VLLM_ARGS: more;
+#                                           VLLM_API_SERVERS=N: its front end in N processes)
 #   (a payload in three parts, when the working tree and a part pass the 64 MiB a call carries: PARTS=DIR for
 #    setup (part0), stash (part1) and start (part2), each call carrying its part)
 #   bash benchmarks/harvest_h200.sh run ARGS…   benchmarks/harvest.py --vllm-url … ARGS (vLLM stays up between calls)
@@ -29,6 +30,17 @@ case "$1" in
     tar -xJf .gpu/pydeps.tar.xz -C /root
     source .gpu/vllm/vllm_env.sh
     export TIMESLICE_TENANT=1  # the reclaim ladder may stop it
+    if [ -n "${VLLM_API_SERVERS:-}" ]; then  # its front end in N processes: vllm serve --api-server-count N
+      (setsid nohup python3 -m vllm.entrypoints.cli.main serve /root/model --served-model-name m --enable-sleep-mode \
+        --gpu-memory-utilization 0.35 --max-model-len 2048 --port 8000 --host 127.0.0.1 --dtype bfloat16 \
+        --api-server-count "$VLLM_API_SERVERS" ${VLLM_ARGS:-} > /root/vllm.log 2>&1 &)
+      for i in $(seq 1 240); do
+        python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" \
+          2>/dev/null && { echo "vLLM up after ${i}s, its front end in $VLLM_API_SERVERS processes"; exit 0; }
+        sleep 1
+      done
+      tail -30 /root/vllm.log; exit 1
+    fi
     bash .gpu/vllm/start_vllm.sh 8000 0.35 ${VLLM_ARGS:-} ;;  # VLLM_ARGS: e.g. "--max-num-seqs 512"
   run|bg)
     mode=$1; shift

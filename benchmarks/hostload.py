@@ -15,10 +15,10 @@ import psutil
 
 log = logging.getLogger("timeslice.bench")
 
-ROLES = (("EngineCore", "engine_core"), ("vllm.entrypoints", "api_server"), ("vllm serve", "api_server"),
-         ("VLLM::", "worker"))
-"""A vLLM process's role by what its command line holds (vLLM names its engine core ``VLLM::EngineCore``), first
-match wins."""
+ROLES = (("EngineCore", "engine_core"), ("APIServer", "api_server"), ("vllm.entrypoints", "api_server"),
+         ("vllm serve", "api_server"), ("VLLM::", "worker"))
+"""A vLLM process's role by what its command line holds (vLLM names its engine core ``VLLM::EngineCore`` and, with
+``--api-server-count``, each front end ``…APIServer…``), first match wins."""
 
 
 class Busy(NamedTuple):

@@ -25,6 +25,7 @@ Times = namedtuple("Times", "user nice system idle iowait irq softirq steal")
     (["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], "api_server"),
     (["/usr/bin/vllm", "serve", "m"], "api_server"),
     (["VLLM::Worker_TP0"], "worker"),
+    (["VLLM::APIServer_1"], "api_server"),
     (["python3", "trainer.py", "--vllm-url", "x"], None),
     ([], None),
 ])
