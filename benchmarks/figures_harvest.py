@@ -277,6 +277,28 @@ def harvest_h200_by_running() -> str:
     return "\n".join(lines)
 
 
+def harvest_h200_waves() -> str:
+    """Run 19's time-sliced rows (session 7): the 100 ms samples inside the lent valleys (a release to the next
+    acquire, ``run.jsonl``), how many found vLLM running fewer than 64, and vLLM's own rate while it ran 320 or more
+    against its rate over all of them: answers of one length come back in waves, and the server empties between."""
+    lines = ["| mix, profile | samples in the valleys | of them under 64 running | tokens/s while ≥ 320 running, median | "
+             "tokens/s over all samples, median |", "|---|---|---|---|---|"]
+    phases = _phases(SESSION7 / "run19" / "inflight.jsonl")
+    for mix in ("48", "512"):
+        for profile in ("fleet", "longtail"):
+            events = [json.loads(x) for x in (SESSION7 / "run19" / f"mix-{mix}" / profile / "auto" / "run.jsonl")
+                      .read_text().splitlines() if x.strip()]
+            marks = [(e["time"], e["action"]) for e in events if e.get("hook") == "handoff" and e.get("ok", True)]
+            valleys = [(a[0], b[0]) for a, b in zip(marks, marks[1:]) if a[1] == "release" and b[1] == "acquire"]
+            inside = [r for r in phases[f"timesliced-{mix}-{profile}"] if any(s <= r["t"] <= e for s, e in valleys)]
+            rates = [((b["generated"] - a["generated"]) / (b["t"] - a["t"]), a["running"]) for a, b in zip(inside, inside[1:])
+                     if 0 < b["t"] - a["t"] <= 0.3]
+            low = sum(r["running"] < 64 for r in inside)
+            lines.append(f"| {mix}, {profile} | {len(inside)} | {low} ({low / len(inside):.0%}) | "
+                         f"{_median([g for g, n in rates if n >= 320]):.0f} | {_median([g for g, _ in rates]):.0f} |")
+    return "\n".join(lines)
+
+
 def validate_h200() -> str:
     """benchmarks/validate_h200.sh on one H200 (2026-12-02): the demo solo and validating every 2nd version through
     a policy tenant with IPC weight transfer, the same schedule each."""
