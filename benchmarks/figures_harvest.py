@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
 from figures_common import RESULTS, _f
+from harvest_score import valleys
 
 
 def _harvest_log(run: Path) -> dict[str, Any]:
@@ -229,9 +231,7 @@ def _phases(inflight: Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    return values[len(values) // 2]
+_median = statistics.median_high
 
 
 def harvest_h200_curve48() -> str:
@@ -286,11 +286,8 @@ def harvest_h200_waves() -> str:
     phases = _phases(SESSION7 / "run19" / "inflight.jsonl")
     for mix in ("48", "512"):
         for profile in ("fleet", "longtail"):
-            events = [json.loads(x) for x in (SESSION7 / "run19" / f"mix-{mix}" / profile / "auto" / "run.jsonl")
-                      .read_text().splitlines() if x.strip()]
-            marks = [(e["time"], e["action"]) for e in events if e.get("hook") == "handoff" and e.get("ok", True)]
-            valleys = [(a[0], b[0]) for a, b in zip(marks, marks[1:]) if a[1] == "release" and b[1] == "acquire"]
-            inside = [r for r in phases[f"timesliced-{mix}-{profile}"] if any(s <= r["t"] <= e for s, e in valleys)]
+            lent = valleys(SESSION7 / "run19" / f"mix-{mix}" / profile / "auto" / "run.jsonl")
+            inside = [r for r in phases[f"timesliced-{mix}-{profile}"] if any(s <= r["t"] <= e for s, e in lent)]
             rates = [((b["generated"] - a["generated"]) / (b["t"] - a["t"]), a["running"]) for a, b in zip(inside, inside[1:])
                      if 0 < b["t"] - a["t"] <= 0.3]
             low = sum(r["running"] < 64 for r in inside)

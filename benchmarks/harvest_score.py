@@ -9,17 +9,22 @@ from pathlib import Path
 from typing import Any
 
 
-def valley_tokens(run_jsonl: Path, inflight: Path, phase: str) -> list[dict[str, Any]]:
-    """Each lent valley of a time-sliced run (a release to the next acquire, from its ``run.jsonl``) with the tokens
-    vLLM generated in it (its counter, as the sampler read it in ``phase``)."""
+def valleys(run_jsonl: Path) -> list[tuple[float, float]]:
+    """Each lent valley of a time-sliced run: a release to the next acquire (its ``run.jsonl``), as (start, end)."""
     events = [json.loads(x) for x in run_jsonl.read_text().split("\n") if x]
     marks = [(e["time"], e["action"]) for e in events if e.get("hook") == "handoff" and e.get("ok", True)]
+    return [(t0, t1) for (t0, a0), (t1, a1) in zip(marks, marks[1:]) if a0 == "release" and a1 == "acquire"]
+
+
+def valley_tokens(run_jsonl: Path, inflight: Path, phase: str) -> list[dict[str, Any]]:
+    """Each lent valley of a time-sliced run (:func:`valleys`) with the tokens vLLM generated in it (its counter, as
+    the sampler read it in ``phase``)."""
     reads = [(r["t"], r["generated"]) for r in (json.loads(x) for x in inflight.read_text().split("\n") if x)
              if r.get("phase") == phase and r.get("generated") is not None]
     out = []
-    for (t0, a0), (t1, a1) in zip(marks, marks[1:]):
+    for t0, t1 in valleys(run_jsonl):
         g0, g1 = counter_at(reads, t0), counter_at(reads, t1)
-        if a0 == "release" and a1 == "acquire" and g0 is not None and g1 is not None:
+        if g0 is not None and g1 is not None:
             out.append({"start": round(t0, 3), "seconds": round(t1 - t0, 3), "tokens": round(g1 - g0),
                         "tokens_per_s": round((g1 - g0) / (t1 - t0), 1) if t1 > t0 else None})
     return out

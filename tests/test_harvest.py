@@ -357,8 +357,8 @@ def test_lines_claimed_ahead_and_never_sent_go_back_without_counting_a_try(tmp_p
 def test_one_batch_feeds_every_tenant_of_the_node_each_line_answered_once(tmp_path, procs):
     """Issue 36, item 5: the service follows the node's tenant list (``tenant.urls``): one queue, a feeder per
     tenant; each stand-in runs at most 8 at a time, so neither could have taken the whole batch alone."""
-    from agent_support import FakeVllmProc, eventually
-    from batch_support import BatchServiceProc, write_requests
+    from agent_support import FakeVllmProc
+    from batch_support import BatchServiceProc, completed, create_batch, write_requests
 
     pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
     tenants = [FakeVllmProc("--max-num-seqs", "8", "--token-s", "0.01") for _ in range(2)]
@@ -369,12 +369,7 @@ def test_one_batch_feeds_every_tenant_of_the_node_each_line_answered_once(tmp_pa
     procs.append(service)
     ids = write_requests(tmp_path / "in.jsonl", 400, max_tokens=lambda i: 10)
     with service.http() as http:
-        fid = http.post("/v1/files", files={"file": ("in.jsonl", (tmp_path / "in.jsonl").read_bytes())},
-                        data={"purpose": "batch"}).json()["id"]
-        bid = http.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/completions",
-                                             "completion_window": "24h"}).json()["id"]
-        batch = eventually(lambda: (b := http.get(f"/v1/batches/{bid}").json())["status"] == "completed" and b,
-                           what="the batch completed")
+        batch = completed(http, create_batch(http, tmp_path / "in.jsonl"))
         answers = [json.loads(x) for x in http.get(f"/v1/files/{batch['output_file_id']}/content").text.splitlines()]
         summary = http.get("/timeslice/summary").json()
     assert sorted(a["custom_id"] for a in answers) == ids, "every line answered, once"

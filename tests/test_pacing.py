@@ -59,8 +59,8 @@ def test_the_answer_time_is_a_running_mean_that_ignores_nonsense():
 def test_a_service_with_spread_sends_answers_every_line_once(tmp_path, procs):
     """``timeslice.batch.spread=true`` on a real batch service and a stand-in vLLM whose answers are all one length:
     every line answered, once, none failed; the setting reaches the feeder (its ``/timeslice/summary``)."""
-    from agent_support import FakeVllmProc, eventually
-    from batch_support import BatchServiceProc, write_requests
+    from agent_support import FakeVllmProc
+    from batch_support import BatchServiceProc, completed, create_batch, write_requests
 
     pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
     tenant = FakeVllmProc("--max-num-seqs", "32", "--token-s", "0.002")
@@ -70,12 +70,7 @@ def test_a_service_with_spread_sends_answers_every_line_once(tmp_path, procs):
     procs.append(service)
     ids = write_requests(tmp_path / "in.jsonl", 600, max_tokens=lambda i: 8)
     with service.http() as http:
-        fid = http.post("/v1/files", files={"file": ("in.jsonl", (tmp_path / "in.jsonl").read_bytes())},
-                        data={"purpose": "batch"}).json()["id"]
-        bid = http.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/completions",
-                                             "completion_window": "24h"}).json()["id"]
-        batch = eventually(lambda: (b := http.get(f"/v1/batches/{bid}").json())["status"] == "completed" and b,
-                           what="the batch completed")
+        batch = completed(http, create_batch(http, tmp_path / "in.jsonl"))
         answers = [json.loads(x) for x in http.get(f"/v1/files/{batch['output_file_id']}/content").text.splitlines()]
         feeder = http.get("/timeslice/summary").json()["feeder"]
     assert sorted(a["custom_id"] for a in answers) == ids, "every line answered, once"
