@@ -162,8 +162,9 @@ def test_the_in_flight_limit_follows_the_tenant(limit, inflight, sample, previou
 
 
 @pytest.mark.parametrize("limit, rate, climb, now, expected, why", [
-    (48, 900.0, Climb(600.0, 32), 5.0, (96, Climb(900.0, 48)), "the growth paid by half: far from the knee, double"),
-    (48, 700.0, Climb(600.0, 32), 5.0, (72, Climb(700.0, 48)), "the growth paid a sixth: grow on by half"),
+    (48, 900.0, Climb(600.0, 32), 5.0, (96, Climb(900.0, 48, looked_down=True)),
+     "the growth paid by half: far from the knee, double (below it measured on the way up)"),
+    (48, 700.0, Climb(600.0, 32), 5.0, (72, Climb(700.0, 48, looked_down=True)), "the growth paid a sixth: grow on by half"),
     (72, 800.0, Climb(900.0, 48), 6.0, (32, Climb(900.0, 48, down=True, looked_down=True)),
      "a probe up cost tokens: look once below the limit it started from (past the knee itself?)"),
     (32, 1000.0, Climb(900.0, 48, down=True, looked_down=True), 8.0, (21, Climb(1000.0, 32, down=True, looked_down=True)),
@@ -181,7 +182,7 @@ def test_the_in_flight_limit_follows_the_tenant(limit, inflight, sample, previou
     (72, 800.0, Climb(900.0, 48, 0.0, 9, looked_down=True), 6.0, (48, Climb(900.0, 48, 606.0, 10, looked_down=True)),
      "never longer than max_hold_s"),
     (48, 880.0, Climb(900.0, 48, 36.0, 2), 37.0, (54, Climb(880.0, 48, 0.0, 2)), "after two failures: a step of 1/8"),
-    (54, 990.0, Climb(880.0, 48, 0.0, 2), 40.0, (81, Climb(990.0, 54)), "a probe that paid: failures forgotten"),
+    (54, 990.0, Climb(880.0, 48, 0.0, 2), 40.0, (81, Climb(990.0, 54, looked_down=True)), "a probe that paid: failures forgotten"),
     (72, 910.0, Climb(900.0, 48), 6.0, (90, Climb(900.0, 48)), "about flat: probe on by a quarter"),
     (48, 905.0, Climb(900.0, 48, 36.0), 20.0, (48, Climb(905.0, 48, 36.0)), "holding, the best limit's rate read again"),
     (72, 820.0, Climb(900.0, 48), 6.0, (90, Climb(900.0, 48)), "9 % below is within the noise: probe on"),
@@ -193,6 +194,19 @@ def test_the_in_flight_limit_follows_the_tenant(limit, inflight, sample, previou
 def test_growing_stops_where_it_buys_no_more_tokens(limit, rate, climb, now, expected, why):
     sample = Sample(limit, 0)
     assert next_limit(limit, limit, sample, P, rate, climb, now) == expected, why
+
+
+def test_a_failed_probe_past_a_limit_climbed_to_goes_straight_back_to_it():
+    """Run 25 (H200, 2026-12-02, 512-token answers): 256 gave 26 000 tokens/s, 384 gave 40 000, 768 gave 17 000; the
+    limit then looked at 256 again (5.7-10.4 s a row, wall clock, at 0.72 of the rate), which the climb had
+    already measured on its way up. A start's own limit, reached from nothing below, is still looked below."""
+    limit, climb = next_limit(384, 384, Sample(384, 0), P, 40_000.0, Climb(26_000.0, 256), 5.0)
+    assert (limit, climb) == (768, Climb(40_000.0, 384, looked_down=True))
+    assert next_limit(768, 768, Sample(768, 0), P, 17_000.0, climb, 9.0) == \
+        (384, Climb(40_000.0, 384, 39.0, 1, looked_down=True))
+    start = next_limit(256, 256, Sample(256, 0), P, 26_000.0, Climb(), 5.0)[1]
+    assert next_limit(384, 384, Sample(384, 0), P, 17_000.0, start, 9.0) == \
+        (170, Climb(26_000.0, 256, down=True, looked_down=True))
 
 
 def test_a_limit_that_cost_tokens_steps_back_though_not_all_of_it_is_in_flight():
