@@ -255,44 +255,98 @@ def harvest_h200_curve48() -> str:
     return "\n".join(lines)
 
 
+BY_RUNNING = (128, 256, 320, 384, 448, 512, 576, 640)
+"""Bins of 64 requests running (the last: 640 or more)."""
+
+
+def _by_running(folder: Path, run: str, phase: str) -> list[str]:
+    """vLLM's own generation rate (its counter between two 100 ms samples) by how many requests it was running in one
+    phase: the median of each bin with five samples or more, else a dash."""
+    got: dict[int, list[float]] = {}
+    p = _phases(folder / run / "inflight.jsonl")[phase]
+    for a, b in zip(p, p[1:]):
+        dt, dg = b["t"] - a["t"], b["generated"] - a["generated"]
+        if 0 < dt <= 0.3 and dg > 0:
+            got.setdefault(min(640, int(a["running"] // 64) * 64), []).append(dg / dt)
+    return [f"{_median(got[b]):.0f}" if len(got.get(b, [])) >= 5 else "–" for b in BY_RUNNING]
+
+
+_BY_RUNNING_HEAD = ["| run, phase | " + " | ".join(f"{b}–{b + 63}" for b in BY_RUNNING[:-1]) + " | ≥ 640 |",
+                    "|---|" + "---|" * len(BY_RUNNING)]
+
+
 def harvest_h200_by_running() -> str:
-    """vLLM's own generation rate (its counter between two 100 ms samples) by how many requests it was running, per
-    time-sliced row of runs 19 and 21 (512-token answers): the same running count gave different rates in rows
-    minutes apart, and above 576 running every row lost a third or more. Medians of the samples in each bin (bins
-    of 64; bins with fewer than five samples left out)."""
-    bins = (128, 256, 320, 384, 448, 512, 576)
-    lines = ["| run, row | " + " | ".join(f"{b}–{b + 63}" for b in bins) + " | ≥ 640 |",
-             "|---|" + "---|" * (len(bins) + 1)]
-    for run in ("run19", "run21"):
-        phases = _phases(SESSION7 / run / "inflight.jsonl")
-        for profile in ("fleet", "longtail"):
-            got: dict[int, list[float]] = {}
-            p = phases[f"timesliced-512-{profile}"]
-            for a, b in zip(p, p[1:]):
-                dt, dg = b["t"] - a["t"], b["generated"] - a["generated"]
-                if 0 < dt <= 0.3 and dg > 0:
-                    got.setdefault(min(640, int(a["running"] // 64) * 64), []).append(dg / dt)
-            cells = [f"{_median(got[b]):.0f}" if len(got.get(b, [])) >= 5 else "–" for b in (*bins, 640)]
-            lines.append(f"| {run[3:]}, {profile} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """vLLM's own generation rate by how many requests it was running, per time-sliced row of runs 19 and 21
+    (512-token answers): the same running count gave different rates in rows minutes apart, and above 576 running
+    every row lost a third or more."""
+    return "\n".join(_BY_RUNNING_HEAD + [f"| {run[3:]}, {profile} | " + " | ".join(
+        _by_running(SESSION7, run, f"timesliced-512-{profile}")) + " |"
+        for run in ("run19", "run21") for profile in ("fleet", "longtail")])
+
+
+def harvest_h200_by_running_session8() -> str:
+    """The same for run 25 (512-token answers), in the order the phases ran: the capacity levels of 256 and 512 in
+    flight before the time-sliced rows, the rows, and the same levels after them."""
+    phases = ("capacity-256", "capacity-512", "timesliced-512-fleet", "timesliced-512-longtail", "capacity-after-256",
+              "capacity-after-512")
+    return "\n".join(_BY_RUNNING_HEAD + [f"| 25, {phase} | " + " | ".join(_by_running(SESSION8, "run25", phase)) + " |"
+                                         for phase in phases])
+
+
+def _valley_samples(folder: Path, run: str, mix: str, profile: str) -> list[dict[str, Any]]:
+    """The 100 ms samples of one time-sliced row taken inside its lent valleys (a release to the next acquire)."""
+    lent = valleys(folder / run / f"mix-{mix}" / profile / "auto" / "run.jsonl")
+    return [r for r in _phases(folder / run / "inflight.jsonl")[f"timesliced-{mix}-{profile}"]
+            if any(s <= r["t"] <= e for s, e in lent)]
 
 
 def harvest_h200_waves() -> str:
-    """Run 19's time-sliced rows (session 7): the 100 ms samples inside the lent valleys (a release to the next
-    acquire, ``run.jsonl``), how many found vLLM running fewer than 64, and vLLM's own rate while it ran 320 or more
-    against its rate over all of them: answers of one length come back in waves, and the server empties between."""
+    """Run 19's time-sliced rows (session 7): the 100 ms samples inside the lent valleys, how many found vLLM running
+    fewer than 64, and vLLM's own rate while it ran 320 or more against its rate over all of them: answers of one
+    length come back in waves, and the server empties between."""
     lines = ["| mix, profile | samples in the valleys | of them under 64 running | tokens/s while ≥ 320 running, median | "
              "tokens/s over all samples, median |", "|---|---|---|---|---|"]
-    phases = _phases(SESSION7 / "run19" / "inflight.jsonl")
     for mix in ("48", "512"):
         for profile in ("fleet", "longtail"):
-            lent = valleys(SESSION7 / "run19" / f"mix-{mix}" / profile / "auto" / "run.jsonl")
-            inside = [r for r in phases[f"timesliced-{mix}-{profile}"] if any(s <= r["t"] <= e for s, e in lent)]
+            inside = _valley_samples(SESSION7, "run19", mix, profile)
             rates = [((b["generated"] - a["generated"]) / (b["t"] - a["t"]), a["running"]) for a, b in zip(inside, inside[1:])
                      if 0 < b["t"] - a["t"] <= 0.3]
             low = sum(r["running"] < 64 for r in inside)
             lines.append(f"| {mix}, {profile} | {len(inside)} | {low} ({low / len(inside):.0%}) | "
                          f"{_median([g for g, n in rates if n >= 320]):.0f} | {_median([g for g, _ in rates]):.0f} |")
+    return "\n".join(lines)
+
+
+SESSION8 = RESULTS / "2026-12-02-h200-harvest-session8"
+
+
+def harvest_h200_session8() -> str:
+    """Run 25 (one H200, 2026-12-02, eighth session): both mixes in one harvest.py, vLLM's front end in four processes
+    (``--api-server-count 4``); bracketed as in session 6."""
+    return _bracketed_rows(SESSION8, {"run25": "557d643"})
+
+
+def _cores(samples: list[dict[str, Any]], role: str) -> str:
+    got = [r["vllm_cores"][role] for r in samples if role in (r.get("vllm_cores") or {})]
+    return f"{_median(got):.2f} / {max(got):.2f}" if got else "–"
+
+
+def harvest_h200_frontend() -> str:
+    """The time-sliced rows of run 19 (vLLM's front end in one process) and run 25 (in four): the 100 ms samples
+    inside the lent valleys that found vLLM running fewer than 64, and the CPU its processes used there (run 25 only:
+    run 19's sampler did not read it), beside the row's ratios."""
+    lines = ["| run (vLLM API servers) | mix, profile | samples in the valleys | of them under 64 running | "
+             "API servers' cores, median / max | engine core's cores, median / max | serving / ref | idle / ref |",
+             "|---|---|---|---|---|---|---|---|"]
+    for folder, run, servers in ((SESSION7, "run19", 1), (SESSION8, "run25", 4)):
+        for mix in ("48", "512"):
+            for profile in ("fleet", "longtail"):
+                inside = _valley_samples(folder, run, mix, profile)
+                row = json.loads((folder / run / f"row-{mix}-{profile}.json").read_text())
+                low = sum(r["running"] < 64 for r in inside)
+                lines.append(f"| {run[3:]} ({servers}) | {mix}, {profile} | {len(inside)} | {low} ({low / len(inside):.0%}) | "
+                             f"{_cores(inside, 'api_server')} | {_cores(inside, 'engine_core')} | "
+                             f"{_f(row['serving_vs_capacity'], 3)} | {_f(row['idle_vs_capacity'], 3)} |")
     return "\n".join(lines)
 
 
