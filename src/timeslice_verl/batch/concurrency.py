@@ -79,7 +79,8 @@ class Climb:
 @dataclass(frozen=True)
 class Policy:
     start: int = 32
-    ceiling: int = 1024
+    ceiling: int = 512
+    """``timeslice.batch.max_concurrency``: vLLM's largest CUDA-graph decode batch by default."""
     floor: int = 1
     min_queue: int = 4
     queue_fraction: float = 0.1
