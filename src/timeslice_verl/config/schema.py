@@ -222,8 +222,8 @@ class BatchSettings:
     concurrency: int = 256  # lines in flight at the start (a full running batch from the first valley); then the number follows the tenant
     max_concurrency: int = 512
     """At most this many in flight. vLLM captures CUDA graphs for decode batches up to 512 by default
-    (``min(2 × max_num_seqs, 512)``) and runs larger ones without: on an H200 every 512-token row above 576 running generated a
-    quarter or more less (2026-12-02). Raise both together (vLLM's ``max_cudagraph_capture_size``)."""
+    (``min(2 × max_num_seqs, 512)``) and runs larger ones without: on an H200 every 512-token row above 576
+    running generated a quarter or more less (2026-12-02). Raise both together (``max_cudagraph_capture_size``)."""
     adapt_concurrency: bool = True
     """Follow vLLM's ``/metrics``: its running batch full, a short queue inside it (off: always ``concurrency``)."""
     spread: bool = False
