@@ -255,7 +255,7 @@ def harvest_h200_curve48() -> str:
     return "\n".join(lines)
 
 
-BY_RUNNING = (128, 256, 320, 384, 448, 512, 576, 640)
+BY_RUNNING = (128, 192, 256, 320, 384, 448, 512, 576, 640)
 """Bins of 64 requests running (the last: 640 or more)."""
 
 
