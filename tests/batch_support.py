@@ -54,6 +54,11 @@ def completed(client: httpx.Client, bid: str) -> dict[str, Any]:
                       what=f"batch {bid} done")
 
 
+def output_lines(client: httpx.Client, batch: dict[str, Any]) -> list[dict[str, Any]]:
+    """A finished batch's output file, a line each."""
+    return [json.loads(x) for x in client.get(f"/v1/files/{batch['output_file_id']}/content").text.splitlines()]
+
+
 class BatchServiceProc:
     """``timeslice-verl batch serve`` in its own process (so a test can ``kill -9`` it), its state in ``db``."""
 

@@ -172,8 +172,10 @@ def _status(http, bid: str) -> dict:
 
 
 def _answers(http, bid: str) -> list[str]:
+    from batch_support import output_lines
+
     batch = http.get(f"/v1/batches/{bid}").json()
-    return [json.loads(x)["custom_id"] for x in http.get(f"/v1/files/{batch['output_file_id']}/content").text.splitlines()]
+    return [line["custom_id"] for line in output_lines(http, batch)]
 
 
 @pytest.mark.postgresql

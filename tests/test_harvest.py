@@ -372,7 +372,7 @@ def test_one_batch_feeds_every_tenant_of_the_node_each_line_answered_once(tmp_pa
     """Issue 36, item 5: the service follows the node's tenant list (``tenant.urls``): one queue, a feeder per
     tenant; each stand-in runs at most 8 at a time, so neither could have taken the whole batch alone."""
     from agent_support import FakeVllmProc
-    from batch_support import BatchServiceProc, completed, create_batch, write_requests
+    from batch_support import BatchServiceProc, completed, create_batch, output_lines, write_requests
 
     pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
     tenants = [FakeVllmProc("--max-num-seqs", "8", "--token-s", "0.01") for _ in range(2)]
@@ -384,7 +384,7 @@ def test_one_batch_feeds_every_tenant_of_the_node_each_line_answered_once(tmp_pa
     ids = write_requests(tmp_path / "in.jsonl", 400, max_tokens=lambda i: 10)
     with service.http() as http:
         batch = completed(http, create_batch(http, tmp_path / "in.jsonl"))
-        answers = [json.loads(x) for x in http.get(f"/v1/files/{batch['output_file_id']}/content").text.splitlines()]
+        answers = output_lines(http, batch)
         summary = http.get("/timeslice/summary").json()
     assert sorted(a["custom_id"] for a in answers) == ids, "every line answered, once"
     served = [t.stats()["completed"] for t in tenants]

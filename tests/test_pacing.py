@@ -60,7 +60,7 @@ def test_a_service_with_spread_sends_answers_every_line_once(tmp_path, procs):
     """``timeslice.batch.spread=true`` on a real batch service and a stand-in vLLM whose answers are all one length:
     every line answered, once, none failed; the setting reaches the feeder (its ``/timeslice/summary``)."""
     from agent_support import FakeVllmProc
-    from batch_support import BatchServiceProc, completed, create_batch, write_requests
+    from batch_support import BatchServiceProc, completed, create_batch, output_lines, write_requests
 
     pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
     tenant = FakeVllmProc("--max-num-seqs", "32", "--token-s", "0.002")
@@ -71,7 +71,7 @@ def test_a_service_with_spread_sends_answers_every_line_once(tmp_path, procs):
     ids = write_requests(tmp_path / "in.jsonl", 600, max_tokens=lambda i: 8)
     with service.http() as http:
         batch = completed(http, create_batch(http, tmp_path / "in.jsonl"))
-        answers = [json.loads(x) for x in http.get(f"/v1/files/{batch['output_file_id']}/content").text.splitlines()]
+        answers = output_lines(http, batch)
         feeder = http.get("/timeslice/summary").json()["feeder"]
     assert sorted(a["custom_id"] for a in answers) == ids, "every line answered, once"
     assert batch["request_counts"] == {"total": 600, "completed": 600, "failed": 0}

@@ -228,8 +228,9 @@ class BatchSettings:
     """Follow vLLM's ``/metrics``: its running batch full, a short queue inside it (off: always ``concurrency``)."""
     spread: bool = False
     """Release sends at the limit's pace (the limit per answer's time), not all at once: answers of one length sent
-    together come back together, and vLLM's front end leaves the GPU idle between the waves. Off until measured on a
-    GPU (``benchmarks/harvest.py --spread``)."""
+    together come back together, and vLLM's front end leaves the GPU idle between the waves. Off: vLLM's front end
+    in four processes (``--api-server-count 4``) removed the waves without it on an H200; not measured on a GPU
+    (``benchmarks/harvest.py --spread``)."""
     max_attempts: int = 5
     """Tries of a line whose request failed for a reason not its own (an abort, a kill, a restart), then it fails."""
     max_file_mb: float = 200.0  # the largest input file accepted
