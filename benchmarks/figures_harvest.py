@@ -231,6 +231,26 @@ def _phases(inflight: Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def mix_phase(folder: Path, run: str, mix: int, phase: str) -> list[dict[str, Any]]:
+    """The 100 ms samples of one phase of one mix: labelled with the mix (``mix-512/capacity-256``, harvest.py from
+    2026-12-03), or, in a run before that labelled the capacity and service phases of both mixes alike, the phase's
+    stretch in the mix's place of the run's order."""
+    samples = [json.loads(line) for line in (folder / run / "inflight.jsonl").read_text().splitlines()]
+    stretches: list[list[dict[str, Any]]] = []
+    for before, r in zip([None, *samples], samples):
+        if r["phase"] in (phase, f"mix-{mix}/{phase}"):
+            if before is None or before["phase"] != r["phase"]:
+                stretches.append([])
+            stretches[-1].append(r)
+    labelled = [s for s in stretches if s[0]["phase"].startswith("mix-")]
+    if labelled or len(stretches) == 1:
+        return (labelled or stretches)[0]
+    order = json.loads((folder / run / "harvest.json").read_text())["options"]["mixes"].split(",")
+    if len(stretches) != len(order):
+        raise ValueError(f"{run}: {len(stretches)} stretches of {phase!r} for the mixes {order}")
+    return stretches[order.index(str(mix))]
+
+
 _median = statistics.median_high
 
 
@@ -259,11 +279,10 @@ BY_RUNNING = (128, 192, 256, 320, 384, 448, 512, 576, 640)
 """Bins of 64 requests running (the last: 640 or more)."""
 
 
-def _by_running(folder: Path, run: str, phase: str) -> list[str]:
+def by_running(p: list[dict[str, Any]]) -> list[str]:
     """vLLM's own generation rate (its counter between two 100 ms samples) by how many requests it was running in one
-    phase: the median of each bin with five samples or more, else a dash."""
+    phase's samples: the median of each bin with five samples or more, else a dash."""
     got: dict[int, list[float]] = {}
-    p = _phases(folder / run / "inflight.jsonl")[phase]
     for a, b in zip(p, p[1:]):
         dt, dg = b["t"] - a["t"], b["generated"] - a["generated"]
         if 0 < dt <= 0.3 and dg > 0:
@@ -271,7 +290,7 @@ def _by_running(folder: Path, run: str, phase: str) -> list[str]:
     return [f"{_median(got[b]):.0f}" if len(got.get(b, [])) >= 5 else "–" for b in BY_RUNNING]
 
 
-_BY_RUNNING_HEAD = ["| run, phase | " + " | ".join(f"{b}–{b + 63}" for b in BY_RUNNING[:-1]) + " | ≥ 640 |",
+BY_RUNNING_HEAD = ["| run, phase | " + " | ".join(f"{b}–{b + 63}" for b in BY_RUNNING[:-1]) + " | ≥ 640 |",
                     "|---|" + "---|" * len(BY_RUNNING)]
 
 
@@ -279,8 +298,8 @@ def harvest_h200_by_running() -> str:
     """vLLM's own generation rate by how many requests it was running, per time-sliced row of runs 19 and 21
     (512-token answers): the same running count gave different rates in rows minutes apart, and above 576 running
     every row lost a third or more."""
-    return "\n".join(_BY_RUNNING_HEAD + [f"| {run[3:]}, {profile} | " + " | ".join(
-        _by_running(SESSION7, run, f"timesliced-512-{profile}")) + " |"
+    return "\n".join(BY_RUNNING_HEAD + [f"| {run[3:]}, {profile} | " + " | ".join(
+        by_running(mix_phase(SESSION7, run, 512, f"timesliced-512-{profile}"))) + " |"
         for run in ("run19", "run21") for profile in ("fleet", "longtail")])
 
 
@@ -289,8 +308,8 @@ def harvest_h200_by_running_session8() -> str:
     flight before the time-sliced rows, the rows, and the same levels after them."""
     phases = ("capacity-256", "capacity-512", "timesliced-512-fleet", "timesliced-512-longtail", "capacity-after-256",
               "capacity-after-512")
-    return "\n".join(_BY_RUNNING_HEAD + [f"| 25, {phase} | " + " | ".join(_by_running(SESSION8, "run25", phase)) + " |"
-                                         for phase in phases])
+    return "\n".join(BY_RUNNING_HEAD + [f"| 25, {phase} | " + " | ".join(by_running(mix_phase(SESSION8, "run25", 512, phase)))
+                                        + " |" for phase in phases])
 
 
 def _valley_samples(folder: Path, run: str, mix: str, profile: str) -> list[dict[str, Any]]:

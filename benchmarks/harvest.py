@@ -150,26 +150,32 @@ async def _capacity(url: str, bodies: list[bytes], inflight: int, seconds: float
 
 
 def capacity(url: str, path: Path, per_level: int, levels: list[int], sampler: Sampler,
-             after: bool = False, seconds: float = 0.0) -> list[dict[str, Any]]:
+             after: bool = False, seconds: float = 0.0, mix: int = 0) -> list[dict[str, Any]]:
     """Each level sends ``per_level`` × its requests in flight (at least 256), or keeps them out for ``seconds``
     (``--capacity-s``: with long answers a few waves leave a steady window of 2–3 s, which read 15–30 % apart from
-    run to run). ``after``: the pass after (c) (``--bracket``), logged as ``capacity_after``."""
+    run to run). ``after``: the pass after (c) (``--bracket``), logged as ``capacity_after``. The sampler's phase
+    names the mix (``mix-512/capacity-256``): both mixes run every level, and a table of one must not take the
+    other's samples."""
     bodies = [json.dumps(json.loads(line)["body"]).encode() for line in path.read_text().splitlines()]
     asyncio.run(_capacity(url, bodies[: min(64, len(bodies))], 32))  # warm: compiled graphs, connections
     out = []
     for level in levels:
-        sampler.phase = f"capacity-{'after-' if after else ''}{level}"
+        sampler.phase = f"{_mix_label(mix)}capacity-{'after-' if after else ''}{level}"
         out.append(asyncio.run(_capacity(url, bodies[: max(256, per_level * level)], level, seconds)))
         print(json.dumps({"capacity_after" if after else "capacity": out[-1]}), flush=True)
     return out
 
 
+def _mix_label(mix: int) -> str:
+    return f"mix-{mix}/" if mix else ""
+
+
 def service_alone(url: str, path: Path, out: Path, lines: int, sampler: Sampler, fixed: int = 0,
-                  start: int = 32, spread: bool = False) -> dict[str, Any]:
+                  start: int = 32, spread: bool = False, mix: int = 0) -> dict[str, Any]:
     """(b): the service feeds the batch alone; ``fixed``: that many in flight throughout (the limit not adapted);
     ``spread``: its sends released at the limit's pace (``timeslice.batch.spread``). The feeder's own limit and
     in-flight count are sampled every 100 ms beside vLLM's (``feeder.jsonl``)."""
-    sampler.phase = f"service-alone{f'-fixed-{fixed}' if fixed else ''}{'-spread' if spread else ''}"
+    sampler.phase = f"{_mix_label(mix)}service-alone{f'-fixed-{fixed}' if fixed else ''}{'-spread' if spread else ''}"
     out.mkdir(parents=True, exist_ok=True)
     extra = (("timeslice.batch.adapt_concurrency=false", f"timeslice.batch.max_concurrency={max(fixed, 1024)}")
              if fixed else ()) + (("timeslice.batch.spread=true",) if spread else ())
@@ -311,7 +317,7 @@ def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampl
     levels = [int(x) for x in args.levels.split(",")]
     got: dict[str, Any] = {}
     if "a" in parts:
-        got["capacity"] = capacity(url, path, args.capacity_per_level, levels, sampler, seconds=args.capacity_s)
+        got["capacity"] = capacity(url, path, args.capacity_per_level, levels, sampler, seconds=args.capacity_s, mix=mix)
     best = steady_best(got.get("capacity", []))
     alone = min(args.lines, args.alone_tokens // mix) if args.alone_tokens else args.alone_lines
     if "b" in parts:
@@ -319,12 +325,12 @@ def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampl
             if key == "service_alone_other" and not args.alone_spread:
                 break
             got[key] = service_alone(url, _head(path, alone), args.out / f"mix-{mix}" / f"service{'-spread' if spread else ''}",
-                                     alone or args.lines, sampler, start=args.start_inflight, spread=spread)
+                                     alone or args.lines, sampler, start=args.start_inflight, spread=spread, mix=mix)
             got[key]["vs_capacity"] = round(got[key]["tokens_per_s"] / best, 4) if best else None
             print(json.dumps({key: got[key]}), flush=True)
     for fixed in (int(x) for x in args.alone_fixed.split(",") if x):
         row = service_alone(url, _head(path, alone), args.out / f"mix-{mix}" / f"service-{fixed}",
-                            alone or args.lines, sampler, fixed)
+                            alone or args.lines, sampler, fixed, mix=mix)
         row["vs_capacity"] = round(row["tokens_per_s"] / best, 4) if best else None
         got.setdefault("service_fixed", []).append(row)
         print(json.dumps({"service_fixed": row}), flush=True)
@@ -332,7 +338,7 @@ def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampl
         got["timesliced"] = [timesliced(args, url, mix, p, best, sampler, solos) for p in args.profiles.split(",")]
         if args.bracket:
             got["capacity_after"] = capacity(url, path, args.capacity_per_level, levels, sampler, after=True,
-                                             seconds=args.capacity_s)
+                                             seconds=args.capacity_s, mix=mix)
             alone = (got.get("service_alone") or {}).get("tokens_per_s")
             got["timesliced"] = [bracketed(args.out, r, best, steady_best(got["capacity_after"]), alone)
                                  for r in got["timesliced"]]
