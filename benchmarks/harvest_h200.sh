@@ -2,10 +2,13 @@
 # The harvest benchmark on one H200 (issue 36), from the repo root there, in calls made back to back:
 #   bash benchmarks/harvest_h200.sh setup   stash vLLM's payload part0, build the test model
 #   bash benchmarks/harvest_h200.sh start   part1: unpack vLLM 0.24, start it (0.35 of the GPU), tagged (VLLM_ARGS: more;
-#                                           VLLM_API_SERVERS=N: its front end in N processes)
+#                                           VLLM_API_SERVERS=N: its front end in N processes; PIN_ENGINE=1: then its engine
+#                                           core on a physical core of its own, the rest of the server off it:
+#                                           benchmarks/pin.py, /root/pin.json says which)
 #   (a payload in three parts, when the working tree and a part pass the 64 MiB a call carries: PARTS=DIR for
 #    setup (part0), stash (part1) and start (part2), each call carrying its part)
-#   bash benchmarks/harvest_h200.sh run ARGS…   benchmarks/harvest.py --vllm-url … ARGS (vLLM stays up between calls)
+#   bash benchmarks/harvest_h200.sh run ARGS…   benchmarks/harvest.py --vllm-url … ARGS (vLLM stays up between calls;
+#                                           after PIN_ENGINE=1, harvest.py and what it starts off the engine core's CPUs)
 #   bash benchmarks/harvest_h200.sh bg ARGS…    the same, started in the background (a run longer than one call:
 #                                               both mixes in one harvest.py), then in the next calls:
 #   bash benchmarks/harvest_h200.sh wait        waits up to WAIT_S (570) s; when the run has ended, packs it as run does
@@ -36,26 +39,32 @@ case "$1" in
         --api-server-count "$VLLM_API_SERVERS" ${VLLM_ARGS:-} > /root/vllm.log 2>&1 &)
       for i in $(seq 1 240); do
         python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" \
-          2>/dev/null && { echo "vLLM up after ${i}s, its front end in $VLLM_API_SERVERS processes"; exit 0; }
+          2>/dev/null && { echo "vLLM up after ${i}s, its front end in $VLLM_API_SERVERS processes"; bash "$0" pin; exit; }
         sleep 1
       done
       tail -30 /root/vllm.log; exit 1
     fi
-    bash .gpu/vllm/start_vllm.sh 8000 0.35 ${VLLM_ARGS:-} ;;  # VLLM_ARGS: e.g. "--max-num-seqs 512"
+    bash .gpu/vllm/start_vllm.sh 8000 0.35 ${VLLM_ARGS:-} && bash "$0" pin ;;  # VLLM_ARGS: e.g. "--max-num-seqs 512"
+  pin)
+    rm -f /root/pin.json
+    [ "${PIN_ENGINE:-0}" = 1 ] || exit 0
+    python3 benchmarks/pin.py --port 8000 > /root/pin.json && cat /root/pin.json ;;
   run|bg)
     mode=$1; shift
     source .gpu/vllm/vllm_env.sh
     export PYTHONPATH=$PWD/src:/root/pydeps:$PYTHONPATH NCCL_CUMEM_ENABLE=0 NCCL_NVLS_ENABLE=0
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
     WORK=/root/harvest/$(date +%H%M%S); mkdir -p "$WORK"
+    OFF=""; [ -s /root/pin.json ] && { OFF="python3 benchmarks/pin.py --off"; cp /root/pin.json "$WORK/"; }
+    export OFF
     if [ "$mode" = bg ]; then  # its own session: the call's end does not stop it
       echo "$WORK" > /root/harvest/current
-      setsid nohup bash -c 'timeout "$0" python3 benchmarks/harvest.py --out "$1" --vllm-url http://127.0.0.1:8000 \
+      setsid nohup bash -c 'timeout "$0" $OFF python3 benchmarks/harvest.py --out "$1" --vllm-url http://127.0.0.1:8000 \
         --device cuda "${@:2}" > "$1/harvest.log" 2>&1; echo $? > "$1/rc"' "${LIMIT_S:-1500}" "$WORK" "$@" \
         < /dev/null > /dev/null 2>&1 &
       echo "started in the background: $WORK"; exit 0
     fi
-    timeout "${LIMIT_S:-520}" python3 benchmarks/harvest.py --out "$WORK" --vllm-url http://127.0.0.1:8000 --device cuda "$@" \
+    timeout "${LIMIT_S:-520}" $OFF python3 benchmarks/harvest.py --out "$WORK" --vllm-url http://127.0.0.1:8000 --device cuda "$@" \
       > "$WORK/harvest.log" 2>&1  # ends before the call does, so what it wrote still comes back
     echo $? > "$WORK/rc"
     bash "$0" pack "$WORK" ;;

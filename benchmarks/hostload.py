@@ -2,13 +2,18 @@
 next (run 19 of 2026-12-02: 32 000 against 47 575 tokens/s at the same running count, two minutes apart) can be told
 apart: the host's busy CPU share, the CPU each vLLM process used (in cores: its API server and engine core are
 Python loops whose pace can be the server's), and the GPU's SM clock and utilisation (nvidia-ml-py, when it loads).
-Read only: nothing here signals or changes a process."""
+The engine core runs one core flat out on an H200 with a small model, so its pace is that core's: the sampler also
+records the CPU time the hypervisor took (steal), host-wide and on the engine core's CPU, and how busy the other
+threads of its physical core were (runs 25-27: the same server at the same running count read 29 000 in one pass and
+46 000 tokens/s in the next, the engine core at one core in both). Read only: nothing here signals or changes a
+process."""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import psutil
@@ -37,6 +42,37 @@ def busy_share(before: Busy, after: Busy) -> float | None:
     """The share of the host's CPU time that was busy between two reads; None when no time passed."""
     total = after.total - before.total
     return round(max(0.0, min(1.0, (after.busy - before.busy) / total)), 4) if total > 0 else None
+
+
+def cpu_share(before: Any, after: Any) -> tuple[float | None, float | None]:
+    """(busy, steal): the shares of one CPU's (or the host's) time between two ``cpu_times`` reads that it worked and
+    that the hypervisor took; busy leaves idle, I/O wait and steal out. (None, None) when no time passed."""
+    total = sum(after) - sum(before)
+    if total <= 0:
+        return None, None
+    steal = getattr(after, "steal", 0.0) - getattr(before, "steal", 0.0)
+    idle = after.idle + getattr(after, "iowait", 0.0) - before.idle - getattr(before, "iowait", 0.0)
+    return (round(max(0.0, min(1.0, (total - idle - steal) / total)), 4), round(max(0.0, min(1.0, steal / total)), 4))
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """A kernel CPU list (``0,8``, ``0-1,16-17``: sysfs's ``thread_siblings_list``) as CPU numbers."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        out.extend(range(int(first), int(last or first) + 1))
+    return out
+
+
+def core_mates(cpu: int, sysfs: Path = Path("/sys/devices/system/cpu")) -> list[int]:
+    """The other logical CPUs of ``cpu``'s physical core (its SMT threads); none where sysfs does not say."""
+    try:
+        text = (sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text()
+    except OSError:
+        return []
+    return [c for c in parse_cpu_list(text) if c != cpu]
 
 
 def vllm_role(cmdline: list[str]) -> str | None:
@@ -80,6 +116,7 @@ class HostLoad:
         self._pids: dict[int, str] = {}
         self._host = host_busy(psutil.cpu_times())
         self._procs, self._at = self._read(), time.monotonic()
+        self._times, self._per_cpu = psutil.cpu_times(), psutil.cpu_times(percpu=True)
         self._nvml = _gpu(gpu_index)
 
     def _scan(self) -> None:
@@ -91,6 +128,20 @@ class HostLoad:
             role = vllm_role(proc.info.get("cmdline") or [])
             if role is not None:
                 self._pids[proc.info["pid"]] = role
+
+    def _engine_core_cpu(self, per_cpu: list[Any]) -> dict[str, Any]:
+        """The engine core's CPU now, the share of it the hypervisor took since the last sample, and how busy the
+        other threads of its physical core were (their mean; None without SMT). Where it moved in between, the
+        figures are of the CPU it is on now."""
+        cpu = self._engine_cpu()
+        out: dict[str, Any] = {"engine_cpu": cpu, "engine_cpu_steal": None, "engine_mates_busy": None}
+        if cpu is None or cpu >= min(len(per_cpu), len(self._per_cpu)):
+            return out
+        out["engine_cpu_steal"] = cpu_share(self._per_cpu[cpu], per_cpu[cpu])[1]
+        mates = [cpu_share(self._per_cpu[c], per_cpu[c])[0] for c in core_mates(cpu) if c < len(per_cpu)]
+        mates = [m for m in mates if m is not None]
+        out["engine_mates_busy"] = round(sum(mates) / len(mates), 4) if mates else None
+        return out
 
     def _read(self) -> dict[int, tuple[str, float]]:
         if self._n % self._rescan == 0:
@@ -105,12 +156,24 @@ class HostLoad:
             out[pid] = (role, t.user + t.system)
         return out
 
+    def _engine_cpu(self) -> int | None:
+        """The CPU the engine core ran on last: the first of this user's that answers (None: none, or all ended)."""
+        for pid, role in self._pids.items():
+            if role == "engine_core":
+                try:
+                    return psutil.Process(pid).cpu_num()
+                except (psutil.Error, AttributeError):  # ended (the next scan drops it), or no cpu_num here
+                    continue
+        return None
+
     def sample(self) -> dict[str, Any]:
-        host, procs, now = host_busy(psutil.cpu_times()), self._read(), time.monotonic()
+        times, per_cpu = psutil.cpu_times(), psutil.cpu_times(percpu=True)
+        host, procs, now = host_busy(times), self._read(), time.monotonic()
         out: dict[str, Any] = {"host_cpu": busy_share(self._host, host),
                                "vllm_cores": cores_by_role(self._procs, procs, now - self._at),
-                               "sm_mhz": None, "gpu_util": None}
-        self._host, self._procs, self._at = host, procs, now
+                               "sm_mhz": None, "gpu_util": None, "steal": cpu_share(self._times, times)[1]}
+        out.update(self._engine_core_cpu(per_cpu))
+        self._host, self._procs, self._at, self._times, self._per_cpu = host, procs, now, times, per_cpu
         if self._nvml is not None:
             nvml, handle = self._nvml
             try:

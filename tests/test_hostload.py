@@ -9,6 +9,7 @@ import sys
 from collections import namedtuple
 from pathlib import Path
 
+import psutil
 import pytest
 
 _spec = importlib.util.spec_from_file_location("hostload", Path(__file__).resolve().parents[1] / "benchmarks" /
@@ -42,6 +43,32 @@ def test_the_hosts_busy_share_between_two_reads(before, after, share):
     assert hostload.busy_share(hostload.host_busy(before), hostload.host_busy(after)) == share
 
 
+@pytest.mark.parametrize("before, after, shares", [
+    (Times(10, 0, 5, 80, 5, 0, 0, 0), Times(20, 0, 10, 85, 5, 0, 0, 0), (0.75, 0.0)),
+    (Times(10, 0, 0, 80, 0, 0, 0, 10), Times(15, 0, 0, 80, 0, 0, 0, 15), (0.5, 0.5)),  # steal is not work
+    (Times(10, 0, 5, 80, 5, 0, 0, 0), Times(10, 0, 5, 80, 5, 0, 0, 0), (None, None)),  # no time passed
+])
+def test_a_cpus_work_and_steal_between_two_reads(before, after, shares):
+    assert hostload.cpu_share(before, after) == shares
+
+
+@pytest.mark.parametrize("text, cpus", [
+    ("0,8\n", [0, 8]), ("0-1\n", [0, 1]), ("2-3,18-19", [2, 3, 18, 19]), ("5", [5]), ("", []),
+])
+def test_a_kernel_cpu_list(text, cpus):
+    assert hostload.parse_cpu_list(text) == cpus
+
+
+def test_core_mates_read_sysfs_and_leave_the_cpu_itself_out(tmp_path):
+    for cpu, mates in ((0, "0,8"), (8, "0,8"), (3, "3")):
+        (tmp_path / f"cpu{cpu}" / "topology").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(mates + "\n")
+    assert hostload.core_mates(0, tmp_path) == [8]
+    assert hostload.core_mates(8, tmp_path) == [0]
+    assert hostload.core_mates(3, tmp_path) == []
+    assert hostload.core_mates(5, tmp_path) == []  # not in sysfs: unknown, none
+
+
 def test_cores_by_role_sum_a_roles_processes_and_leave_out_one_seen_once():
     before = {1: ("api_server", 10.0), 2: ("engine_core", 5.0), 3: ("engine_core", 1.0), 4: ("worker", 0.0)}
     after = {1: ("api_server", 10.5), 2: ("engine_core", 6.0), 3: ("engine_core", 1.5), 5: ("worker", 9.0),
@@ -55,13 +82,19 @@ def test_a_sample_finds_a_running_vllm_process_of_this_user_and_reads_only():
     (a value, not a speed: no threshold); it is left running — the sampler never signals anything."""
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "vllm.entrypoints.fake"],
                              stdin=subprocess.PIPE)
+    engine = subprocess.Popen(["bash", "-c", 'exec -a VLLM::EngineCore cat'], stdin=subprocess.PIPE)
     try:
         load = hostload.HostLoad(rescan=1)
         got = load.sample()
-        assert set(got) == {"host_cpu", "vllm_cores", "sm_mhz", "gpu_util"}
+        assert set(got) == {"host_cpu", "vllm_cores", "sm_mhz", "gpu_util", "steal", "engine_cpu", "engine_cpu_steal",
+                            "engine_mates_busy"}
         assert got["host_cpu"] is None or 0.0 <= got["host_cpu"] <= 1.0
+        assert got["steal"] is None or 0.0 <= got["steal"] <= 1.0
         assert "api_server" in got["vllm_cores"] and got["vllm_cores"]["api_server"] >= 0.0
-        assert child.poll() is None
+        assert got["engine_cpu"] in range(psutil.cpu_count())  # the stand-in engine core found, on a CPU of this host
+        assert got["engine_cpu_steal"] is None or 0.0 <= got["engine_cpu_steal"] <= 1.0
+        assert child.poll() is None and engine.poll() is None
     finally:
-        child.stdin.close()
-        child.wait(timeout=60)
+        for proc in (child, engine):
+            proc.stdin.close()
+            proc.wait(timeout=60)
