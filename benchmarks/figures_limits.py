@@ -79,8 +79,8 @@ def _steady(samples: list[dict[str, Any]]) -> float:
 def harvest_h200_drift() -> str:
     """The 512-token capacity levels before and after the time-sliced rows of runs 25–27, by vLLM's own counter
     (its middle half) and by the capacity client's steady window: the same server, minutes apart."""
-    lines = ["| run | requests in flight | before: vLLM's counter / client's steady, tokens/s | "
-             "after: vLLM's counter / client's steady | after / before (counter) |", "|---|---|---|---|---|"]
+    lines = [("| run | requests in flight | before: vLLM's counter / client's steady, tokens/s | "
+              "after: vLLM's counter / client's steady | after / before (counter) |"), "|---|---|---|---|---|"]
     for folder, run in ((SESSION8, "run25"), (SESSION9, "run26"), (SESSION9, "run27")):
         got = json.loads((folder / run / "harvest.json").read_text())["mixes"]["512"]
         for before, after in zip(got["capacity"], got["capacity_after"]):

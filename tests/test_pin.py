@@ -67,7 +67,7 @@ def test_pins_only_the_tagged_server_on_the_port():
         pytest.skip("this host's CPUs are one physical core: nothing to pin apart (pin.py says so and stops)")
     servers = [_server(tagged=True), _server(tagged=True), _server(tagged=False)]
     try:
-        (_, port, engine), (other, _, other_engine), (untagged, untagged_port, _) = servers
+        (_, port, engine), (other, _, other_engine), (_, untagged_port, _) = servers
         before = {p: psutil.Process(p).cpu_affinity() for p in (other.pid, other_engine)}
         got = pin.pin(port)
         assert got["engine_cpus"] == engine_cpus and got["others"] == others
