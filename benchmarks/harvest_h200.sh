@@ -12,6 +12,9 @@
 #   bash benchmarks/harvest_h200.sh bg ARGS…    the same, started in the background (a run longer than one call:
 #                                               both mixes in one harvest.py), then in the next calls:
 #   bash benchmarks/harvest_h200.sh wait        waits up to WAIT_S (570) s; when the run has ended, packs it as run does
+#   bash benchmarks/harvest_h200.sh pinab ARGS… the same server not pinned and pinned, side by side: ROUNDS (3) times
+#                                               harvest.py --parts a ARGS with the server unpinned, then pinned
+#                                               (benchmarks/pin.py; pinned, harvest.py runs off the engine core's CPUs)
 # Here, beforehand: the vLLM recipe copied to .gpu/vllm and its build_payload.sh run into .gpu/parts; the project's
 # pure-Python needs the GPU image lacks (hydra-core, omegaconf, antlr4 4.9.3, python-multipart, nvidia-ml-py) in .gpu/pydeps.tar.xz.
 set -uo pipefail
@@ -67,6 +70,22 @@ case "$1" in
     timeout "${LIMIT_S:-520}" $OFF python3 benchmarks/harvest.py --out "$WORK" --vllm-url http://127.0.0.1:8000 --device cuda "$@" \
       > "$WORK/harvest.log" 2>&1  # ends before the call does, so what it wrote still comes back
     echo $? > "$WORK/rc"
+    bash "$0" pack "$WORK" ;;
+  pinab)
+    shift
+    source .gpu/vllm/vllm_env.sh
+    export PYTHONPATH=$PWD/src:/root/pydeps:$PYTHONPATH
+    WORK=/root/harvest/pinab-$(date +%H%M%S); mkdir -p "$WORK"
+    for i in $(seq 1 "${ROUNDS:-3}"); do
+      for mode in unpinned pinned; do
+        if [ $mode = pinned ]; then args=(); off=(python3 benchmarks/pin.py --off); else args=(--unpin); off=(); fi
+        python3 benchmarks/pin.py "${args[@]}" > "$WORK/pin-$i-$mode.json" || exit 6
+        timeout 300 "${off[@]}" python3 benchmarks/harvest.py --out "$WORK/$i-$mode" --vllm-url http://127.0.0.1:8000 \
+          --device cuda --parts a "$@" > "$WORK/$i-$mode.log" 2>&1 || { tail -20 "$WORK/$i-$mode.log"; exit 7; }
+        grep '"capacity"' "$WORK/$i-$mode.log" | sed "s/^/$i $mode /"
+      done
+    done
+    echo 0 > "$WORK/rc"; touch "$WORK/harvest.log"
     bash "$0" pack "$WORK" ;;
   wait)
     WORK=$(cat /root/harvest/current) || exit 2

@@ -6,11 +6,13 @@ next. This tests whether the threads sharing its core are why: the engine core (
 physical core (the last CPU and its SMT threads), every other process of that vLLM server the rest.
 
     python3 benchmarks/pin.py [--port 8000]    pins; prints {"engine_cpus": [...], "others": [...], "pinned": {...}}
+    python3 benchmarks/pin.py --unpin [--port 8000]   gives every process of the server all the CPUs again (the
+                                               same server pinned and not, side by side: harvest_h200.sh pinab)
     python3 benchmarks/pin.py --off CMD ARG…   runs CMD on the CPUs off the engine core's (harvest.py, its agent, its
                                                trainer): children keep the affinity
 
-Touched: only the vLLM server listening on that port and the processes it started, all of this user and tagged
-``TIMESLICE_TENANT=1`` (harvest_h200.sh starts vLLM so), and only their CPU affinity."""
+Touched: only the vLLM server listening on that port, tagged ``TIMESLICE_TENANT=1`` (harvest_h200.sh starts vLLM so),
+and the vLLM processes it started, all of this user, and only their CPU affinity."""
 
 from __future__ import annotations
 
@@ -40,10 +42,10 @@ def plan(cpus: list[int], mates: dict[int, list[int]]) -> tuple[list[int], list[
     return engine, others
 
 
-def _ours(proc: psutil.Process, uid: int) -> str | None:
-    """The vLLM role of a process of this user tagged for the job, else None."""
+def _ours(proc: psutil.Process, uid: int, tagged: bool = True) -> str | None:
+    """The vLLM role of a process of this user (``tagged``: and tagged for the job), else None."""
     try:
-        if proc.uids().real != uid or proc.environ().get(TAG[0]) != TAG[1]:
+        if proc.uids().real != uid or (tagged and proc.environ().get(TAG[0]) != TAG[1]):
             return None
         return vllm_role(proc.cmdline())
     except psutil.Error:  # ended meanwhile, or its environment unreadable: not ours to touch
@@ -51,8 +53,9 @@ def _ours(proc: psutil.Process, uid: int) -> str | None:
 
 
 def server(port: int, uid: int) -> dict[int, str]:
-    """pid -> role of the vLLM server listening on ``port`` and the processes it started (its topmost vLLM ancestor's
-    tree), those of this user tagged for the job."""
+    """pid -> role of the vLLM server listening on ``port`` and the vLLM processes it started: the topmost tagged vLLM
+    ancestor of the listener (this user's) and its descendants of this user (the agent's rule: a tenant's engine core
+    is what its tagged server started)."""
     listening = None
     for proc in psutil.process_iter():
         if _ours(proc, uid) is None:
@@ -71,7 +74,7 @@ def server(port: int, uid: int) -> dict[int, str]:
         top = parent
     family = {}
     for proc in [top, *top.children(recursive=True)]:
-        role = _ours(proc, uid)
+        role = _ours(proc, uid, tagged=False)
         if role is not None:
             family[proc.pid] = role
     return family
@@ -82,11 +85,14 @@ def current_plan() -> tuple[list[int], list[int]]:
     return plan(cpus, {c: core_mates(c) for c in cpus})
 
 
-def pin(port: int) -> dict[str, object]:
+def pin(port: int, unpin: bool = False) -> dict[str, object]:
+    """Pins the server on ``port`` (or, ``unpin``, gives its processes every CPU of this job again)."""
     try:
         engine, others = current_plan()
     except ValueError as exc:
         raise SystemExit(f"pin.py: {exc}") from exc
+    if unpin:
+        engine = others = sorted({*engine, *others})
     procs = server(port, os.getuid())
     if "engine_core" not in procs.values():
         raise SystemExit(f"pin.py: the vLLM server on port {port} has no engine core process of its own")
@@ -107,9 +113,11 @@ def main(argv: list[str]) -> int:
         except ValueError as exc:
             raise SystemExit(f"pin.py: {exc}") from exc
         os.execvp(argv[1], argv[1:])
-    if argv and (len(argv) != 2 or argv[0] != "--port" or not argv[1].isdigit()):
-        raise SystemExit(f"pin.py: unknown arguments {argv}: none, --port N, or --off CMD ARG…")
-    print(json.dumps(pin(int(argv[1]) if argv else 8000)))
+    unpin = "--unpin" in argv
+    rest = [a for a in argv if a != "--unpin"]
+    if rest and (len(rest) != 2 or rest[0] != "--port" or not rest[1].isdigit()):
+        raise SystemExit(f"pin.py: unknown arguments {argv}: [--unpin] [--port N], or --off CMD ARG…")
+    print(json.dumps(pin(int(rest[1]) if rest else 8000, unpin)))
     return 0
 
 

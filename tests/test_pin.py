@@ -21,11 +21,12 @@ _spec.loader.exec_module(pin)
 
 # A stand-in vLLM server: its front end (a command line naming `vllm serve`) listens on a free port, prints it and
 # starts an engine core (a process named VLLM::EngineCore, spelt in two parts so that the front end's own command line
-# does not read as one); both end when their stdin closes.
+# does not read as one; untagged: what a tagged server starts is its own); both end when their stdin closes.
 SERVER = """
-import socket, subprocess, sys
+import os, socket, subprocess, sys
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
-engine = subprocess.Popen(["bash", "-c", "exec -a VLLM::Engine" + "Core cat"], stdin=subprocess.PIPE)
+env = {k: v for k, v in os.environ.items() if k != "TIMESLICE_TENANT"}  # started by the tagged server: enough
+engine = subprocess.Popen(["bash", "-c", "exec -a VLLM::Engine" + "Core cat"], stdin=subprocess.PIPE, env=env)
 print(s.getsockname()[1], engine.pid, flush=True)
 sys.stdin.read(); engine.stdin.close(); engine.wait()
 """
@@ -77,6 +78,9 @@ def test_pins_only_the_tagged_server_on_the_port():
         assert {p: psutil.Process(p).cpu_affinity() for p in before} == before  # another server: left alone
         with pytest.raises(SystemExit, match=f"listens on port {untagged_port}"):  # not tagged: not ours to touch
             pin.pin(untagged_port)
+        every = sorted({*engine_cpus, *others})
+        assert pin.pin(port, unpin=True)["engine_cpus"] == every
+        assert psutil.Process(engine).cpu_affinity() == every == psutil.Process(servers[0][0].pid).cpu_affinity()
     finally:
         for proc, _, _ in servers:
             proc.stdin.close()
@@ -94,7 +98,7 @@ def test_off_runs_a_command_on_the_cpus_off_the_engine_cores():
 
 
 @pytest.mark.parametrize("argv, error", [(["--port"], "unknown arguments"), (["--port", "x"], "unknown arguments"),
-                                         (["--off"], "name the command")])
+                                         (["--unpin", "--port"], "unknown arguments"), (["--off"], "name the command")])
 def test_bad_arguments_are_named(argv, error):
     with pytest.raises(SystemExit, match=error):
         pin.main(argv)
