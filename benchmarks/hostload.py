@@ -46,8 +46,12 @@ def busy_share(before: Busy, after: Busy) -> float | None:
 
 def cpu_share(before: Any, after: Any) -> tuple[float | None, float | None]:
     """(busy, steal): the shares of one CPU's (or the host's) time between two ``cpu_times`` reads that it worked and
-    that the hypervisor took; busy leaves idle, I/O wait and steal out. (None, None) when no time passed."""
-    total = sum(after) - sum(before)
+    that the hypervisor took; busy leaves idle, I/O wait and steal out. (None, None) when no time passed. Linux counts
+    a guest's time inside user and nice as well: left out of the sum."""
+    def whole(t: Any) -> float:
+        return sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+
+    total = whole(after) - whole(before)
     if total <= 0:
         return None, None
     steal = getattr(after, "steal", 0.0) - getattr(before, "steal", 0.0)

@@ -52,6 +52,13 @@ def test_a_cpus_work_and_steal_between_two_reads(before, after, shares):
     assert hostload.cpu_share(before, after) == shares
 
 
+def test_a_guests_time_counted_once():
+    """Linux counts a guest's time in user as well: 10 s of it inside 20 s of user is not 30 s of work."""
+    Guest = namedtuple("Guest", "user nice system idle iowait irq softirq steal guest guest_nice")
+    before, after = Guest(0, 0, 0, 0, 0, 0, 0, 0, 0, 0), Guest(20, 0, 0, 20, 0, 0, 0, 0, 10, 0)
+    assert hostload.cpu_share(before, after) == (0.5, 0.0)
+
+
 @pytest.mark.parametrize("text, cpus", [
     ("0,8\n", [0, 8]), ("0-1\n", [0, 1]), ("2-3,18-19", [2, 3, 18, 19]), ("5", [5]), ("", []),
 ])
