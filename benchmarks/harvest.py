@@ -23,7 +23,10 @@ sent round again) instead of ``--capacity-per-level`` lines per slot: with 512-t
 steady window of 2–3 s.
 With ``--bracket`` (a) runs again after (c): the reference is the best steady level of both passes, and each row
 also gives its figures over the higher of that and (b) (``serving_vs_highest``, ``idle_vs_highest``): one short
-pass can read low, and every ratio over it high (run 15 of 2026-12-02). The scoring is ``harvest_score.py``.
+pass can read low, and every ratio over it high (run 15 of 2026-12-02). With ``--bracket-rows`` (a) runs again after
+each row, and each row is over the best of the passes right before and after it (and, ``*_vs_all_passes``, over the
+best of all): the server's own pace moved by up to half between passes minutes apart. The scoring is
+``harvest_score.py``.
 vLLM's ``num_requests_running`` / ``waiting`` are sampled every 100 ms throughout (``inflight.jsonl``), with the host's
 busy CPU share, vLLM's processes' CPU in cores and the GPU's SM clock (``hostload.py``). Each
 time-sliced row is written as ``row-<mix>-<profile>.json`` with the keys the issue names; ``harvest.json`` holds
@@ -52,7 +55,7 @@ import psutil
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harvest_score import (bracketed, counter_at, phase_generated, rescore, steady_best,  # noqa: E402,F401
+from harvest_score import (bracket_rows, bracketed, counter_at, phase_generated, rescore, steady_best,  # noqa: E402,F401
                            table, valley_figures, valley_tokens)
 from hostload import HostLoad  # noqa: E402
 from valleys import row as valley_row  # noqa: E402
@@ -124,20 +127,24 @@ async def _capacity(url: str, bodies: list[bytes], inflight: int, seconds: float
                 return sent["n"] < len(bodies)
             return not done or time.monotonic() < done[0][0] + seconds
 
+        def mark(name: str) -> None:
+            """vLLM's counter read once per mark (a read started for a mark already taken would be left unawaited)."""
+            if name not in marks:
+                marks[name] = asyncio.ensure_future(_generated(session))
+
         async def worker() -> None:
             while True:
                 if not more():  # time is up: the first worker to see it marks the end of the steady window
-                    marks.setdefault("last", asyncio.ensure_future(_generated(session)))
+                    mark("last")
                     return
                 body = bodies[sent["n"] % len(bodies)]
                 sent["n"] += 1
                 if not seconds and not more():  # the last body sent: fewer are out from here on
-                    marks.setdefault("last", asyncio.ensure_future(_generated(session)))
+                    mark("last")
                 async with session.post("/v1/completions", data=body, headers={"Content-Type": "application/json"}) as resp:
                     data = await resp.json()
                 done.append((time.monotonic(), int(data["usage"]["completion_tokens"])))
-                if "first" not in marks:
-                    marks["first"] = asyncio.ensure_future(_generated(session))
+                mark("first")
 
         await asyncio.gather(*(worker() for _ in range(inflight)))
         wall = time.monotonic() - t0
@@ -150,17 +157,18 @@ async def _capacity(url: str, bodies: list[bytes], inflight: int, seconds: float
 
 
 def capacity(url: str, path: Path, per_level: int, levels: list[int], sampler: Sampler,
-             after: bool = False, seconds: float = 0.0, mix: int = 0) -> list[dict[str, Any]]:
+             after: str = "", seconds: float = 0.0, mix: int = 0) -> list[dict[str, Any]]:
     """Each level sends ``per_level`` × its requests in flight (at least 256), or keeps them out for ``seconds``
     (``--capacity-s``: with long answers a few waves leave a steady window of 2–3 s, which read 15–30 % apart from
-    run to run). ``after``: the pass after (c) (``--bracket``), logged as ``capacity_after``. The sampler's phase
+    run to run). ``after``: a pass after (c) (``--bracket``: ``after-``; ``--bracket-rows``: ``after-<profile>-`` after
+    each row), logged as ``capacity_after``. The sampler's phase
     names the mix (``mix-512/capacity-256``): both mixes run every level, and a table of one must not take the
     other's samples."""
     bodies = [json.dumps(json.loads(line)["body"]).encode() for line in path.read_text().splitlines()]
     asyncio.run(_capacity(url, bodies[: min(64, len(bodies))], 32))  # warm: compiled graphs, connections
     out = []
     for level in levels:
-        sampler.phase = f"{_mix_label(mix)}capacity-{'after-' if after else ''}{level}"
+        sampler.phase = f"{_mix_label(mix)}capacity-{after}{level}"
         out.append(asyncio.run(_capacity(url, bodies[: max(256, per_level * level)], level, seconds)))
         print(json.dumps({"capacity_after" if after else "capacity": out[-1]}), flush=True)
     return out
@@ -278,6 +286,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bracket", action="store_true", help="(a) again after (c): the reference is the best of both "
                     "passes, and each row also says its figures over the higher of that and (b)")
+    ap.add_argument("--bracket-rows", action="store_true", help="(a) again after each row of (c): each row over the "
+                    "best of the passes right around it (and over the best of all)")
     ap.add_argument("--rescore", type=Path, help="recompute the rows of a results folder written before valley_figures")
     args = ap.parse_args()
     if args.rescore:
@@ -335,13 +345,21 @@ def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampl
         got.setdefault("service_fixed", []).append(row)
         print(json.dumps({"service_fixed": row}), flush=True)
     if "c" in parts and best:
-        got["timesliced"] = [timesliced(args, url, mix, p, best, sampler, solos) for p in args.profiles.split(",")]
-        if args.bracket:
-            got["capacity_after"] = capacity(url, path, args.capacity_per_level, levels, sampler, after=True,
-                                             seconds=args.capacity_s, mix=mix)
+        profiles, got["timesliced"], passes = args.profiles.split(","), [], [best]
+        for profile in profiles:
+            got["timesliced"].append(timesliced(args, url, mix, profile, best, sampler, solos))
+            if args.bracket_rows or (args.bracket and profile == profiles[-1]):
+                got.setdefault("capacity_rows", {})[profile] = capacity(
+                    url, path, args.capacity_per_level, levels, sampler, seconds=args.capacity_s, mix=mix,
+                    after=f"after-{profile}-" if args.bracket_rows else "after-")
+                passes.append(steady_best(got["capacity_rows"][profile]))
+        if len(passes) > 1:
+            between = got.pop("capacity_rows")
+            got["capacity_after"] = between.pop(profiles[-1])
+            if between:
+                got["capacity_between"] = between  # after each row but the last: {profile: levels}
             alone = (got.get("service_alone") or {}).get("tokens_per_s")
-            got["timesliced"] = [bracketed(args.out, r, best, steady_best(got["capacity_after"]), alone)
-                                 for r in got["timesliced"]]
+            got["timesliced"] = bracket_rows(args.out, got["timesliced"], passes, alone)
     path.unlink()
     return got
 

@@ -94,6 +94,26 @@ def bracketed(out: Path, r: dict[str, Any], before: float, after: float, alone: 
     return r
 
 
+def bracket_rows(out: Path, rows: list[dict[str, Any]], passes: list[float], alone: float | None) -> list[dict[str, Any]]:
+    """Each row over the best of the capacity passes around it: ``passes`` the best steady level of each pass in the
+    order they ran, one before the first row and one after each row (``--bracket-rows``: the server's own pace moved
+    by up to half between passes minutes apart, runs 25-27 of 2026-12-03), or one before all and one after all
+    (``--bracket``). Each row also keeps its figures over the best of every pass of the mix (``*_vs_all_passes``)."""
+    if len(passes) not in (2, len(rows) + 1):
+        raise ValueError(f"{len(passes)} capacity passes for {len(rows)} rows: one before and one after all, or each")
+    every = max(passes)
+    got = []
+    for i, r in enumerate(rows):
+        before, after = (passes[i], passes[i + 1]) if len(passes) == len(rows) + 1 else (passes[0], passes[-1])
+        r = bracketed(out, r, before, after, alone)
+        for key in ("serving", "idle"):
+            value = r.get(f"{key}_vs_capacity")
+            r[f"{key}_vs_all_passes"] = round(value * r["capacity_tokens_per_s"] / every, 4) if value is not None else None
+        (out / f"row-{r['mix_tokens']}-{r['profile']}.json").write_text(json.dumps(r, indent=1) + "\n")
+        got.append(r)
+    return got
+
+
 def table(result: dict[str, Any]) -> str:
     out = []
     for mix, got in result["mixes"].items():
@@ -106,12 +126,18 @@ def table(result: dict[str, Any]) -> str:
         for s in got.get("service_fixed", []):
             out.append(f"  service, {s['fixed']} in flight: {s['tokens_per_s']:.0f} tokens/s ({s['vs_capacity']} of capacity), "
                        f"{s['completed']}/{s['lines']} lines")
+        for profile, levels in (got.get("capacity_between") or {}).items():
+            caps = ", ".join(f"{c['inflight']}: {c['tokens_per_s']:.0f}" for c in levels)
+            out.append(f"  capacity again after the {profile} row: {caps}")
         if "capacity_after" in got:
             caps = ", ".join(f"{c['inflight']}: {c['tokens_per_s']:.0f}" for c in got["capacity_after"])
-            out.append(f"  capacity again after (c): {caps}; the reference: the best steady level of both passes")
+            around = "the passes around each row" if got.get("capacity_between") else "both passes"
+            out.append(f"  capacity again after (c): {caps}; the reference: the best steady level of {around}")
         for r in got.get("timesliced", []):
             strict = (f"  (over the higher of it and (b): {r['serving_vs_highest']} / {r['idle_vs_highest']})"
                       if "serving_vs_highest" in r else "")
+            if got.get("capacity_between"):
+                strict += f"  (over the best of all passes: {r['serving_vs_all_passes']} / {r['idle_vs_all_passes']})"
             out.append(f"  {r['profile']:9} serving/capacity {r['serving_vs_capacity']}  idle/capacity {r['idle_vs_capacity']}  "
                        f"step ratio {r['step_ratio']}  wait median {r['wait_s_median']} s max {r['wait_s_max']} s  "
                        f"vLLM of idle {r['vllm_of_idle']}  lost {r['lost']} twice {r['twice']}{strict}")

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 
 def _harvest() -> ModuleType:
     """benchmarks/harvest.py as a module (it imports its siblings from its own folder)."""
@@ -64,8 +66,37 @@ def test_the_capacity_client_keeps_its_requests_out_by_lines_or_for_a_time(procs
     tenant = FakeVllmProc("--token-s", "0.001")
     procs.append(tenant)
     bodies = [json.dumps({"model": "m", "prompt": f"p{i}", "max_tokens": 8}).encode() for i in range(6)]
+    reads, counter = [], harvest._generated
+
+    async def counted(session):  # vLLM's counter read once at each end of the steady window, never more
+        reads.append(1)
+        return await counter(session)
+
+    harvest._generated = counted
     by_lines = asyncio.run(harvest._capacity(tenant.url, bodies, 4))
     assert (by_lines["lines"], by_lines["tokens"]) == (6, 48) and by_lines["inflight"] == 4
+    assert len(reads) == 2
     by_time = asyncio.run(harvest._capacity(tenant.url, bodies, 4, seconds=0.5))
     assert by_time["tokens"] == 8 * by_time["lines"]
+    assert len(reads) == 4  # four workers saw the time up: one read for the mark
     assert tenant.stats()["completed"] == 6 + by_time["lines"]
+
+
+def test_each_row_over_the_passes_around_it(tmp_path):
+    """--bracket-rows: a capacity pass before the first row and one after each; each row over the best of the two
+    around it, and over the best of all (``*_vs_all_passes``); --bracket (one pass before all, one after all) gives
+    every row the same two; any other count is refused, naming both counts."""
+    harvest = _harvest()
+    valleys = [{"start": 0.0, "seconds": 1.0, "tokens": 90, "tokens_per_s": 90.0}]
+    rows = [{"valleys": valleys, "capacity_tokens_per_s": 100.0, "vllm_s": 1.0, "trainer_idle_s": 1.0, "mix_tokens": 48,
+             "profile": p} for p in ("fleet", "longtail")]
+    got = harvest.bracket_rows(tmp_path, rows, [100.0, 60.0, 150.0], None)
+    assert [(r["capacity_before"], r["capacity_after"], r["serving_vs_capacity"]) for r in got] == \
+        [(100.0, 60.0, 0.9), (60.0, 150.0, 0.6)]
+    assert [(r["serving_vs_all_passes"], r["idle_vs_all_passes"]) for r in got] == [(0.6, 0.6), (0.6, 0.6)]
+    assert json.loads((tmp_path / "row-48-longtail.json").read_text()) == got[1]
+    ends = harvest.bracket_rows(tmp_path, rows, [100.0, 120.0], None)
+    assert [(r["capacity_before"], r["capacity_after"], r["serving_vs_capacity"]) for r in ends] == \
+        [(100.0, 120.0, 0.75), (100.0, 120.0, 0.75)]
+    with pytest.raises(ValueError, match="4 capacity passes for 2 rows"):
+        harvest.bracket_rows(tmp_path, rows, [1.0, 2.0, 3.0, 4.0], None)
