@@ -34,9 +34,11 @@ sys.stdin.read(); engine.stdin.close(); engine.wait()
 
 @pytest.mark.parametrize("cpus, mates, engine, others", [
     (list(range(16)), {15: [7], 7: [15]}, [7, 15], [0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14]),
-    (list(range(4)), {}, [3], [0, 1, 2]),  # no SMT: the last CPU alone
+    (list(range(4)), {}, [2, 3], [0, 1]),  # no SMT: the last two, the busy loop and its helper threads
+    (list(range(3)), {}, [2], [0, 1]),  # too few for two: the last alone
     ([0, 1], {}, [1], [0]),
     ([2, 5, 9], {9: [3]}, [9], [2, 5]),  # a mate this job may not use stays out of both
+    ([0, 1, 2, 3, 4], {4: [9]}, [3, 4], [0, 1, 2]),  # its mate not usable: as without SMT
 ])
 def test_the_engine_core_gets_the_last_cpus_physical_core(cpus, mates, engine, others):
     assert pin.plan(cpus, mates) == (engine, others)
