@@ -345,19 +345,17 @@ def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampl
         got.setdefault("service_fixed", []).append(row)
         print(json.dumps({"service_fixed": row}), flush=True)
     if "c" in parts and best:
-        profiles, got["timesliced"], passes = args.profiles.split(","), [], [best]
+        profiles, got["timesliced"], after = args.profiles.split(","), [], {}
         for profile in profiles:
             got["timesliced"].append(timesliced(args, url, mix, profile, best, sampler, solos))
             if args.bracket_rows or (args.bracket and profile == profiles[-1]):
-                got.setdefault("capacity_rows", {})[profile] = capacity(
-                    url, path, args.capacity_per_level, levels, sampler, seconds=args.capacity_s, mix=mix,
-                    after=f"after-{profile}-" if args.bracket_rows else "after-")
-                passes.append(steady_best(got["capacity_rows"][profile]))
-        if len(passes) > 1:
-            between = got.pop("capacity_rows")
-            got["capacity_after"] = between.pop(profiles[-1])
-            if between:
-                got["capacity_between"] = between  # after each row but the last: {profile: levels}
+                after[profile] = capacity(url, path, args.capacity_per_level, levels, sampler, seconds=args.capacity_s,
+                                          mix=mix, after=f"after-{profile}-" if args.bracket_rows else "after-")
+        if after:
+            passes = [best, *(steady_best(levels) for levels in after.values())]
+            got["capacity_after"] = after.pop(profiles[-1])
+            if after:
+                got["capacity_between"] = after  # after each row but the last: {profile: levels}
             alone = (got.get("service_alone") or {}).get("tokens_per_s")
             got["timesliced"] = bracket_rows(args.out, got["timesliced"], passes, alone)
     path.unlink()

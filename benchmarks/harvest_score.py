@@ -80,16 +80,19 @@ def steady_best(levels: list[dict[str, Any]]) -> float:
     return max((c.get("steady_tokens_per_s") or c["tokens_per_s"] for c in levels), default=0.0)
 
 
-def bracketed(out: Path, r: dict[str, Any], before: float, after: float, alone: float | None) -> dict[str, Any]:
+def bracketed(out: Path, r: dict[str, Any], before: float, after: float, alone: float | None,
+              every: float | None = None) -> dict[str, Any]:
     """A time-sliced row over the best of the capacity passes around it (its file rewritten), and over the higher of
-    that and the service alone (``*_vs_highest``): the strictest reading of the same tokens."""
+    that and the service alone (``*_vs_highest``): the strictest reading of the same tokens; ``every``: the best of
+    all the mix's passes, the row's figures over it too (``*_vs_all_passes``)."""
     r = dict(r, capacity_before=before, capacity_after=after, capacity_tokens_per_s=max(before, after),
              service_alone_tokens_per_s=alone)
     r.update(valley_figures(r))
-    high = max(r["capacity_tokens_per_s"], alone or 0.0)
-    for key in ("serving", "idle"):
-        value = r.get(f"{key}_vs_capacity")
-        r[f"{key}_vs_highest"] = round(value * r["capacity_tokens_per_s"] / high, 4) if value is not None else None
+    over = {"highest": max(r["capacity_tokens_per_s"], alone or 0.0)} | ({"all_passes": every} if every else {})
+    for name, high in over.items():
+        for key in ("serving", "idle"):
+            value = r.get(f"{key}_vs_capacity")
+            r[f"{key}_vs_{name}"] = round(value * r["capacity_tokens_per_s"] / high, 4) if value is not None else None
     (out / f"row-{r['mix_tokens']}-{r['profile']}.json").write_text(json.dumps(r, indent=1) + "\n")
     return r
 
@@ -101,17 +104,10 @@ def bracket_rows(out: Path, rows: list[dict[str, Any]], passes: list[float], alo
     (``--bracket``). Each row also keeps its figures over the best of every pass of the mix (``*_vs_all_passes``)."""
     if len(passes) not in (2, len(rows) + 1):
         raise ValueError(f"{len(passes)} capacity passes for {len(rows)} rows: one before and one after all, or each")
-    every = max(passes)
-    got = []
-    for i, r in enumerate(rows):
-        before, after = (passes[i], passes[i + 1]) if len(passes) == len(rows) + 1 else (passes[0], passes[-1])
-        r = bracketed(out, r, before, after, alone)
-        for key in ("serving", "idle"):
-            value = r.get(f"{key}_vs_capacity")
-            r[f"{key}_vs_all_passes"] = round(value * r["capacity_tokens_per_s"] / every, 4) if value is not None else None
-        (out / f"row-{r['mix_tokens']}-{r['profile']}.json").write_text(json.dumps(r, indent=1) + "\n")
-        got.append(r)
-    return got
+    around = [(passes[i], passes[i + 1]) if len(passes) == len(rows) + 1 else (passes[0], passes[-1])
+              for i in range(len(rows))]
+    every = max(passes) if len(passes) > 2 else None  # two passes: the best of all is the reference itself
+    return [bracketed(out, r, before, after, alone, every) for r, (before, after) in zip(rows, around)]
 
 
 def table(result: dict[str, Any]) -> str:

@@ -118,9 +118,8 @@ class HostLoad:
     def __init__(self, gpu_index: int = 0, rescan: int = 20) -> None:
         self._rescan, self._n = rescan, 0
         self._pids: dict[int, str] = {}
-        self._host = host_busy(psutil.cpu_times())
-        self._procs, self._at = self._read(), time.monotonic()
         self._times, self._per_cpu = psutil.cpu_times(), psutil.cpu_times(percpu=True)
+        self._procs, self._at = self._read(), time.monotonic()
         self._nvml = _gpu(gpu_index)
 
     def _scan(self) -> None:
@@ -172,12 +171,12 @@ class HostLoad:
 
     def sample(self) -> dict[str, Any]:
         times, per_cpu = psutil.cpu_times(), psutil.cpu_times(percpu=True)
-        host, procs, now = host_busy(times), self._read(), time.monotonic()
-        out: dict[str, Any] = {"host_cpu": busy_share(self._host, host),
+        procs, now = self._read(), time.monotonic()
+        out: dict[str, Any] = {"host_cpu": busy_share(host_busy(self._times), host_busy(times)),
                                "vllm_cores": cores_by_role(self._procs, procs, now - self._at),
                                "sm_mhz": None, "gpu_util": None, "steal": cpu_share(self._times, times)[1]}
         out.update(self._engine_core_cpu(per_cpu))
-        self._host, self._procs, self._at, self._times, self._per_cpu = host, procs, now, times, per_cpu
+        self._procs, self._at, self._times, self._per_cpu = procs, now, times, per_cpu
         if self._nvml is not None:
             nvml, handle = self._nvml
             try:
