@@ -21,6 +21,10 @@ set -uo pipefail
 OUT=${OUT:-harvest-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+bench_env() {  # vLLM's payload and the project's sources for harvest.py (run, bg, pinab)
+  source .gpu/vllm/vllm_env.sh
+  export PYTHONPATH=$PWD/src:/root/pydeps:$PYTHONPATH NCCL_CUMEM_ENABLE=0 NCCL_NVLS_ENABLE=0
+}
 case "$1" in
   setup) bash .gpu/vllm/gpu_setup.sh 0 "${PARTS:-.gpu/parts}" ;;  # stashes the parts carried, builds the model
   stash) mkdir -p /root/parts && cp "${PARTS:-.gpu/parts}"/site.tar.xz.part* "${PARTS:-.gpu/parts}"/SHA256SUMS /root/parts/ ;;
@@ -54,8 +58,7 @@ case "$1" in
     python3 benchmarks/pin.py --port 8000 > /root/pin.json && cat /root/pin.json ;;
   run|bg)
     mode=$1; shift
-    source .gpu/vllm/vllm_env.sh
-    export PYTHONPATH=$PWD/src:/root/pydeps:$PYTHONPATH NCCL_CUMEM_ENABLE=0 NCCL_NVLS_ENABLE=0
+    bench_env
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
     WORK=/root/harvest/$(date +%H%M%S); mkdir -p "$WORK"
     OFF=""; [ -s /root/pin.json ] && { OFF="python3 benchmarks/pin.py --off"; cp /root/pin.json "$WORK/"; }
@@ -73,8 +76,7 @@ case "$1" in
     bash "$0" pack "$WORK" ;;
   pinab)
     shift
-    source .gpu/vllm/vllm_env.sh
-    export PYTHONPATH=$PWD/src:/root/pydeps:$PYTHONPATH
+    bench_env
     WORK=/root/harvest/pinab-$(date +%H%M%S); mkdir -p "$WORK"
     for i in $(seq 1 "${ROUNDS:-3}"); do
       for mode in unpinned pinned; do
