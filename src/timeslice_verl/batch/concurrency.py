@@ -16,13 +16,16 @@ batch), never more than the ceiling. Pure: vLLM's ``/metrics`` in, a number out;
   vLLM's API server, not the GPU, sets the pace, and more in flight keeps its running batch fuller between the waves
   of answers (2 s windows at one limit read 9–25 % apart on an H200, run 16 of 2026-12-02: a bar of
   ``gain`` below stopped the climb at 256 where 512 gave a fifth more).
-* **A probe up that failed looks below once** — unless the climb reached that limit from a lower one it measured: the
-  limit it started from may itself be past the knee (a start of 256 where 128 gives the most, as this H200's API
-  server with 512-token answers did): one step down; while a step
-  down raises the rate by ``down_gain`` it goes on down, else back to the best limit and hold. After the hold the
-  search starts over from there, so both sides are looked at again, each time less often. The bar below is higher
-  than above: near the knee neighbouring limits differ by less than a window's noise (on an H200 with 512-token
-  answers, 2 s windows at one limit read 9–25 % apart), and a walk down on noise gave up a third of the batch.
+* **A probe up that failed goes back and holds; a second in a row looks below once** — unless the climb reached that
+  limit from a lower one it measured: the limit it started from may itself be past the knee (a start of 256 where 128
+  gives the most, as this H200's single API server with 512-token answers did): one step down; while a step down
+  raises the rate by ``down_gain`` it goes on down, else back to the best limit and hold. After the hold the search
+  starts over from there, so both sides are looked at again, each time less often. Not after the first failure: one
+  probe read on valley windows is weak evidence (on an H200 with four API servers, 128 in flight never gave a tenth
+  more than 256 in 16 capacity passes, runs 25–28, yet the looks below a start of 256 after one failed probe read
+  0.61 and 0.66 of the reference for 8–11 s of rows of 34–43 s, runs 27 and 28). The bar below is higher than above:
+  near the knee neighbouring limits differ by less than a window's noise (on an H200 with 512-token answers, 2 s
+  windows at one limit read 9–25 % apart), and a walk down on noise gave up a third of the batch.
 * **What a fall cancels** (:func:`shed_to`): a probe up that cost tokens gives back its excess at once (the newest
   sends, which lost the least); a look below lets what is in flight drain — it is a question, not a loss, and
   cancelling 512-token answers half made throws their tokens away.
@@ -196,9 +199,9 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
 
 
 def _failed_up(climb: Climb, policy: Policy, now: float) -> tuple[int, Climb]:
-    """A probe up that cost tokens: look once below the limit it started from (is that limit itself past the knee?),
-    else back to it and hold."""
-    if not climb.looked_down and climb.best_limit > policy.floor:
+    """A probe up that cost tokens: back to the limit it started from and hold; a second in a row (after the hold) looks
+    once below that limit (is it itself past the knee?): one failed probe is weak evidence (the module's docstring)."""
+    if not climb.looked_down and climb.failed and climb.best_limit > policy.floor:
         return max(policy.floor, math.floor(climb.best_limit / policy.growth)), replace(climb, down=True, looked_down=True)
     return _back(climb, policy, now)
 
@@ -290,7 +293,9 @@ class Follower:
                 and now > self._last[0]:
             window.tokens += max(0.0, sample.generated - self._last[1])
             window.seconds += now - self._last[0]
-        self._last = (now, sample.generated) if inflight <= limit else None  # a draining interval is not the limit's
+        # an interval draining a fall, or with the limit not in use (the batch ran dry, sends cancelled), is not the
+        # limit's: run 28's last window read 512 at 0.53 of 480 while its row's lines were being cancelled
+        self._last = (now, sample.generated) if self.policy.busy * limit <= inflight <= limit else None
         settled = sample.generated is None or window.settled(answered)  # no counter: sample by sample
         rate = window.tokens / window.seconds if window.seconds >= WINDOW_S and sample.generated is not None else None
         new, self.climb = next_limit(limit, inflight, sample, self.policy, rate, self.climb, now, settled,
