@@ -211,6 +211,9 @@ def test_three_nodes_consume_one_batch_through_a_killed_feeder_a_killed_api_and_
     with apis[1].http() as http:
         done = lambda: _status(http, bid).get("request_counts", {}).get("completed", 0)  # noqa: E731
         eventually(lambda: done() >= 2_000, what="the three nodes feeding", timeout=300)
+        # node 0's feeder itself feeding (under load the other two may have done the first 2 000 alone): lines in
+        # flight at its tenant, so that it holds claimed lines from here until the queue runs dry
+        eventually(lambda: nodes[0][0].stats()["running"] > 0, what="node 0's feeder sending", timeout=300)
         nodes[0][2].kill()  # kill -9 a feeder with lines in flight: they come back after its lease
         apis[0].kill()  # an API replica: the other answers
         eventually(lambda: done() >= 6_000, what="two nodes feeding on", timeout=300)
