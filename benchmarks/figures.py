@@ -33,6 +33,8 @@ from figures_harvest import (START256, harvest_cpu, harvest_h200, harvest_h200_p
                              harvest_h200_session8, harvest_h200_frontend, harvest_h200_by_running_session8,
                              policy_push_h200, validate_h200)
 from figures_limits import harvest_h200_by_limit, harvest_h200_drift, harvest_h200_session9  # noqa: E402
+from figures_session10 import (harvest_h200_by_limit_session10, harvest_h200_drift_session10,  # noqa: E402
+                               harvest_h200_pace, harvest_h200_session10)
 from summarize import _records, timeline_figures  # noqa: E402
 
 DOCS = ("README.md", "docs/measured.md", "guides/rl-batch-interleaving/README.md", "guides/multi-gpu-trainers.md",
@@ -224,6 +226,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "harvest-h200-by-running-session8": harvest_h200_by_running_session8,
     "harvest-h200-session9": harvest_h200_session9, "harvest-h200-by-limit": harvest_h200_by_limit,
     "harvest-h200-drift": harvest_h200_drift,
+    "harvest-h200-session10": harvest_h200_session10, "harvest-h200-by-limit-session10": harvest_h200_by_limit_session10,
+    "harvest-h200-drift-session10": harvest_h200_drift_session10, "harvest-h200-pace": harvest_h200_pace,
     "policy-push-h200": policy_push_h200,
     "harvest-h200": harvest_h200, "harvest-h200-pause": harvest_h200_pause, "harvest-cpu": harvest_cpu,
     "harvest-cpu-stream": lambda: harvest_cpu(RESULTS / "2026-12-02-cpu-harvest"),

@@ -46,16 +46,16 @@ def limits_by_valley(row: dict[str, Any], log: Path, start: int) -> list[int]:
     return out
 
 
-def harvest_h200_by_limit() -> str:
-    """Each time-sliced row of runs 26 and 27: the valley seconds the service spent at each limit, and vLLM's own
-    rate there over the row's reference (the best steady capacity level of both passes)."""
+def by_limit(runs: list[tuple[Path, str]]) -> str:
+    """Each time-sliced row of ``runs`` (folder, run): the valley seconds the service spent at each limit, and vLLM's
+    own rate there over the row's reference (the best steady capacity level of both passes)."""
     lines = ["| run | mix, profile | serving / ref | limit: valleys, seconds, tokens per valley-second / ref |",
              "|---|---|---|---|"]
-    for run in SESSION9_CODE:
-        start = json.loads((SESSION9 / run / "harvest.json").read_text())["options"]["start_inflight"]
-        for row_path in sorted((SESSION9 / run).glob("row-*.json")):
+    for folder, run in runs:
+        start = json.loads((folder / run / "harvest.json").read_text())["options"]["start_inflight"]
+        for row_path in sorted((folder / run).glob("row-*.json")):
             r = json.loads(row_path.read_text())
-            log = SESSION9 / run / f"mix-{r['mix_tokens']}" / r["profile"] / "auto" / "batch.log"
+            log = folder / run / f"mix-{r['mix_tokens']}" / r["profile"] / "auto" / "batch.log"
             at: dict[int, list[dict[str, Any]]] = {}
             for limit, v in zip(limits_by_valley(r, log, start), r["valleys"]):
                 at.setdefault(limit, []).append(v)
@@ -69,6 +69,11 @@ def harvest_h200_by_limit() -> str:
     return "\n".join(lines)
 
 
+def harvest_h200_by_limit() -> str:
+    """Runs 26 and 27: the limit each valley ran at (:func:`by_limit`)."""
+    return by_limit([(SESSION9, run) for run in SESSION9_CODE])
+
+
 def _steady(samples: list[dict[str, Any]]) -> float:
     """vLLM's own rate over a phase's samples from its first quarter to its last (the level's ramp and tail left
     out)."""
@@ -76,17 +81,22 @@ def _steady(samples: list[dict[str, Any]]) -> float:
     return (b["generated"] - a["generated"]) / (b["t"] - a["t"])
 
 
-def harvest_h200_drift() -> str:
-    """The 512-token capacity levels before and after the time-sliced rows of runs 25–27, by vLLM's own counter
+def drift(runs: list[tuple[Path, str, int]]) -> str:
+    """Capacity levels before and after the time-sliced rows of ``runs`` (folder, run, mix), by vLLM's own counter
     (its middle half) and by the capacity client's steady window: the same server, minutes apart."""
-    lines = [("| run | requests in flight | before: vLLM's counter / client's steady, tokens/s | "
-              "after: vLLM's counter / client's steady | after / before (counter) |"), "|---|---|---|---|---|"]
-    for folder, run in ((SESSION8, "run25"), (SESSION9, "run26"), (SESSION9, "run27")):
-        got = json.loads((folder / run / "harvest.json").read_text())["mixes"]["512"]
+    lines = [("| run | mix | requests in flight | before: vLLM's counter / client's steady, tokens/s | "
+              "after: vLLM's counter / client's steady | after / before (counter) |"), "|---|---|---|---|---|---|"]
+    for folder, run, mix in runs:
+        got = json.loads((folder / run / "harvest.json").read_text())["mixes"][str(mix)]
         for before, after in zip(got["capacity"], got["capacity_after"]):
             level = before["inflight"]
-            a = _steady(mix_phase(folder, run, 512, f"capacity-{level}"))
-            b = _steady(mix_phase(folder, run, 512, f"capacity-after-{level}"))
-            lines.append(f"| {run[3:]} | {level} | {a:.0f} / {before['steady_tokens_per_s']:.0f} | "
+            a = _steady(mix_phase(folder, run, mix, f"capacity-{level}"))
+            b = _steady(mix_phase(folder, run, mix, f"capacity-after-{level}"))
+            lines.append(f"| {run[3:]} | {mix} | {level} | {a:.0f} / {before['steady_tokens_per_s']:.0f} | "
                          f"{b:.0f} / {after['steady_tokens_per_s']:.0f} | {b / a:.2f} |")
     return "\n".join(lines)
+
+
+def harvest_h200_drift() -> str:
+    """The 512-token capacity levels before and after the rows of runs 25–27 (:func:`drift`)."""
+    return drift([(SESSION8, "run25", 512), (SESSION9, "run26", 512), (SESSION9, "run27", 512)])

@@ -5,8 +5,9 @@
 #                                           VLLM_API_SERVERS=N: its front end in N processes; PIN_ENGINE=1: then its engine
 #                                           core on a physical core of its own, the rest of the server off it:
 #                                           benchmarks/pin.py, /root/pin.json says which)
-#   (a payload in three parts, when the working tree and a part pass the 64 MiB a call carries: PARTS=DIR for
-#    setup (part0), stash (part1) and start (part2), each call carrying its part)
+#   (a payload in more parts, when the working tree and a part pass the 64 MiB a call carries: PARTS=DIR for
+#    setup (part0), stash (each middle part, a call each) and start (the last), each call carrying its part; with
+#    the tree at 31 MB, five parts of 23 MB: split -n 5 -d -a 1 site.tar.xz DIR/site.tar.xz.part, SHA256SUMS beside)
 #   bash benchmarks/harvest_h200.sh run ARGS…   benchmarks/harvest.py --vllm-url … ARGS (vLLM stays up between calls;
 #                                           after PIN_ENGINE=1, harvest.py and what it starts off the engine core's CPUs)
 #   bash benchmarks/harvest_h200.sh bg ARGS…    the same, started in the background (a run longer than one call:
