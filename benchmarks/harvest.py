@@ -28,7 +28,8 @@ each row, and each row is over the best of the passes right before and after it 
 best of all): the server's own pace moved by up to half between passes minutes apart. The scoring is
 ``harvest_score.py``.
 vLLM's ``num_requests_running`` / ``waiting`` are sampled every 100 ms throughout (``inflight.jsonl``), with the host's
-busy CPU share, vLLM's processes' CPU in cores and the GPU's SM clock (``hostload.py``). Each
+busy CPU share, vLLM's processes' CPU in cores and the GPU's SM clock (``hostload.py``); with ``--py-spy``, py-spy's
+stacks of vLLM's engine core at each capacity level (``engine_profile.py``). Each
 time-sliced row is written as ``row-<mix>-<profile>.json`` with the keys the issue names; ``harvest.json`` holds
 everything; the table is printed last.
 
@@ -55,6 +56,7 @@ import psutil
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_profile import finish, record  # noqa: E402
 from harvest_score import (bracket_rows, bracketed, counter_at, phase_generated, rescore, steady_best,  # noqa: E402,F401
                            table, valley_figures, valley_tokens)
 from hostload import HostLoad  # noqa: E402
@@ -72,8 +74,8 @@ class Sampler:
     """vLLM's running and waiting requests, KV-cache use and generated tokens every ``every_s``, labelled with the phase
     of the benchmark, beside the host's CPU, vLLM's processes' CPU and the GPU's clock (:class:`hostload.HostLoad`)."""
 
-    def __init__(self, url: str, path: Path, every_s: float = 0.1) -> None:
-        self.url, self.path, self.every_s, self.phase = url, path, every_s, "start"
+    def __init__(self, url: str, path: Path, every_s: float = 0.1, spy: bool = False) -> None:
+        self.url, self.path, self.every_s, self.phase, self.spy = url, path, every_s, "start", spy
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -169,7 +171,9 @@ def capacity(url: str, path: Path, per_level: int, levels: list[int], sampler: S
     out = []
     for level in levels:
         sampler.phase = f"{_mix_label(mix)}capacity-{after}{level}"
+        spy = record(sampler.path.parent / "pyspy", sampler.phase) if sampler.spy else None  # --py-spy
         out.append(asyncio.run(_capacity(url, bodies[: max(256, per_level * level)], level, seconds)))
+        finish(spy)
         print(json.dumps({"capacity_after" if after else "capacity": out[-1]}), flush=True)
     return out
 
@@ -288,6 +292,8 @@ def main() -> int:
                     "passes, and each row also says its figures over the higher of that and (b)")
     ap.add_argument("--bracket-rows", action="store_true", help="(a) again after each row of (c): each row over the "
                     "best of the passes right around it (and over the best of all)")
+    ap.add_argument("--py-spy", action="store_true", help="py-spy's stacks of vLLM's engine core at each capacity "
+                    "level, to OUT/pyspy/ (benchmarks/engine_profile.py)")
     ap.add_argument("--rescore", type=Path, help="recompute the rows of a results folder written before valley_figures")
     args = ap.parse_args()
     if args.rescore:
@@ -307,7 +313,7 @@ def main() -> int:
     parts = set(args.parts.split(","))
     solos: Solos = {}
     try:
-        with Sampler(url, args.out / "inflight.jsonl") as sampler:
+        with Sampler(url, args.out / "inflight.jsonl", spy=args.py_spy) as sampler:
             for mix in (int(m) for m in args.mixes.split(",")):
                 result["mixes"][str(mix)] = run_mix(args, url, mix, parts, sampler, solos)
                 (args.out / "harvest.json").write_text(json.dumps(result, indent=1, default=str) + "\n")

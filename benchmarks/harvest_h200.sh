@@ -16,6 +16,7 @@
 #   bash benchmarks/harvest_h200.sh pinab ARGS… the same server not pinned and pinned, side by side: ROUNDS (3) times
 #                                               harvest.py --parts a ARGS with the server unpinned, then pinned
 #                                               (benchmarks/pin.py; pinned, harvest.py runs off the engine core's CPUs)
+# py-spy (harvest.py --py-spy): its wheel from PyPI in .gpu/ (pip download --no-deps py-spy -d .gpu), carried to setup.
 # Here, beforehand: the vLLM recipe copied to .gpu/vllm and its build_payload.sh run into .gpu/parts; the project's
 # pure-Python needs the GPU image lacks (hydra-core, omegaconf, antlr4 4.9.3, python-multipart, nvidia-ml-py) in .gpu/pydeps.tar.xz.
 set -uo pipefail
@@ -25,9 +26,15 @@ export PYTHONUNBUFFERED=1
 bench_env() {  # vLLM's payload and the project's sources for harvest.py (run, bg, pinab)
   source .gpu/vllm/vllm_env.sh
   export PYTHONPATH=$PWD/src:/root/pydeps:$PYTHONPATH NCCL_CUMEM_ENABLE=0 NCCL_NVLS_ENABLE=0
+  [ -x /root/pyspy/bin/py-spy ] && export PATH=/root/pyspy/bin:$PATH  # harvest.py --py-spy
 }
 case "$1" in
-  setup) bash .gpu/vllm/gpu_setup.sh 0 "${PARTS:-.gpu/parts}" ;;  # stashes the parts carried, builds the model
+  setup)  # stashes the parts carried, builds the model; unpacks py-spy's wheel when one is carried (.gpu/py_spy-*.whl)
+    for whl in .gpu/py_spy-*.whl; do
+      [ -f "$whl" ] && python3 -m zipfile -e "$whl" /root/pyspy-whl && mkdir -p /root/pyspy/bin \
+        && install -m 0755 /root/pyspy-whl/py_spy-*.data/scripts/py-spy /root/pyspy/bin/py-spy
+    done
+    bash .gpu/vllm/gpu_setup.sh 0 "${PARTS:-.gpu/parts}" ;;
   stash) mkdir -p /root/parts && cp "${PARTS:-.gpu/parts}"/site.tar.xz.part* "${PARTS:-.gpu/parts}"/SHA256SUMS /root/parts/ ;;
   start)
     if [ -n "${PARTS:-}" ]; then  # the payload in more parts than gpu_setup.sh's two (a working tree that grew)

@@ -5,7 +5,8 @@ Python loops whose pace can be the server's), and the GPU's SM clock and utilisa
 The engine core runs one core flat out on an H200 with a small model, so its pace is that core's: the sampler also
 records the CPU time the hypervisor took (steal), host-wide and on the engine core's CPU, and how busy the other
 threads of its physical core were (runs 25-27: the same server at the same running count read 29 000 in one pass and
-46 000 tokens/s in the next, the engine core at one core in both). Read only: nothing here signals or changes a
+46 000 tokens/s in the next, the engine core at one core in both), and how its one core split between its threads
+(``engine_threads``: run 28 had it on CPUs of its own, no steal, and still a third to a half apart). Read only: nothing here signals or changes a
 process."""
 
 from __future__ import annotations
@@ -97,6 +98,16 @@ def cores_by_role(before: dict[int, tuple[str, float]], after: dict[int, tuple[s
     return out
 
 
+def thread_cores(before: dict[int, float], after: dict[int, float], seconds: float, top: int = 3) -> list[float]:
+    """The busiest threads' CPU between two reads (thread id → CPU seconds), in cores, most first: the engine core's
+    busy loop and the threads that move its inputs and outputs share one interpreter lock, and how the process's one
+    core splits between them is what a slow pass and a fast one may differ in."""
+    if seconds <= 0:
+        return []
+    used = [max(0.0, cpu - before[tid]) / seconds for tid, cpu in after.items() if tid in before]
+    return [round(c, 3) for c in sorted(used, reverse=True)[:top]]
+
+
 def _gpu(index: int) -> Any:
     try:
         import pynvml
@@ -120,6 +131,7 @@ class HostLoad:
         self._pids: dict[int, str] = {}
         self._times, self._per_cpu = psutil.cpu_times(), psutil.cpu_times(percpu=True)
         self._procs, self._at = self._read(), time.monotonic()
+        self._threads = self._engine_threads()
         self._nvml = _gpu(gpu_index)
 
     def _scan(self) -> None:
@@ -159,6 +171,16 @@ class HostLoad:
             out[pid] = (role, t.user + t.system)
         return out
 
+    def _engine_threads(self) -> dict[int, float]:
+        """The engine core's threads' CPU seconds so far (none found: empty)."""
+        for pid, role in self._pids.items():
+            if role == "engine_core":
+                try:
+                    return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
+                except psutil.Error:
+                    continue
+        return {}
+
     def _engine_cpu(self) -> int | None:
         """The CPU the engine core ran on last: the first of this user's that answers (None: none, or all ended)."""
         for pid, role in self._pids.items():
@@ -176,7 +198,9 @@ class HostLoad:
                                "vllm_cores": cores_by_role(self._procs, procs, now - self._at),
                                "sm_mhz": None, "gpu_util": None, "steal": cpu_share(self._times, times)[1]}
         out.update(self._engine_core_cpu(per_cpu))
-        self._procs, self._at, self._times, self._per_cpu = procs, now, times, per_cpu
+        threads = self._engine_threads()
+        out["engine_threads"] = thread_cores(self._threads, threads, now - self._at)
+        self._procs, self._at, self._times, self._per_cpu, self._threads = procs, now, times, per_cpu, threads
         if self._nvml is not None:
             nvml, handle = self._nvml
             try:

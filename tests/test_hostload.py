@@ -84,6 +84,16 @@ def test_cores_by_role_sum_a_roles_processes_and_leave_out_one_seen_once():
     assert hostload.cores_by_role(before, after, 0.0) == {}
 
 
+@pytest.mark.parametrize("before, after, seconds, cores", [
+    ({1: 10.0, 2: 1.0, 3: 0.0}, {1: 10.9, 2: 1.05, 3: 0.0}, 1.0, [0.9, 0.05, 0.0]),
+    ({1: 10.0, 2: 1.0}, {1: 10.5, 2: 1.5, 4: 7.0}, 0.5, [1.0, 1.0]),  # a thread seen once (4) is left out
+    ({1: 10.0, 2: 1.0, 3: 0.0, 5: 2.0}, {1: 11.0, 2: 1.2, 3: 0.1, 5: 2.3}, 1.0, [1.0, 0.3, 0.2]),  # the three busiest
+    ({1: 10.0}, {1: 11.0}, 0.0, []),  # no time passed
+])
+def test_the_engine_cores_threads_by_their_cpu_most_first(before, after, seconds, cores):
+    assert hostload.thread_cores(before, after, seconds) == cores
+
+
 def test_a_sample_finds_a_running_vllm_process_of_this_user_and_reads_only():
     """A live read on this host: a process whose command line names vLLM's API server is found and its CPU counted
     (a value, not a speed: no threshold); it is left running — the sampler never signals anything."""
@@ -94,12 +104,13 @@ def test_a_sample_finds_a_running_vllm_process_of_this_user_and_reads_only():
         load = hostload.HostLoad(rescan=1)
         got = load.sample()
         assert set(got) == {"host_cpu", "vllm_cores", "sm_mhz", "gpu_util", "steal", "engine_cpu", "engine_cpu_steal",
-                            "engine_mates_busy"}
+                            "engine_mates_busy", "engine_threads"}
         assert got["host_cpu"] is None or 0.0 <= got["host_cpu"] <= 1.0
         assert got["steal"] is None or 0.0 <= got["steal"] <= 1.0
         assert "api_server" in got["vllm_cores"] and got["vllm_cores"]["api_server"] >= 0.0
         assert got["engine_cpu"] in range(psutil.cpu_count())  # the stand-in engine core found, on a CPU of this host
         assert got["engine_cpu_steal"] is None or 0.0 <= got["engine_cpu_steal"] <= 1.0
+        assert len(got["engine_threads"]) == 1 and got["engine_threads"][0] >= 0.0, "cat: one thread, read by id"
         assert child.poll() is None and engine.poll() is None
     finally:
         for proc in (child, engine):

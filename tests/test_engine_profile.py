@@ -1,0 +1,97 @@
+"""benchmarks/engine_profile.py: py-spy's stacks of vLLM's engine core during a capacity level (started beside a
+process named as vLLM names its engine core, stopped by SIGINT as py-spy expects) and their summary."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agent_support import eventually
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))  # engine_profile imports hostload as the benchmarks do
+_spec = importlib.util.spec_from_file_location("engine_profile", BENCH / "engine_profile.py")
+assert _spec is not None and _spec.loader is not None
+engine_profile = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(engine_profile)
+
+RAW = textwrap.dedent("""\
+    thread (11): MainThread;EngineCoreProc.run_busy_loop (vllm/v1/engine/core.py:800);EngineCore.step (vllm/v1/engine/core.py:300);Scheduler.schedule (vllm/v1/core/sched/scheduler.py:200) 60
+    thread (11): MainThread;EngineCoreProc.run_busy_loop (vllm/v1/engine/core.py:800);EngineCore.step (vllm/v1/engine/core.py:310) 20
+    thread (11): MainThread;EngineCoreProc.run_busy_loop (vllm/v1/engine/core.py:805);EngineCoreProc._process_input_queue (vllm/v1/engine/core.py:812) 20
+    thread (12): Thread-2 (process_output_sockets);EngineCoreProc.process_output_sockets (vllm/v1/engine/core.py:900);encode (vllm/v1/serial_utils.py:80) 30
+    garbage without a count
+""")
+
+
+@pytest.mark.parametrize("frame, name", [
+    ("EngineCore.step (vllm/v1/engine/core.py:300)", "EngineCore.step (core.py)"),
+    ("<module> (<string>:10)", "<module> (<string>)"),
+    ("bare", "bare"),
+])
+def test_a_frame_is_named_by_its_function_and_file_not_its_line(frame, name):
+    assert engine_profile.function(frame) == name
+
+
+def test_the_summary_counts_threads_and_each_function_once_per_stack_of_the_busiest():
+    threads, functions = engine_profile.summary(engine_profile.parse(RAW))
+    assert dict(threads) == {"MainThread (11)": 100, "Thread-2 (process_output_sockets) (12)": 30}
+    shares = dict(functions)
+    assert shares["EngineCoreProc.run_busy_loop (core.py)"] == 1.0, "on every stack of the busy loop, counted once"
+    assert shares["EngineCore.step (core.py)"] == 0.8 and shares["Scheduler.schedule (scheduler.py)"] == 0.6
+    assert "encode (serial_utils.py)" not in shares, "another thread's functions are not the busy loop's"
+    assert engine_profile.summary([]) == (engine_profile.Counter(), [])
+
+
+FAKE_SPY = textwrap.dedent("""\
+    #!{python}
+    import signal, sys, time
+    args = sys.argv[1:]
+    out = args[args.index("--output") + 1]
+    stop = []
+    signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+    print("args:", " ".join(args), flush=True)
+    while not stop:
+        signal.pause()
+    with open(out, "w") as f:
+        f.write("thread (1): MainThread;run_busy_loop (core.py:1) 7\\n")
+""")
+
+
+def test_a_level_is_recorded_from_its_start_until_finish_stops_py_spy_with_sigint(tmp_path, monkeypatch):
+    """A stand-in ``py-spy`` on PATH that writes its samples only on SIGINT (as py-spy on Ctrl-C), beside a process
+    named as vLLM's engine core: the recording is started on that process with the arguments py-spy takes, and
+    :func:`finish` ends it with its samples written."""
+    spy = tmp_path / "bin" / "py-spy"
+    spy.parent.mkdir()
+    spy.write_text(FAKE_SPY.format(python=sys.executable))
+    spy.chmod(0o700)
+    monkeypatch.setenv("PATH", f"{spy.parent}{os.pathsep}{os.environ['PATH']}")
+    engine = subprocess.Popen(["bash", "-c", "exec -a VLLM::EngineCore cat"], stdin=subprocess.PIPE)
+    try:
+        proc = engine_profile.record(tmp_path / "pyspy", "mix-48/capacity-512")
+        assert proc is not None
+        err_file = tmp_path / "pyspy" / "mix-48-capacity-512.err"
+        eventually(lambda: "args:" in err_file.read_text(), what="the stand-in py-spy ready for its SIGINT")
+        engine_profile.finish(proc)
+        assert proc.returncode == 0
+        err = err_file.read_text()
+        assert f"--pid {engine_profile.engine_core_pid()}" in err and "--nonblocking" in err and "--format raw" in err
+        text = (tmp_path / "pyspy" / "mix-48-capacity-512.txt").read_text()
+        assert engine_profile.summary(engine_profile.parse(text))[0] == {"MainThread (1)": 7}
+    finally:
+        engine.stdin.close()
+        engine.wait(timeout=60)
+
+
+def test_without_py_spy_a_level_runs_unprofiled_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert engine_profile.record(tmp_path / "pyspy", "capacity-128") is None
+    assert (tmp_path / "pyspy" / "capacity-128.err").read_text() == "no py-spy on PATH\n"
+    engine_profile.finish(None)
