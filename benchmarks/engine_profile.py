@@ -35,12 +35,13 @@ def engine_core_pid() -> int | None:
     return None
 
 
-def record(out: Path, phase: str) -> subprocess.Popen[bytes] | None:
-    """py-spy on the engine core, in the background until :func:`finish`, its raw stacks (one thread each) to
-    ``out/<phase>.txt``; None (the reason in ``out/<phase>.err``) when there is no py-spy or no engine core."""
+def record(out: Path, phase: str, pid: int | None = None) -> subprocess.Popen[bytes] | None:
+    """py-spy on the engine core (``pid``, else this user's first), in the background until :func:`finish`, its raw
+    stacks (one thread each) to ``out/<phase>.txt``; None (the reason in ``out/<phase>.err``) when there is no py-spy
+    or no engine core."""
     out.mkdir(parents=True, exist_ok=True)
     name = phase.replace("/", "-")
-    spy, pid = shutil.which("py-spy"), engine_core_pid()
+    spy, pid = shutil.which("py-spy"), pid or engine_core_pid()
     if spy is None or pid is None:
         (out / f"{name}.err").write_text("no py-spy on PATH\n" if spy is None else "no vLLM engine core found\n")
         return None
