@@ -1,10 +1,11 @@
 """Where vLLM's engine core spends its core (issue 36): py-spy's samples of it during each capacity level of the harvest
-benchmark (``harvest.py --py-spy S``), and their summary. The engine core is one Python process that runs one core
+benchmark (``harvest.py --py-spy``), and their summary. The engine core is one Python process that runs one core
 flat out on an H200 with the small test model, and the same process at the same load generated a third to a half
 more tokens per second in one pass than in another minutes apart (runs 25–28): its stacks in a slow pass and a fast
 one say what the difference is made of. py-spy reads the process's memory without pausing it (``--nonblocking``);
 where it is not installed, or may not read the process (ptrace), the level runs unprofiled and the reason is kept
-beside the samples (``<phase>.err``).
+beside the samples (``<phase>.err``). Read: only the engine core of the vLLM server at the benchmark's URL, tagged
+``TIMESLICE_TENANT=1`` and of this user, as ``pin.py`` finds it.
 
     python benchmarks/engine_profile.py RESULTS/run28/pyspy   # a table per profile: threads, then functions
 """
@@ -12,38 +13,42 @@ beside the samples (``<phase>.err``).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import signal
 import subprocess
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlsplit
 
-import psutil
-from hostload import vllm_role
+from pin import server
 
 _THREAD = re.compile(r"^thread \((\d+)\): ")
 
 
-def engine_core_pid() -> int | None:
-    """This user's vLLM engine core (the first found), by its command line as :mod:`hostload` reads it."""
-    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
-        uids = proc.info.get("uids")
-        if uids is not None and uids.real == psutil.Process().uids().real and \
-                vllm_role(proc.info.get("cmdline") or []) == "engine_core":
-            return int(proc.info["pid"])
-    return None
+def engine_core_pid(url: str) -> int | None:
+    """The engine core of the tagged vLLM server listening on ``url``'s port (this user's), None when there is none."""
+    port = urlsplit(url).port
+    if port is None:
+        return None
+    try:
+        family = server(port, os.getuid())
+    except SystemExit:  # pin.py's word for "no tagged vLLM listens there"
+        return None
+    return next((pid for pid, role in family.items() if role == "engine_core"), None)
 
 
-def record(out: Path, phase: str, pid: int | None = None) -> subprocess.Popen[bytes] | None:
-    """py-spy on the engine core (``pid``, else this user's first), in the background until :func:`finish`, its raw
-    stacks (one thread each) to ``out/<phase>.txt``; None (the reason in ``out/<phase>.err``) when there is no py-spy
-    or no engine core."""
+def record(out: Path, phase: str, url: str) -> subprocess.Popen[bytes] | None:
+    """py-spy on the engine core of the vLLM server at ``url``, in the background until :func:`finish`, its raw stacks
+    (one thread each) to ``out/<phase>.txt``; None (the reason in ``out/<phase>.err``) when there is no py-spy or no
+    such engine core."""
     out.mkdir(parents=True, exist_ok=True)
     name = phase.replace("/", "-")
-    spy, pid = shutil.which("py-spy"), pid or engine_core_pid()
+    spy, pid = shutil.which("py-spy"), engine_core_pid(url)
     if spy is None or pid is None:
-        (out / f"{name}.err").write_text("no py-spy on PATH\n" if spy is None else "no vLLM engine core found\n")
+        (out / f"{name}.err").write_text("no py-spy on PATH\n" if spy is None else
+                                         f"no engine core of a tagged vLLM server at {url}\n")
         return None
     with (out / f"{name}.err").open("wb") as err:
         return subprocess.Popen([spy, "record", "--nonblocking", "--threads", "--rate", "100", "--format", "raw",

@@ -171,7 +171,7 @@ def capacity(url: str, path: Path, per_level: int, levels: list[int], sampler: S
     out = []
     for level in levels:
         sampler.phase = f"{_mix_label(mix)}capacity-{after}{level}"
-        spy = record(sampler.path.parent / "pyspy", sampler.phase) if sampler.spy else None  # --py-spy
+        spy = record(sampler.path.parent / "pyspy", sampler.phase, url) if sampler.spy else None  # --py-spy
         out.append(asyncio.run(_capacity(url, bodies[: max(256, per_level * level)], level, seconds)))
         finish(spy)
         print(json.dumps({"capacity_after" if after else "capacity": out[-1]}), flush=True)

@@ -6,8 +6,8 @@ The engine core runs one core flat out on an H200 with a small model, so its pac
 records the CPU time the hypervisor took (steal), host-wide and on the engine core's CPU, and how busy the other
 threads of its physical core were (runs 25-27: the same server at the same running count read 29 000 in one pass and
 46 000 tokens/s in the next, the engine core at one core in both), and how its one core split between its threads
-(``engine_threads``: run 28 had it on CPUs of its own, no steal, and still a third to a half apart). Read only: nothing here signals or changes a
-process."""
+(``engine_threads``: run 28 had it on CPUs of its own, no steal, and still a third to a half apart). Read only:
+nothing here signals or changes a process."""
 
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import psutil
 import pytest
 
 from agent_support import eventually
@@ -65,18 +64,36 @@ FAKE_SPY = textwrap.dedent("""\
 """)
 
 
+LISTENER = "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); " \
+           "print(s.getsockname()[1], flush=True); sys.stdin.read()"
+
+
+def _engine(tagged: bool = True) -> tuple[subprocess.Popen[str], str]:
+    """A stand-in engine core: named as vLLM names it, listening on a port of its own, tagged as harvest_h200.sh tags
+    the tenant (or not); its URL."""
+    env = {**os.environ, "TIMESLICE_TENANT": "1" if tagged else "0"}
+    proc = subprocess.Popen(["bash", "-c", f'exec -a VLLM::EngineCore "{sys.executable}" -c "{LISTENER}"'],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    return proc, f"http://127.0.0.1:{proc.stdout.readline().strip()}"
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.stdin.close()
+    proc.wait(timeout=60)
+
+
 def test_a_level_is_recorded_from_its_start_until_finish_stops_py_spy_with_sigint(tmp_path, monkeypatch):
-    """A stand-in ``py-spy`` on PATH that writes its samples only on SIGINT (as py-spy on Ctrl-C), beside a process
-    named as vLLM's engine core: the recording is started on that process with the arguments py-spy takes, and
+    """A stand-in ``py-spy`` on PATH that writes its samples only on SIGINT (as py-spy on Ctrl-C), beside a stand-in
+    engine core of a tagged server: the recording is started on that process with the arguments py-spy takes, and
     :func:`finish` ends it with its samples written."""
     spy = tmp_path / "bin" / "py-spy"
     spy.parent.mkdir()
     spy.write_text(FAKE_SPY.format(python=sys.executable))
     spy.chmod(0o700)
     monkeypatch.setenv("PATH", f"{spy.parent}{os.pathsep}{os.environ['PATH']}")
-    engine = subprocess.Popen(["bash", "-c", "exec -a VLLM::EngineCore cat"], stdin=subprocess.PIPE)
+    engine, url = _engine()
     try:
-        proc = engine_profile.record(tmp_path / "pyspy", "mix-48/capacity-512", engine.pid)
+        proc = engine_profile.record(tmp_path / "pyspy", "mix-48/capacity-512", url)
         assert proc is not None
         err_file = tmp_path / "pyspy" / "mix-48-capacity-512.err"
         eventually(lambda: "args:" in err_file.read_text(), what="the stand-in py-spy ready for its SIGINT")
@@ -87,24 +104,23 @@ def test_a_level_is_recorded_from_its_start_until_finish_stops_py_spy_with_sigin
         text = (tmp_path / "pyspy" / "mix-48-capacity-512.txt").read_text()
         assert engine_profile.summary(engine_profile.parse(text))[0] == {"MainThread (1)": 7}
     finally:
-        engine.stdin.close()
-        engine.wait(timeout=60)
+        _stop(engine)
 
 
-def test_the_engine_core_is_found_by_the_name_vllm_gives_it(tmp_path):
-    """This user's process named as vLLM names its engine core is found (another copy of the suite may hold one too:
-    any of them, never a process of another name)."""
-    engine = subprocess.Popen(["bash", "-c", "exec -a VLLM::EngineCore cat"], stdin=subprocess.PIPE)
+def test_only_the_engine_core_of_a_tagged_server_at_the_url_is_read():
+    tagged, url = _engine()
+    untagged, other = _engine(tagged=False)
     try:
-        pid = engine_profile.engine_core_pid()
-        assert pid is not None and "EngineCore" in " ".join(psutil.Process(pid).cmdline())
+        assert engine_profile.engine_core_pid(url) == tagged.pid
+        assert engine_profile.engine_core_pid(other) is None, "not tagged for the job: not ours to read"
+        assert engine_profile.engine_core_pid("http://127.0.0.1") is None, "no port: nothing"
     finally:
-        engine.stdin.close()
-        engine.wait(timeout=60)
+        _stop(tagged)
+        _stop(untagged)
 
 
 def test_without_py_spy_a_level_runs_unprofiled_and_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert engine_profile.record(tmp_path / "pyspy", "capacity-128") is None
+    assert engine_profile.record(tmp_path / "pyspy", "capacity-128", "http://127.0.0.1:9") is None
     assert (tmp_path / "pyspy" / "capacity-128.err").read_text() == "no py-spy on PATH\n"
     engine_profile.finish(None)
