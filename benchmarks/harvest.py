@@ -56,7 +56,7 @@ import psutil
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_profile import finish, record  # noqa: E402
+from engine_profile import engine_core_pid, finish, record  # noqa: E402
 from harvest_score import (bracket_rows, bracketed, counter_at, phase_generated, rescore, steady_best,  # noqa: E402,F401
                            table, valley_figures, valley_tokens)
 from hostload import HostLoad  # noqa: E402
@@ -88,7 +88,7 @@ class Sampler:
         self._thread.join()
 
     def _run(self) -> None:
-        load = HostLoad()
+        load = HostLoad(engine_pid=engine_core_pid(self.url))  # the tenant's engine core (None: the first found)
         with self.path.open("a") as f, httpx.Client(timeout=2) as http:
             while not self._stop.wait(self.every_s):
                 try:

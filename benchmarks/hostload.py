@@ -124,14 +124,16 @@ def _gpu(index: int) -> Any:
 
 class HostLoad:
     """Samples since the previous call: host CPU busy share, vLLM's processes' cores by role, GPU SM clock (MHz) and
-    utilisation (%). The vLLM processes are looked for again every ``rescan`` samples (a restarted server)."""
+    utilisation (%). The vLLM processes are looked for again every ``rescan`` samples (a restarted server).
+    ``engine_pid``: the engine core whose CPU and threads are followed (the tenant's, :func:`engine_profile.
+    engine_core_pid`); without it, the first of this user's found, kept while it lives."""
 
-    def __init__(self, gpu_index: int = 0, rescan: int = 20) -> None:
-        self._rescan, self._n = rescan, 0
+    def __init__(self, gpu_index: int = 0, rescan: int = 20, engine_pid: int | None = None) -> None:
+        self._rescan, self._n, self._engine = rescan, 0, engine_pid
         self._pids: dict[int, str] = {}
         self._times, self._per_cpu = psutil.cpu_times(), psutil.cpu_times(percpu=True)
         self._procs, self._at = self._read(), time.monotonic()
-        self._threads = self._engine_threads()
+        self._threads = (self._engine_pid(), self._engine_threads())
         self._nvml = _gpu(gpu_index)
 
     def _scan(self) -> None:
@@ -171,25 +173,28 @@ class HostLoad:
             out[pid] = (role, t.user + t.system)
         return out
 
+    def _engine_pid(self) -> int | None:
+        """The engine core followed: the one named, else the one followed so far while it lives, else this user's
+        first (another copy of a test suite may run one too: a choice that stays put)."""
+        if self._engine is None or (self._engine not in self._pids and not psutil.pid_exists(self._engine)):
+            self._engine = next((pid for pid, role in self._pids.items() if role == "engine_core"), None)
+        return self._engine
+
     def _engine_threads(self) -> dict[int, float]:
-        """The engine core's threads' CPU seconds so far (none found: empty)."""
-        for pid, role in self._pids.items():
-            if role == "engine_core":
-                try:
-                    return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
-                except psutil.Error:
-                    continue
-        return {}
+        """The engine core's threads' CPU seconds so far (none, or it ended: empty)."""
+        pid = self._engine_pid()
+        try:
+            return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()} if pid else {}
+        except psutil.Error:
+            return {}
 
     def _engine_cpu(self) -> int | None:
-        """The CPU the engine core ran on last: the first of this user's that answers (None: none, or all ended)."""
-        for pid, role in self._pids.items():
-            if role == "engine_core":
-                try:
-                    return psutil.Process(pid).cpu_num()
-                except (psutil.Error, AttributeError):  # ended (the next scan drops it), or no cpu_num here
-                    continue
-        return None
+        """The CPU the engine core ran on last (None: none, or it ended)."""
+        pid = self._engine_pid()
+        try:
+            return psutil.Process(pid).cpu_num() if pid else None
+        except (psutil.Error, AttributeError):  # ended (the next scan drops it), or no cpu_num here
+            return None
 
     def sample(self) -> dict[str, Any]:
         times, per_cpu = psutil.cpu_times(), psutil.cpu_times(percpu=True)
@@ -198,8 +203,9 @@ class HostLoad:
                                "vllm_cores": cores_by_role(self._procs, procs, now - self._at),
                                "sm_mhz": None, "gpu_util": None, "steal": cpu_share(self._times, times)[1]}
         out.update(self._engine_core_cpu(per_cpu))
-        threads = self._engine_threads()
-        out["engine_threads"] = thread_cores(self._threads, threads, now - self._at)
+        threads = (self._engine_pid(), self._engine_threads())  # compared only with the same process's
+        out["engine_threads"] = thread_cores(self._threads[1], threads[1], now - self._at) \
+            if threads[0] == self._threads[0] else []
         self._procs, self._at, self._times, self._per_cpu, self._threads = procs, now, times, per_cpu, threads
         if self._nvml is not None:
             nvml, handle = self._nvml

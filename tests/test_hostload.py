@@ -101,7 +101,7 @@ def test_a_sample_finds_a_running_vllm_process_of_this_user_and_reads_only():
                              stdin=subprocess.PIPE)
     engine = subprocess.Popen(["bash", "-c", 'exec -a VLLM::EngineCore cat'], stdin=subprocess.PIPE)
     try:
-        load = hostload.HostLoad(rescan=1)
+        load = hostload.HostLoad(rescan=1, engine_pid=engine.pid)
         got = load.sample()
         assert set(got) == {"host_cpu", "vllm_cores", "sm_mhz", "gpu_util", "steal", "engine_cpu", "engine_cpu_steal",
                             "engine_mates_busy", "engine_threads"}
