@@ -8,7 +8,7 @@ from typing import Any
 
 from figures_common import RESULTS
 from figures_harvest import _bracketed_rows, _phases
-from figures_limits import by_limit, drift
+from figures_limits import _steady, by_limit, drift
 
 SESSION10 = RESULTS / "2026-12-03-h200-harvest-session10"
 SESSION10_CODE = {"run28": "2936ab4"}
@@ -42,8 +42,7 @@ def harvest_h200_pace() -> str:
         if not any(k in phase for k in ("capacity", "service")):
             continue
         mid = samples[len(samples) // 4: 3 * len(samples) // 4]
-        rate = (mid[-1]["generated"] - mid[0]["generated"]) / (mid[-1]["t"] - mid[0]["t"])
-        lines.append(f"| {phase} | {rate:.0f} | {_mean(mid, 'running'):.0f} | {_mean(mid, '', 'engine_core'):.2f} | "
+        lines.append(f"| {phase} | {_steady(samples):.0f} | {_mean(mid, 'running'):.0f} | {_mean(mid, '', 'engine_core'):.2f} | "
                      f"{_mean(mid, '', 'api_server'):.2f} | {_mean(mid, 'gpu_util'):.0f} | "
                      f"{_mean(mid, 'engine_cpu_steal'):.3f} |")
     return "\n".join(lines)
