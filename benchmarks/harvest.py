@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -59,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_profile import engine_core_pid, finish, record  # noqa: E402
 from harvest_score import (bracket_rows, bracketed, counter_at, phase_generated, rescore, steady_best,  # noqa: E402,F401
                            table, valley_figures, valley_tokens)
+from cpuspeed import spare_cpu  # noqa: E402
 from hostload import HostLoad  # noqa: E402
 from valleys import row as valley_row  # noqa: E402
 
@@ -88,8 +90,8 @@ class Sampler:
         self._thread.join()
 
     def _run(self) -> None:
-        load = HostLoad(engine_pid=engine_core_pid(self.url))  # the tenant's engine core (None: the first found)
-        with self.path.open("a") as f, httpx.Client(timeout=2) as http:
+        load = HostLoad(engine_pid=engine_core_pid(self.url), speed_cpu=spare_cpu())  # the tenant's engine core
+        with self.path.open("a") as f, httpx.Client(timeout=2) as http, contextlib.closing(load):
             while not self._stop.wait(self.every_s):
                 try:
                     s = parse_metrics(http.get(f"{self.url}/metrics").text)

@@ -104,7 +104,7 @@ case "$1" in
     bash "$0" pack "$WORK" ;;
   pack)
     WORK=$2
-    tail -c 20000 /root/vllm.log > "$WORK/vllm-tail.log"
+    tail -c 20000 /root/vllm.log > "$WORK/vllm-tail.log"; head -c 20000 /root/vllm.log > "$WORK/vllm-head.log"  # its config
     grep -v " INFO " "$WORK/harvest.log" | tail -40
     tar -czf "$OUT/$(basename "$WORK").tgz" -C "$WORK" --exclude='input-*.jsonl' --exclude='head-*.jsonl' --exclude='*.sqlite*' --exclude='batch-input.jsonl' --exclude='*-output*.jsonl' .  # $OUT takes 8 files
     exit "$(cat "$WORK/rc")" ;;

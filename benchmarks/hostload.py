@@ -7,7 +7,8 @@ records the CPU time the hypervisor took (steal), host-wide and on the engine co
 threads of its physical core were (runs 25-27: the same server at the same running count read 29 000 in one pass and
 46 000 tokens/s in the next, the engine core at one core in both), and how its one core split between its threads
 (``engine_threads``: run 28 had it on CPUs of its own, no steal, and still a third to a half apart). Read only:
-nothing here signals or changes a process."""
+nothing here signals or changes another process. With a CPU named, a child of its own reads that CPU's pace
+(``cpu_speed``, :mod:`cpuspeed`): a host whose clock moved under the guest reads as a slower interpreter."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import psutil
+from cpuspeed import SpeedProbe
 
 log = logging.getLogger("timeslice.bench")
 
@@ -126,10 +128,13 @@ class HostLoad:
     """Samples since the previous call: host CPU busy share, vLLM's processes' cores by role, GPU SM clock (MHz) and
     utilisation (%). The vLLM processes are looked for again every ``rescan`` samples (a restarted server).
     ``engine_pid``: the engine core whose CPU and threads are followed (the tenant's, :func:`engine_profile.
-    engine_core_pid`); without it, the first of this user's found, kept while it lives."""
+    engine_core_pid`); without it, the first of this user's found, kept while it lives. ``speed_cpu``: a CPU whose
+    pace is read too (:class:`cpuspeed.SpeedProbe`, ``cpu_speed``); :meth:`close` ends its probe."""
 
-    def __init__(self, gpu_index: int = 0, rescan: int = 20, engine_pid: int | None = None) -> None:
+    def __init__(self, gpu_index: int = 0, rescan: int = 20, engine_pid: int | None = None,
+                 speed_cpu: int | None = None) -> None:
         self._rescan, self._n, self._engine = rescan, 0, engine_pid
+        self._speed = SpeedProbe(speed_cpu) if speed_cpu is not None else None
         self._pids: dict[int, str] = {}
         self._times, self._per_cpu = psutil.cpu_times(), psutil.cpu_times(percpu=True)
         self._procs, self._at = self._read(), time.monotonic()
@@ -201,7 +206,8 @@ class HostLoad:
         procs, now = self._read(), time.monotonic()
         out: dict[str, Any] = {"host_cpu": busy_share(host_busy(self._times), host_busy(times)),
                                "vllm_cores": cores_by_role(self._procs, procs, now - self._at),
-                               "sm_mhz": None, "gpu_util": None, "steal": cpu_share(self._times, times)[1]}
+                               "sm_mhz": None, "gpu_util": None, "steal": cpu_share(self._times, times)[1],
+                               "cpu_speed": self._speed.latest() if self._speed is not None else None}
         out.update(self._engine_core_cpu(per_cpu))
         threads = (self._engine_pid(), self._engine_threads())  # compared only with the same process's
         out["engine_threads"] = thread_cores(self._threads[1], threads[1], now - self._at) \
@@ -215,3 +221,7 @@ class HostLoad:
             except nvml.NVMLError as exc:
                 log.info("GPU clock sample failed: %s", exc)
         return out
+
+    def close(self) -> None:
+        if self._speed is not None:
+            self._speed.close()

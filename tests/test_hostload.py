@@ -4,6 +4,7 @@ processes' CPU by role, the GPU's clock), so that a slower server can be told fr
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from collections import namedtuple
@@ -12,8 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-_spec = importlib.util.spec_from_file_location("hostload", Path(__file__).resolve().parents[1] / "benchmarks" /
-                                               "hostload.py")
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))  # hostload imports cpuspeed as the benchmarks do
+_spec = importlib.util.spec_from_file_location("hostload", BENCH / "hostload.py")
 assert _spec is not None and _spec.loader is not None
 hostload = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hostload)
@@ -104,7 +106,8 @@ def test_a_sample_finds_a_running_vllm_process_of_this_user_and_reads_only():
         load = hostload.HostLoad(rescan=1, engine_pid=engine.pid)
         got = load.sample()
         assert set(got) == {"host_cpu", "vllm_cores", "sm_mhz", "gpu_util", "steal", "engine_cpu", "engine_cpu_steal",
-                            "engine_mates_busy", "engine_threads"}
+                            "engine_mates_busy", "engine_threads", "cpu_speed"}
+        assert got["cpu_speed"] is None, "no CPU named: no probe"
         assert got["host_cpu"] is None or 0.0 <= got["host_cpu"] <= 1.0
         assert got["steal"] is None or 0.0 <= got["steal"] <= 1.0
         assert "api_server" in got["vllm_cores"] and got["vllm_cores"]["api_server"] >= 0.0
@@ -116,3 +119,15 @@ def test_a_sample_finds_a_running_vllm_process_of_this_user_and_reads_only():
         for proc in (child, engine):
             proc.stdin.close()
             proc.wait(timeout=60)
+
+
+def test_a_sample_with_a_cpu_named_carries_its_pace_and_close_ends_the_probe():
+    """``speed_cpu``: the probe's readings over its first come in ``cpu_speed`` once one has arrived."""
+    load = hostload.HostLoad(rescan=1, speed_cpu=max(os.sched_getaffinity(0)))
+    try:
+        load._speed._readings.put(load._speed.next())  # one reading waits: the sample takes it (no waiting on time)
+        got = load.sample()
+        assert got["cpu_speed"] > 0 and load._speed.first is not None, "over the first reading taken"
+    finally:
+        load.close()
+    assert load._speed._proc.returncode is not None
