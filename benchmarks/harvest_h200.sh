@@ -13,6 +13,8 @@
 #   bash benchmarks/harvest_h200.sh bg ARGS…    the same, started in the background (a run longer than one call:
 #                                               both mixes in one harvest.py), then in the next calls:
 #   bash benchmarks/harvest_h200.sh wait        waits up to WAIT_S (570) s; when the run has ended, packs it as run does
+#   bash benchmarks/harvest_h200.sh drift ARGS… ROUNDS (4) passes of harvest.py --parts a ARGS back to back, vLLM put
+#                                               to sleep and woken before round SLEEP_AT (3): its pace pass to pass
 #   bash benchmarks/harvest_h200.sh pinab ARGS… the same server not pinned and pinned, side by side: ROUNDS (3) times
 #                                               harvest.py --parts a ARGS with the server unpinned, then pinned
 #                                               (benchmarks/pin.py; pinned, harvest.py runs off the engine core's CPUs)
@@ -94,6 +96,22 @@ case "$1" in
           --device cuda --parts a "$@" > "$WORK/$i-$mode.log" 2>&1 || { tail -20 "$WORK/$i-$mode.log"; exit 7; }
         grep '"capacity"' "$WORK/$i-$mode.log" | sed "s/^/$i $mode /"
       done
+    done
+    echo 0 > "$WORK/rc"; touch "$WORK/harvest.log"
+    bash "$0" pack "$WORK" ;;
+  drift)  # the server's own pace from pass to pass: ROUNDS (4) times harvest.py --parts a ARGS, with a sleep and a
+    shift  # wake of vLLM (level 1: what a valley's end does) before round SLEEP_AT (3); tokens/s per level and round
+    bench_env
+    WORK=/root/harvest/drift-$(date +%H%M%S); mkdir -p "$WORK"; cp /root/pin.json "$WORK/" 2>/dev/null
+    OFF=""; [ -s /root/pin.json ] && OFF="python3 benchmarks/pin.py --off"
+    for i in $(seq 1 "${ROUNDS:-4}"); do
+      if [ "$i" = "${SLEEP_AT:-3}" ]; then
+        python3 -c "import urllib.request as u; [u.urlopen(u.Request('http://127.0.0.1:8000' + p, method='POST'), timeout=120)
+          for p in ('/sleep?level=1', '/wake_up')]" && echo "round $i: after a sleep and a wake" | tee -a "$WORK/drift.txt"
+      fi
+      timeout 300 $OFF python3 benchmarks/harvest.py --out "$WORK/$i" --vllm-url http://127.0.0.1:8000 --device cuda \
+        --parts a "$@" > "$WORK/$i.log" 2>&1 || { tail -20 "$WORK/$i.log"; exit 7; }
+      grep '"capacity"' "$WORK/$i.log" | sed "s/^/$i /" | tee -a "$WORK/drift.txt"
     done
     echo 0 > "$WORK/rc"; touch "$WORK/harvest.log"
     bash "$0" pack "$WORK" ;;
