@@ -7,12 +7,13 @@ where it is not installed, or may not read the process (ptrace), the level runs 
 beside the samples (``<phase>.err``). Read: only the engine core of the vLLM server at the benchmark's URL, tagged
 ``TIMESLICE_TENANT=1`` and of this user, as ``pin.py`` finds it.
 
-    python benchmarks/engine_profile.py RESULTS/run28/pyspy   # a table per profile: threads, then functions
+    python benchmarks/engine_profile.py RESULTS/run29/pyspy   # a table per recording (.txt or .txt.gz): threads, then functions
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import re
 import shutil
@@ -83,6 +84,19 @@ def parse(text: str) -> list[tuple[str, list[str], int]]:
     return out
 
 
+def load(path: Path) -> list[tuple[str, list[str], int]]:
+    """A recording's stacks (:func:`parse`), as written (``.txt``) or as committed (``.txt.gz``)."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt") as f:
+            return parse(f.read())
+    return parse(path.read_text())
+
+
+def phase_of(path: Path) -> str:
+    """The phase a recording is named after (``mix-48-capacity-512.txt.gz`` → ``mix-48-capacity-512``)."""
+    return path.name.removesuffix(".gz").removesuffix(".txt")
+
+
 def function(frame: str) -> str:
     """A frame's function without its line (``_process_input_queue (vllm/v1/engine/core.py:812)`` →
     ``_process_input_queue (core.py)``): one name per function, whatever line it was on."""
@@ -113,9 +127,9 @@ def main() -> int:
     ap.add_argument("folder", type=Path)
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
-    for path in sorted(args.folder.glob("*.txt")):
-        threads, functions = summary(parse(path.read_text()), args.top)
-        print(f"## {path.stem}: samples by thread {dict(threads.most_common(4))}")
+    for path in sorted([*args.folder.glob("*.txt"), *args.folder.glob("*.txt.gz")]):
+        threads, functions = summary(load(path), args.top)
+        print(f"## {phase_of(path)}: samples by thread {dict(threads.most_common(4))}")
         for name, share in functions:
             print(f"  {share:6.1%}  {name}")
     return 0

@@ -35,6 +35,9 @@ from figures_harvest import (START256, harvest_cpu, harvest_h200, harvest_h200_p
 from figures_limits import harvest_h200_by_limit, harvest_h200_drift, harvest_h200_session9  # noqa: E402
 from figures_session10 import (harvest_h200_by_limit_session10, harvest_h200_drift_session10,  # noqa: E402
                                harvest_h200_pace, harvest_h200_session10)
+from figures_session11 import (harvest_h200_around_session11, harvest_h200_by_limit_session11,  # noqa: E402
+                               harvest_h200_engine_stacks, harvest_h200_pace_rounds, harvest_h200_passes_session11,
+                               harvest_h200_session11)
 from summarize import _records, timeline_figures  # noqa: E402
 
 DOCS = ("README.md", "docs/measured.md", "guides/rl-batch-interleaving/README.md", "guides/multi-gpu-trainers.md",
@@ -228,6 +231,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "harvest-h200-drift": harvest_h200_drift,
     "harvest-h200-session10": harvest_h200_session10, "harvest-h200-by-limit-session10": harvest_h200_by_limit_session10,
     "harvest-h200-drift-session10": harvest_h200_drift_session10, "harvest-h200-pace": harvest_h200_pace,
+    "harvest-h200-session11": harvest_h200_session11, "harvest-h200-by-limit-session11": harvest_h200_by_limit_session11,
+    "harvest-h200-passes-session11": harvest_h200_passes_session11,
+    "harvest-h200-engine-stacks": harvest_h200_engine_stacks, "harvest-h200-pace-rounds": harvest_h200_pace_rounds,
+    "harvest-h200-around-session11": harvest_h200_around_session11,
     "policy-push-h200": policy_push_h200,
     "harvest-h200": harvest_h200, "harvest-h200-pause": harvest_h200_pause, "harvest-cpu": harvest_cpu,
     "harvest-cpu-stream": lambda: harvest_cpu(RESULTS / "2026-12-02-cpu-harvest"),

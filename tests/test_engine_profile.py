@@ -124,3 +124,15 @@ def test_without_py_spy_a_level_runs_unprofiled_and_says_why(tmp_path, monkeypat
     assert engine_profile.record(tmp_path / "pyspy", "capacity-128", "http://127.0.0.1:9") is None
     assert (tmp_path / "pyspy" / "capacity-128.err").read_text() == "no py-spy on PATH\n"
     engine_profile.finish(None)
+
+
+def test_a_recording_reads_the_same_written_or_committed(tmp_path):
+    """``.txt`` as py-spy writes it, ``.txt.gz`` as the results folder keeps it: the same stacks, the same phase."""
+    import gzip
+
+    (tmp_path / "mix-48-capacity-512.txt").write_text(RAW)
+    with gzip.open(tmp_path / "mix-48-capacity-after-512.txt.gz", "wt") as f:
+        f.write(RAW)
+    plain, packed = tmp_path / "mix-48-capacity-512.txt", tmp_path / "mix-48-capacity-after-512.txt.gz"
+    assert engine_profile.load(plain) == engine_profile.load(packed) == engine_profile.parse(RAW)
+    assert [engine_profile.phase_of(p) for p in (plain, packed)] == ["mix-48-capacity-512", "mix-48-capacity-after-512"]
