@@ -27,10 +27,9 @@ pass can read low, and every ratio over it high (run 15 of 2026-12-02). With ``-
 each row, and each row is over the best of the passes right before and after it (and, ``*_vs_all_passes``, over the
 best of all): the server's own pace moved by up to half between passes minutes apart. The scoring is
 ``harvest_score.py``.
-vLLM's ``num_requests_running`` / ``waiting`` are sampled every 100 ms throughout (``inflight.jsonl``), with the host's
-busy CPU share, vLLM's processes' CPU in cores and the GPU's SM clock (``hostload.py``); with ``--py-spy``, py-spy's
-stacks of vLLM's engine core at each capacity level (``engine_profile.py``). Each
-time-sliced row is written as ``row-<mix>-<profile>.json`` with the keys the issue names; ``harvest.json`` holds
+vLLM's ``num_requests_running`` / ``waiting`` and inter-token latency totals (its step) are sampled every 100 ms
+(``inflight.jsonl``), with the host's busy CPU, vLLM's processes' CPU, the GPU's SM clock and a CPU's pace
+(``hostload.py``); with ``--py-spy``, py-spy's stacks of vLLM's engine core at each capacity level. Each time-sliced row is written as ``row-<mix>-<profile>.json`` with the keys the issue names; ``harvest.json`` holds
 everything; the table is printed last.
 
     python benchmarks/harvest.py --out benchmarks/results/DATE-h200-harvest --vllm-url http://127.0.0.1:8000 \
@@ -61,7 +60,7 @@ from engine_profile import engine_core_pid, finish, record  # noqa: E402
 from harvest_score import (bracket_rows, bracketed, counter_at, phase_generated, rescore, steady_best,  # noqa: E402,F401
                            table, valley_figures, valley_tokens)
 from cpuspeed import spare_cpu  # noqa: E402
-from hostload import HostLoad  # noqa: E402
+from hostload import HostLoad, itl_totals  # noqa: E402
 from valleys import row as valley_row  # noqa: E402
 
 from timeslice_verl.batch.client import BatchClient, served_model  # noqa: E402
@@ -94,13 +93,13 @@ class Sampler:
         with self.path.open("a") as f, httpx.Client(timeout=2) as http, contextlib.closing(load):
             while not self._stop.wait(self.every_s):
                 try:
-                    s = parse_metrics(http.get(f"{self.url}/metrics").text)
+                    text = http.get(f"{self.url}/metrics").text
                 except httpx.HTTPError:
-                    s = None
-                if s is not None:
+                    text = ""
+                if (s := parse_metrics(text)) is not None:
                     f.write(json.dumps({"t": round(time.time(), 3), "phase": self.phase, "running": s.running,
                                         "waiting": s.waiting, "kv": s.kv_usage, "generated": s.generated,
-                                        **load.sample()}) + "\n")
+                                        **itl_totals(text), **load.sample()}) + "\n")
 
 
 async def _generated(session: aiohttp.ClientSession) -> tuple[float, float | None]:

@@ -110,6 +110,28 @@ def thread_cores(before: dict[int, float], after: dict[int, float], seconds: flo
     return [round(c, 3) for c in sorted(used, reverse=True)[:top]]
 
 
+ITL = "vllm:inter_token_latency_seconds"
+"""vLLM's histogram of the time between a request's tokens: with answers of one length in decode, one engine step."""
+
+
+def itl_totals(text: str) -> dict[str, float | None]:
+    """vLLM's inter-token latency ``_sum`` and ``_count`` (summed over engines, models and API servers) from its
+    Prometheus text: between two samples, their differences' ratio is the mean time between a request's tokens, the
+    engine step's length — whether a slower server took longer per step or ran fewer per step. None where absent."""
+    got: dict[str, float | None] = {"itl_sum": None, "itl_count": None}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        key = {f"{ITL}_sum": "itl_sum", f"{ITL}_count": "itl_count"}.get(name)
+        if key is None:
+            continue
+        try:
+            value = float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        got[key] = (got[key] or 0.0) + value
+    return got
+
+
 def _gpu(index: int) -> Any:
     try:
         import pynvml

@@ -131,3 +131,23 @@ def test_a_sample_with_a_cpu_named_carries_its_pace_and_close_ends_the_probe():
     finally:
         load.close()
     assert load._speed._proc.returncode is not None
+
+
+ITL_TEXT = """# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="m"} 10.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 1.5
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 100.0
+vllm:inter_token_latency_seconds_sum{engine="1",model_name="m"} 0.5
+vllm:inter_token_latency_seconds_count{engine="1",model_name="m"} 60.0
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+"""
+
+
+@pytest.mark.parametrize("text, want", [
+    (ITL_TEXT, {"itl_sum": 2.0, "itl_count": 160.0}),  # summed over engines (and API servers)
+    ("vllm:num_requests_running 3.0\n", {"itl_sum": None, "itl_count": None}),  # not reported: None, not 0
+    ("vllm:inter_token_latency_seconds_sum{a=\"b\"} nan-ish\n", {"itl_sum": None, "itl_count": None}),
+    ("", {"itl_sum": None, "itl_count": None}),
+])
+def test_vllms_step_totals_from_its_inter_token_latency(text, want):
+    assert hostload.itl_totals(text) == want
