@@ -105,8 +105,14 @@ class SpeedProbe:
 
 
 def spare_cpu() -> int:
-    """The highest-numbered CPU this process may run on (harvest.py runs off the engine core's CPUs when they are
-    pinned: a CPU of its own set is not the engine core's)."""
+    """``CPU_PROBE`` where set (a CPU of the engine core's own, say: the pace it runs at, at the cost of a few per cent
+    of that CPU), else the highest-numbered CPU this process may run on (harvest.py runs off the engine core's CPUs
+    when they are pinned: a CPU of its own set is not the engine core's)."""
+    named = os.environ.get("CPU_PROBE", "").strip()
+    if named:
+        if not named.isdigit() or int(named) >= (os.cpu_count() or 1):
+            raise SystemExit(f"CPU_PROBE={named!r}: not a CPU of this host (0-{(os.cpu_count() or 1) - 1})")
+        return int(named)
     return max(os.sched_getaffinity(0))
 
 
@@ -115,12 +121,14 @@ def main() -> int:
     parser.add_argument("--cpu", type=int, required=True, help="the CPU to run on")
     parser.add_argument("--every", type=float, default=0.2, help="seconds between readings")
     args = parser.parse_args()
-    if args.cpu not in os.sched_getaffinity(0):
-        parser.error(f"--cpu {args.cpu}: not a CPU this process may use ({sorted(os.sched_getaffinity(0))})")
+    if not 0 <= args.cpu < (os.cpu_count() or 1):
+        parser.error(f"--cpu {args.cpu}: not a CPU of this host (0-{(os.cpu_count() or 1) - 1})")
     try:
         probe(args.cpu, args.every)
     except KeyboardInterrupt:
         pass
+    except OSError as exc:  # a CPU the host has but this process may not use (a cpuset)
+        parser.error(f"--cpu {args.cpu}: cannot run there: {exc}")
     return 0
 
 

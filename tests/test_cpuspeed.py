@@ -58,8 +58,21 @@ def test_probe_reads_a_cpu_and_ends() -> None:
     assert probe._proc.returncode is not None
 
 
-def test_cli_names_a_cpu_it_may_not_use() -> None:
-    bad = max(os.sched_getaffinity(0)) + 1000
+def test_cli_names_a_cpu_the_host_does_not_have() -> None:
+    bad = (os.cpu_count() or 1) + 1000
     proc = subprocess.run([sys.executable, str(BENCH / "cpuspeed.py"), "--cpu", str(bad)], capture_output=True,
                           text=True, timeout=60, check=False)
-    assert proc.returncode == 2 and f"--cpu {bad}: not a CPU this process may use" in proc.stderr
+    assert proc.returncode == 2 and f"--cpu {bad}: not a CPU of this host" in proc.stderr
+
+
+@pytest.mark.parametrize("named, want", [("", None), ("0", 0), (" 0 ", 0)])
+def test_the_probes_cpu_named_or_the_last_of_ours(monkeypatch, named, want) -> None:
+    monkeypatch.setenv("CPU_PROBE", named)
+    assert cpuspeed.spare_cpu() == (max(os.sched_getaffinity(0)) if want is None else want)
+
+
+@pytest.mark.parametrize("named", ["x", "-1", "1.5", "100000"])
+def test_a_probe_cpu_that_is_not_one_says_so(monkeypatch, named) -> None:
+    monkeypatch.setenv("CPU_PROBE", named)
+    with pytest.raises(SystemExit, match="CPU_PROBE=.*not a CPU of this host"):
+        cpuspeed.spare_cpu()
