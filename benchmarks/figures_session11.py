@@ -15,7 +15,7 @@ from figures_harvest import _bracketed_rows, mix_phase
 from figures_limits import _steady, by_limit
 
 SESSION11 = RESULTS / "2026-12-03-h200-harvest-session11"
-SESSION11_CODE = {"run29": "fb5d1cc"}
+SESSION11_CODE = {"run29": "e8b727b"}
 PASSES = (("before", ""), ("after fleet", "after-fleet-"), ("after longtail", "after-longtail-"))
 """The capacity passes of a mix in run 29, by when they ran: before the rows, after each."""
 
