@@ -100,3 +100,24 @@ def test_each_row_over_the_passes_around_it(tmp_path):
         [(100.0, 120.0, 0.75), (100.0, 120.0, 0.75)]
     with pytest.raises(ValueError, match="4 capacity passes for 2 rows"):
         harvest.bracket_rows(tmp_path, rows, [1.0, 2.0, 3.0, 4.0], None)
+
+
+def test_the_stand_ins_step_length_reads_through_the_samplers_parser(procs):
+    """The stand-in reports vLLM's inter-token latency totals: one per token generated, their sum the time its tokens
+    took; ``hostload.itl_totals`` reads them as the sampler does (a count and a positive sum, no speed asserted)."""
+    import httpx
+
+    from agent_support import FakeVllmProc
+
+    _harvest()  # puts benchmarks/ on the path for hostload
+    import hostload
+
+    tenant = FakeVllmProc("--token-s", "0.001")
+    procs.append(tenant)
+    before = hostload.itl_totals(httpx.get(f"{tenant.url}/metrics", timeout=10).text)
+    assert before == {"itl_sum": 0.0, "itl_count": 0.0}
+    body = {"model": "m", "prompt": "p", "max_tokens": 16}
+    assert httpx.post(f"{tenant.url}/v1/completions", json=body, timeout=60).json()["usage"]["completion_tokens"] == 16
+    after = hostload.itl_totals(httpx.get(f"{tenant.url}/metrics", timeout=10).text)
+    assert after["itl_count"] == 16.0 == tenant.stats()["generated"]
+    assert after["itl_sum"] > 0.0

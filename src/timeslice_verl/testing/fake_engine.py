@@ -74,6 +74,9 @@ class FakeVllm:
         self.cancelled = 0
         """Requests whose client went away mid-generation: stopped there, as vLLM aborts them."""
         self.generated = 0
+        self.itl_s = 0.0
+        """The time between a request's tokens, summed over every token generated (vLLM's inter-token latency
+        histogram's ``_sum``; its ``_count`` is ``generated``): the step's length as the server's own metrics give it."""
         self.kv_dropped = 0
         self.pauses: dict[str, int] = {}
         self.control_calls: dict[str, int] = {}
@@ -92,7 +95,8 @@ class FakeVllm:
                 "completed": self.completed, "aborted": self.aborted, "sleeps": self.sleeps, "version": self.version,
                 "wake_up_calls": self.wake_up_calls, "pauses": dict(self.pauses), "child_pid": self.child_pid,
                 "control_calls": dict(self.control_calls), "weights": self.weights.stats(),
-                "generated": self.generated, "kv_dropped": self.kv_dropped, "cancelled": self.cancelled,
+                "generated": self.generated, "itl_s": self.itl_s, "kv_dropped": self.kv_dropped,
+                "cancelled": self.cancelled,
                 "pid": os.getpid(),
             }
 
@@ -118,7 +122,7 @@ class FakeVllm:
             self._ids += 1
             rid = self._ids
             self.running.add(rid)
-        tokens, reason = 0, "length"
+        tokens, reason, at = 0, "length", time.monotonic()
         while tokens < max_tokens:
             step = self.token_s * max(1.0, len(self.running) / self.knee) if self.knee else self.token_s
             chunk = min(max_tokens - tokens, max(1, int(0.02 / step)) if step > 0 else max_tokens)
@@ -133,8 +137,11 @@ class FakeVllm:
                 reason = "cancelled"
                 break
             tokens += chunk
+            now = time.monotonic()
             with self.cond:
                 self.generated += chunk
+                self.itl_s += now - at  # a chunk's tokens came over this span (a pause inside it included, as in vLLM)
+            at = now
         with self.cond:
             self.running.discard(rid)
             self.aborting.discard(rid)

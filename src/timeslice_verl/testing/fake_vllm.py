@@ -52,10 +52,13 @@ CONTROL = ("pause", "resume", "sleep", "wake_up", "is_sleeping", "is_paused", "h
 def _get_routes(engine: FakeVllm) -> dict[str, Any]:
     """GET path → (status, body[, content type]) makers."""
     def metrics() -> tuple[int, str, str]:
-        s = engine.stats()
-        return 200, (f'vllm:num_requests_running{{model_name="{engine.model}"}} {float(s["running"])}\n'
-                     f'vllm:num_requests_waiting{{model_name="{engine.model}"}} {float(s["waiting"])}\n'
-                 f'vllm:generation_tokens_total{{model_name="{engine.model}"}} {float(s["generated"])}\n'), "text/plain"
+        s, model = engine.stats(), engine.model
+        return 200, (f'vllm:num_requests_running{{model_name="{model}"}} {float(s["running"])}\n'
+                     f'vllm:num_requests_waiting{{model_name="{model}"}} {float(s["waiting"])}\n'
+                     f'vllm:generation_tokens_total{{model_name="{model}"}} {float(s["generated"])}\n'
+                     f'vllm:inter_token_latency_seconds_sum{{model_name="{model}"}} {float(s["itl_s"])}\n'
+                     f'vllm:inter_token_latency_seconds_count{{model_name="{model}"}} {float(s["generated"])}\n'), \
+            "text/plain"
 
     return {
         "/health": lambda: (200, {}),
