@@ -109,7 +109,7 @@ def test_the_stand_ins_step_length_reads_through_the_samplers_parser(procs):
 
     from agent_support import FakeVllmProc
 
-    _harvest()  # puts benchmarks/ on the path for hostload
+    _harvest()  # harvest.py imports hostload from its folder: importable by name from here on
     import hostload
 
     tenant = FakeVllmProc("--token-s", "0.001")
