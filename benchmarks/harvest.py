@@ -29,8 +29,9 @@ best of all): the server's own pace moved by up to half between passes minutes a
 ``harvest_score.py``.
 vLLM's ``num_requests_running`` / ``waiting`` and inter-token latency totals (its step) are sampled every 100 ms
 (``inflight.jsonl``), with the host's busy CPU, vLLM's processes' CPU, the GPU's SM clock and a CPU's pace
-(``hostload.py``); with ``--py-spy``, py-spy's stacks of vLLM's engine core at each capacity level. Each time-sliced row is written as ``row-<mix>-<profile>.json`` with the keys the issue names; ``harvest.json`` holds
-everything; the table is printed last.
+(``hostload.py``); with ``--py-spy``, py-spy's stacks of vLLM's engine core at each capacity level. Each time-sliced
+row is written as ``row-<mix>-<profile>.json`` with the keys the issue names; ``harvest.json`` holds everything; the
+table is printed last.
 
     python benchmarks/harvest.py --out benchmarks/results/DATE-h200-harvest --vllm-url http://127.0.0.1:8000 \
         --gib 18 --steps 12 --rollout-s 4 --train-s 1.0     # a GPU machine with a vLLM tenant up

@@ -100,7 +100,7 @@ case "$1" in
     echo 0 > "$WORK/rc"; touch "$WORK/harvest.log"
     bash "$0" pack "$WORK" ;;
   drift)  # the server's own pace from pass to pass: ROUNDS (4) times harvest.py --parts a ARGS, with a sleep and a
-    shift  # wake of vLLM (level 1: what a valley's end does) before round SLEEP_AT (3); tokens/s per level and round
+    shift  # wake of vLLM (level 1, as a yield that needs the memory does) before round SLEEP_AT (3); tokens/s by round
     bench_env
     WORK=/root/harvest/drift-$(date +%H%M%S); mkdir -p "$WORK"; cp /root/pin.json "$WORK/" 2>/dev/null
     OFF=""; [ -s /root/pin.json ] && OFF="python3 benchmarks/pin.py --off"
