@@ -5,7 +5,8 @@ clock under us without the guest seeing it (``/proc/cpuinfo`` shows a fixed figu
 child process on one CPU runs a fixed piece of interpreter work (dict, list and attribute traffic, like a scheduler's)
 every ``every_s`` and reports how much of it one CPU-second does (thread CPU time: waiting for the CPU does not count,
 so a busy neighbour reads as contention only through shared caches). Its rate over its first reading is the index;
-the sampler records it as ``cpu_speed`` (1.0: as fast as at the start).
+the sampler records it as ``cpu_speed`` (1.0: as fast as at the start), and the rate itself as ``cpu_rate`` (millions of
+units per CPU-second: what compares across probes).
 
     python benchmarks/cpuspeed.py --cpu 3 --every 0.2     # prints "<units per CPU-second>" lines until stopped
 """
@@ -86,16 +87,18 @@ class SpeedProbe:
         """The next reading (blocks; for tests and the first reading)."""
         return self._readings.get(timeout=timeout_s)
 
-    def latest(self) -> float | None:
+    def latest(self) -> tuple[float | None, float | None]:
+        """(the index, the readings' mean in millions of units per CPU-second): the index compares within one probe
+        (its first reading is noisy), the rate across probes of one host (rounds of ``drift`` are a probe each)."""
         got = []
         while not self._readings.empty():
             got.append(self._readings.get_nowait())
         if not got:
-            return None
+            return None, None
         mean = sum(got) / len(got)
         if self.first is None:
             self.first = got[0]
-        return index(mean, self.first)
+        return index(mean, self.first), round(mean / 1e6, 4)
 
     def close(self) -> None:
         self._proc.terminate()

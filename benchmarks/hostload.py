@@ -151,7 +151,7 @@ class HostLoad:
     utilisation (%). The vLLM processes are looked for again every ``rescan`` samples (a restarted server).
     ``engine_pid``: the engine core whose CPU and threads are followed (the tenant's, :func:`engine_profile.
     engine_core_pid`); without it, the first of this user's found, kept while it lives. ``speed_cpu``: a CPU whose
-    pace is read too (:class:`cpuspeed.SpeedProbe`, ``cpu_speed``); :meth:`close` ends its probe."""
+    pace is read too (:class:`cpuspeed.SpeedProbe`, ``cpu_speed`` and ``cpu_rate``); :meth:`close` ends its probe."""
 
     def __init__(self, gpu_index: int = 0, rescan: int = 20, engine_pid: int | None = None,
                  speed_cpu: int | None = None) -> None:
@@ -228,8 +228,8 @@ class HostLoad:
         procs, now = self._read(), time.monotonic()
         out: dict[str, Any] = {"host_cpu": busy_share(host_busy(self._times), host_busy(times)),
                                "vllm_cores": cores_by_role(self._procs, procs, now - self._at),
-                               "sm_mhz": None, "gpu_util": None, "steal": cpu_share(self._times, times)[1],
-                               "cpu_speed": self._speed.latest() if self._speed is not None else None}
+                               "sm_mhz": None, "gpu_util": None, "steal": cpu_share(self._times, times)[1]}
+        out["cpu_speed"], out["cpu_rate"] = self._speed.latest() if self._speed is not None else (None, None)
         out.update(self._engine_core_cpu(per_cpu))
         threads = (self._engine_pid(), self._engine_threads())  # compared only with the same process's
         out["engine_threads"] = thread_cores(self._threads[1], threads[1], now - self._at) \

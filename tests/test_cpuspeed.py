@@ -51,11 +51,15 @@ def test_probe_reads_a_cpu_and_ends() -> None:
         first = probe.next()
         assert first > 0
         probe._readings.put(first)  # the reading back in the queue: latest() takes what waits there
-        got = probe.latest()  # more may have come meanwhile: their mean over the first taken
+        got, rate = probe.latest()  # more may have come meanwhile: their mean over the first taken
         assert got is not None and got > 0 and probe.first is not None
+        assert rate is not None and rate > 0, "the rate itself, in millions a CPU-second"
     finally:
         probe.close()
     assert probe._proc.returncode is not None
+    probe._thread.join(30)  # the child gone, its reader ends: what it read is all there will be
+    probe.latest()
+    assert probe.latest() == (None, None), "nothing new: no figure, not a zero"
 
 
 def test_cli_names_a_cpu_the_host_does_not_have() -> None:

@@ -106,8 +106,8 @@ def test_a_sample_finds_a_running_vllm_process_of_this_user_and_reads_only():
         load = hostload.HostLoad(rescan=1, engine_pid=engine.pid)
         got = load.sample()
         assert set(got) == {"host_cpu", "vllm_cores", "sm_mhz", "gpu_util", "steal", "engine_cpu", "engine_cpu_steal",
-                            "engine_mates_busy", "engine_threads", "cpu_speed"}
-        assert got["cpu_speed"] is None, "no CPU named: no probe"
+                            "engine_mates_busy", "engine_threads", "cpu_speed", "cpu_rate"}
+        assert got["cpu_speed"] is None and got["cpu_rate"] is None, "no CPU named: no probe"
         assert got["host_cpu"] is None or 0.0 <= got["host_cpu"] <= 1.0
         assert got["steal"] is None or 0.0 <= got["steal"] <= 1.0
         assert "api_server" in got["vllm_cores"] and got["vllm_cores"]["api_server"] >= 0.0
@@ -128,6 +128,7 @@ def test_a_sample_with_a_cpu_named_carries_its_pace_and_close_ends_the_probe():
         load._speed._readings.put(load._speed.next())  # one reading waits: the sample takes it (no waiting on time)
         got = load.sample()
         assert got["cpu_speed"] > 0 and load._speed.first is not None, "over the first reading taken"
+        assert got["cpu_rate"] > 0
     finally:
         load.close()
     assert load._speed._proc.returncode is not None
