@@ -6,6 +6,7 @@ with nothing else running. Data: benchmarks/results/2026-12-03-h200-harvest-sess
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -120,4 +121,35 @@ def harvest_h200_around_session11() -> str:
             serving, idle = r["serving_vs_capacity"] * ref, r["idle_vs_capacity"] * ref
             lines.append(f"| {mix}, {profile} | {ref:.0f} | {mean:.0f} | {serving / ref:.3f} / {idle / ref:.3f} | "
                          f"{serving / mean:.3f} / {idle / mean:.3f} |")
+    return "\n".join(lines)
+
+
+def _window_corr(samples: list[dict[str, Any]], every: int = 8) -> float | None:
+    """The correlation between the probe's pace and vLLM's step length over windows of ``every`` samples (0.8 s)."""
+    pace, step = [], []
+    for a, b in zip(samples[::every], samples[every::every]):
+        speeds = [s["cpu_speed"] for s in samples if a["t"] <= s["t"] <= b["t"] and s.get("cpu_speed")]
+        if speeds and b["itl_count"] > a["itl_count"]:
+            pace.append(sum(speeds) / len(speeds))
+            step.append((b["itl_sum"] - a["itl_sum"]) / (b["itl_count"] - a["itl_count"]))
+    return statistics.correlation(pace, step) if len(pace) > 2 else None
+
+
+def harvest_h200_step_length() -> str:
+    """Three 48-token capacity rounds at the end of the session (``drift``, ``CPU_PROBE=15``: the pace probe on one of
+    the engine core's two CPUs): vLLM's rate over each level's middle half beside the step length its inter-token
+    latency gives, the tokens a step made, and how the probe's pace and the step length moved together inside the
+    level (``harvest_h200.sh drift`` each round a probe of its own: paces compare within a round only)."""
+    lines = [("| round | in flight | vLLM's counter, tokens/s | running (mean) | step, ms (inter-token latency) | "
+              "tokens a step | pace vs step length, correlation over 0.8 s windows |"), "|---|---|---|---|---|---|---|"]
+    for label, folder, run in (("1", "a", "1"), ("2", "b", "1"), ("3", "b", "2")):
+        for level in (256, 512):
+            samples = mix_phase(SESSION11 / "probe" / folder, run, 48, f"capacity-{level}")
+            mid = samples[len(samples) // 4: 3 * len(samples) // 4]
+            a, b = mid[0], mid[-1]
+            step = (b["itl_sum"] - a["itl_sum"]) / (b["itl_count"] - a["itl_count"])
+            rate = (b["generated"] - a["generated"]) / (b["t"] - a["t"])
+            corr = _window_corr(samples[len(samples) // 8: 7 * len(samples) // 8])
+            lines.append(f"| {label} | {level} | {rate:.0f} | {_mid_mean(samples, 'running'):.0f} | {step * 1000:.2f} | "
+                         f"{rate * step:.0f} | {'–' if corr is None else f'{corr:.2f}'} |")
     return "\n".join(lines)
