@@ -3,7 +3,6 @@ process named as vLLM names its engine core, stopped by SIGINT as py-spy expects
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,11 +14,9 @@ import pytest
 from agent_support import eventually
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))  # engine_profile imports hostload as the benchmarks do
-_spec = importlib.util.spec_from_file_location("engine_profile", BENCH / "engine_profile.py")
-assert _spec is not None and _spec.loader is not None
-engine_profile = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(engine_profile)
+sys.path.insert(0, str(BENCH))  # the benchmarks import their siblings by name
+
+import engine_profile
 
 RAW = textwrap.dedent("""\
     thread (11): MainThread;EngineCoreProc.run_busy_loop (vllm/v1/engine/core.py:800);EngineCore.step (vllm/v1/engine/core.py:300);Scheduler.schedule (vllm/v1/core/sched/scheduler.py:200) 60

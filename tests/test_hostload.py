@@ -3,7 +3,6 @@ processes' CPU by role, the GPU's clock), so that a slower server can be told fr
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,11 +13,9 @@ import psutil
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))  # hostload imports cpuspeed as the benchmarks do
-_spec = importlib.util.spec_from_file_location("hostload", BENCH / "hostload.py")
-assert _spec is not None and _spec.loader is not None
-hostload = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hostload)
+sys.path.insert(0, str(BENCH))  # the benchmarks import their siblings by name
+
+import hostload
 
 Times = namedtuple("Times", "user nice system idle iowait irq softirq steal")
 
