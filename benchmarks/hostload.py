@@ -118,17 +118,14 @@ def itl_totals(text: str) -> dict[str, float | None]:
     """vLLM's inter-token latency ``_sum`` and ``_count`` (summed over engines, models and API servers) from its
     Prometheus text: between two samples, their differences' ratio is the mean time between a request's tokens, the
     engine step's length — whether a slower server took longer per step or ran fewer per step. None where absent."""
+    # imported here: pin.py, run where the package is not on the path, imports this module too
+    from timeslice_verl.batch.concurrency import metric_values
+
     got: dict[str, float | None] = {"itl_sum": None, "itl_count": None}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
+    for name, value in metric_values(text):
         key = {f"{ITL}_sum": "itl_sum", f"{ITL}_count": "itl_count"}.get(name)
-        if key is None:
-            continue
-        try:
-            value = float(line.rsplit(" ", 1)[1])
-        except (IndexError, ValueError):
-            continue
-        got[key] = (got[key] or 0.0) + value
+        if key is not None:
+            got[key] = (got[key] or 0.0) + value
     return got
 
 

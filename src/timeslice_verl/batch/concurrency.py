@@ -43,6 +43,7 @@ The wanted queue is ``max(min_queue, queue_fraction × running)``: a few request
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 RUNNING = ("vllm:num_requests_running",)
@@ -108,12 +109,9 @@ class Policy:
         return max(self.min_queue, math.ceil(self.queue_fraction * running))
 
 
-def parse_metrics(text: str) -> Sample | None:
-    """Running and waiting requests and tokens generated (summed over the server's engines and models) and
-    KV-cache usage (their mean) from vLLM's Prometheus text; None when the text has no request gauges."""
-    sums = {"running": 0.0, "waiting": 0.0, "generated": 0.0}
-    kv: list[float] = []
-    seen, counted = False, False
+def metric_values(text: str) -> Iterator[tuple[str, float]]:
+    """(name, value) for each of vLLM's samples in its Prometheus text (``vllm:…``; labels dropped, one pair per
+    labelled series); a line without a finite number is skipped."""
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -122,8 +120,17 @@ def parse_metrics(text: str) -> Sample | None:
             value = float(line.rsplit(" ", 1)[1])
         except (IndexError, ValueError):
             continue
-        if not math.isfinite(value):
-            continue
+        if math.isfinite(value):
+            yield name, value
+
+
+def parse_metrics(text: str) -> Sample | None:
+    """Running and waiting requests and tokens generated (summed over the server's engines and models) and
+    KV-cache usage (their mean) from vLLM's Prometheus text; None when the text has no request gauges."""
+    sums = {"running": 0.0, "waiting": 0.0, "generated": 0.0}
+    kv: list[float] = []
+    seen, counted = False, False
+    for name, value in metric_values(text):
         if name in RUNNING or name in WAITING:
             sums["running" if name in RUNNING else "waiting"] += value
             seen = True
