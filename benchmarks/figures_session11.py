@@ -37,6 +37,16 @@ def _mid_mean(samples: list[dict[str, Any]], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def reading(samples: list[dict[str, Any]]) -> tuple[float, float, float, float | None]:
+    """Over a phase's middle half: vLLM's rate (its counter), its mean running count, its step's length in ms (its
+    inter-token latency) and the CPU's pace (``cpu_rate``; None where no probe ran)."""
+    mid = samples[len(samples) // 4: 3 * len(samples) // 4]
+    a, b = mid[0], mid[-1]
+    rate = (b["generated"] - a["generated"]) / (b["t"] - a["t"])
+    step = 1000 * (b["itl_sum"] - a["itl_sum"]) / max(1.0, b["itl_count"] - a["itl_count"])
+    return rate, _mid_mean(samples, "running") or 0.0, step, _mid_mean(samples, "cpu_rate")
+
+
 def harvest_h200_passes_session11() -> str:
     """Every capacity pass of run 29 by vLLM's own counter over its middle half, the mean running count, and the pace
     of a CPU beside the engine core's (``cpu_speed``: fixed interpreter work per CPU-second on CPU 13, over its first
@@ -145,11 +155,8 @@ def harvest_h200_step_length() -> str:
     for label, folder, run in (("1", "a", "1"), ("2", "b", "1"), ("3", "b", "2")):
         for level in (256, 512):
             samples = mix_phase(SESSION11 / "probe" / folder, run, 48, f"capacity-{level}")
-            mid = samples[len(samples) // 4: 3 * len(samples) // 4]
-            a, b = mid[0], mid[-1]
-            step = (b["itl_sum"] - a["itl_sum"]) / (b["itl_count"] - a["itl_count"])
-            rate = (b["generated"] - a["generated"]) / (b["t"] - a["t"])
+            rate, running, step, _ = reading(samples)
             corr = _window_corr(samples[len(samples) // 8: 7 * len(samples) // 8])
-            lines.append(f"| {label} | {level} | {rate:.0f} | {_mid_mean(samples, 'running'):.0f} | {step * 1000:.2f} | "
-                         f"{rate * step:.0f} | {'–' if corr is None else f'{corr:.2f}'} |")
+            lines.append(f"| {label} | {level} | {rate:.0f} | {running:.0f} | {step:.2f} | "
+                         f"{rate * step / 1000:.0f} | {'–' if corr is None else f'{corr:.2f}'} |")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from typing import Any
 from figures_common import RESULTS
 from figures_harvest import _bracketed_rows, mix_phase
 from figures_limits import by_limit
+from figures_session11 import reading
 
 SESSION12 = RESULTS / "2026-12-03-h200-harvest-session12"
 SESSION12_CODE = {"run30": "194d178"}
@@ -34,16 +35,6 @@ def harvest_h200_by_limit_session12() -> str:
 def _mean(values: list[float | None]) -> float:
     kept = [v for v in values if v is not None]
     return sum(kept) / len(kept) if kept else float("nan")
-
-
-def _reading(samples: list[dict[str, Any]]) -> tuple[float, float, float, float]:
-    """vLLM's rate (its counter), the mean running count, the step's length in ms (its inter-token latency) and the
-    CPU's pace, over the samples' middle half."""
-    mid = samples[len(samples) // 4: 3 * len(samples) // 4]
-    a, b = mid[0], mid[-1]
-    rate = (b["generated"] - a["generated"]) / (b["t"] - a["t"])
-    step = 1000 * (b["itl_sum"] - a["itl_sum"]) / max(1.0, b["itl_count"] - a["itl_count"])
-    return rate, _mean([s["running"] for s in mid]), step, _mean([s.get("cpu_rate") for s in mid])
 
 
 def _in_valleys(samples: list[dict[str, Any]], valleys: list[dict[str, Any]]) -> tuple[float, float, float]:
@@ -67,7 +58,7 @@ def harvest_h200_cpu_pace() -> str:
              + " | tokens/s per unit of pace, lowest to highest | rate vs pace, correlation |", "|---|---|---|---|---|---|---|"]
     for mix in (512, 48):
         for level in (128, 256, 512):
-            readings = [_reading(mix_phase(SESSION12, "run30", mix, f"capacity-{tag}{level}")) for _, tag in PASSES]
+            readings = [reading(mix_phase(SESSION12, "run30", mix, f"capacity-{tag}{level}")) for _, tag in PASSES]
             cells = [f"{r:.0f}, {n:.0f}, {s:.2f}, {p:.2f}" for r, n, s, p in readings]
             per = "–".join(f"{r / p:.0f}" for r, _, _, p in sorted(readings, key=lambda x: x[0] / x[3]))
             corr = statistics.correlation([p for *_, p in readings], [r for r, *_ in readings])
@@ -100,7 +91,7 @@ def harvest_h200_at_pace() -> str:
         for profile in ("fleet", "longtail"):
             r = json.loads((RUN / f"row-{mix}-{profile}.json").read_text())
             phase = _reference_phase(mixes[str(mix)], mix, r["capacity_tokens_per_s"])
-            _, ref_running, ref_step, ref_pace = _reading(mix_phase(SESSION12, "run30", mix, phase))
+            _, ref_running, ref_step, ref_pace = reading(mix_phase(SESSION12, "run30", mix, phase))
             pace, step, running = _in_valleys(samples, r["valleys"])
             scale = ref_pace / pace
             lines.append(f"| {mix}, {profile} | {r['serving_vs_capacity']:.3f} | {r['idle_vs_capacity']:.3f} | "
