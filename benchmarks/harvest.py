@@ -25,8 +25,8 @@ With ``--bracket`` (a) runs again after (c): the reference is the best steady le
 also gives its figures over the higher of that and (b) (``serving_vs_highest``, ``idle_vs_highest``): one short
 pass can read low, and every ratio over it high (run 15 of 2026-12-02). With ``--bracket-rows`` (a) runs again after
 each row, and each row is over the best of the passes right before and after it (and, ``*_vs_all_passes``, over the
-best of all): the server's own pace moved by up to half between passes minutes apart. The scoring is
-``harvest_score.py``.
+best of all): the server's own pace moved by up to half between passes minutes apart (``--after-levels``: the
+levels these passes run, e.g. those that set a reference). The scoring is ``harvest_score.py``.
 vLLM's ``num_requests_running`` / ``waiting`` and inter-token latency totals (its step) are sampled every 100 ms
 (``inflight.jsonl``), with the host's busy CPU, vLLM's processes' CPU, the GPU's SM clock and a CPU's pace
 (``hostload.py``); with ``--py-spy``, py-spy's stacks of vLLM's engine core at each capacity level. Each time-sliced
@@ -274,6 +274,7 @@ def main() -> int:
                     "at most --lines (a (b) of about one length for every mix; 0: --alone-lines)")
     ap.add_argument("--capacity-per-level", type=int, default=12, help="lines per request in flight, at each level")
     ap.add_argument("--levels", default="32,128,256,512")
+    ap.add_argument("--after-levels", default="", help="the bracket passes' levels (default: --levels)")
     ap.add_argument("--capacity-s", type=float, default=0.0, help="each level kept full this long after its "
                     "first answer (0: --capacity-per-level lines per slot)")
     ap.add_argument("--profiles", default="fleet,longtail")
@@ -357,8 +358,9 @@ def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampl
         for profile in profiles:
             got["timesliced"].append(timesliced(args, url, mix, profile, best, sampler, solos))
             if args.bracket_rows or (args.bracket and profile == profiles[-1]):
-                after[profile] = capacity(url, path, args.capacity_per_level, levels, sampler, seconds=args.capacity_s,
-                                          mix=mix, after=f"after-{profile}-" if args.bracket_rows else "after-")
+                after[profile] = capacity(url, path, args.capacity_per_level, [int(x) for x in (args.after_levels or
+                                          args.levels).split(",")], sampler, seconds=args.capacity_s, mix=mix,
+                                          after=f"after-{profile}-" if args.bracket_rows else "after-")
         if after:
             passes = [best, *(steady_best(levels) for levels in after.values())]
             got["capacity_after"] = after.pop(profiles[-1])

@@ -7,7 +7,8 @@
 #                                           benchmarks/pin.py, /root/pin.json says which)
 #   (a payload in more parts, when the working tree and a part pass the 64 MiB a call carries: PARTS=DIR for
 #    setup (part0), stash (each middle part, a call each) and start (the last), each call carrying its part; with
-#    the tree at 31 MB, five parts of 23 MB: split -n 5 -d -a 1 site.tar.xz DIR/site.tar.xz.part, SHA256SUMS beside)
+#    the tree at 39 MiB, five parts of 23 MiB: split -n 5 -d -a 1 site.tar.xz DIR/site.tar.xz.part, SHA256SUMS beside;
+#    py-spy's wheel with a stash call, where it fits)
 #   bash benchmarks/harvest_h200.sh run ARGS…   benchmarks/harvest.py --vllm-url … ARGS (vLLM stays up between calls;
 #                                           after PIN_ENGINE=1, harvest.py and what it starts off the engine core's CPUs)
 #   bash benchmarks/harvest_h200.sh bg ARGS…    the same, started in the background (a run longer than one call:
@@ -18,7 +19,8 @@
 #   bash benchmarks/harvest_h200.sh pinab ARGS… the same server not pinned and pinned, side by side: ROUNDS (3) times
 #                                               harvest.py --parts a ARGS with the server unpinned, then pinned
 #                                               (benchmarks/pin.py; pinned, harvest.py runs off the engine core's CPUs)
-# py-spy (harvest.py --py-spy): its wheel from PyPI in .gpu/ (pip download --no-deps py-spy -d .gpu), carried to setup.
+# py-spy (harvest.py --py-spy): its wheel from PyPI in .gpu/ (pip download --no-deps py-spy -d .gpu), carried to setup
+# or a stash call. CPU_PROBE=engine (bg): the pace probe on the engine core's last CPU as pin.py placed it.
 # Here, beforehand: the vLLM recipe copied to .gpu/vllm and its build_payload.sh run into .gpu/parts; the project's
 # pure-Python needs the GPU image lacks (hydra-core, omegaconf, antlr4 4.9.3, python-multipart, nvidia-ml-py) in .gpu/pydeps.tar.xz.
 set -uo pipefail
@@ -30,14 +32,24 @@ bench_env() {  # vLLM's payload and the project's sources for harvest.py (run, b
   export PYTHONPATH=$PWD/src:/root/pydeps:$PYTHONPATH NCCL_CUMEM_ENABLE=0 NCCL_NVLS_ENABLE=0
   [ -x /root/pyspy/bin/py-spy ] && export PATH=/root/pyspy/bin:$PATH  # harvest.py --py-spy
 }
+[ -s /root/mates.json ] && export PIN_MATES=/root/mates.json  # setup's measure of the CPUs that share a core
+pyspy() {  # unpacks py-spy's wheel when one is carried (.gpu/py_spy-*.whl; setup or stash, where it fits the call)
+  for whl in .gpu/py_spy-*.whl; do
+    [ -f "$whl" ] && python3 -m zipfile -e "$whl" /root/pyspy-whl && mkdir -p /root/pyspy/bin \
+      && install -m 0755 /root/pyspy-whl/py_spy-*.data/scripts/py-spy /root/pyspy/bin/py-spy
+  done
+}
 case "$1" in
-  setup)  # stashes the parts carried, builds the model; unpacks py-spy's wheel when one is carried (.gpu/py_spy-*.whl)
-    for whl in .gpu/py_spy-*.whl; do
-      [ -f "$whl" ] && python3 -m zipfile -e "$whl" /root/pyspy-whl && mkdir -p /root/pyspy/bin \
-        && install -m 0755 /root/pyspy-whl/py_spy-*.data/scripts/py-spy /root/pyspy/bin/py-spy
-    done
-    bash .gpu/vllm/gpu_setup.sh 0 "${PARTS:-.gpu/parts}" ;;
-  stash) mkdir -p /root/parts && cp "${PARTS:-.gpu/parts}"/site.tar.xz.part* "${PARTS:-.gpu/parts}"/SHA256SUMS /root/parts/ ;;
+  setup)  # on the quiet machine first: which CPUs share a core (a VM hides SMT; benchmarks/cpumates.py, ~25 s with 16
+    # CPUs; MATES=0 skips it), then stashes the parts carried and builds the model in the background
+    if [ "${MATES:-1}" = 1 ]; then
+      python3 benchmarks/cpumates.py > /root/mates.json.new && mv /root/mates.json.new /root/mates.json \
+        && python3 -c "import json; d = json.load(open('/root/mates.json')); print('mates', d['mates']); \
+          print('quiet', d['quiet']); print('slowest', sorted((r, b, t) for b, row in d['slowdown'].items() \
+          for t, r in row.items())[:8])"
+    fi
+    pyspy; bash .gpu/vllm/gpu_setup.sh 0 "${PARTS:-.gpu/parts}" ;;
+  stash) pyspy; mkdir -p /root/parts && cp "${PARTS:-.gpu/parts}"/site.tar.xz.part* "${PARTS:-.gpu/parts}"/SHA256SUMS /root/parts/ ;;
   start)
     if [ -n "${PARTS:-}" ]; then  # the payload in more parts than gpu_setup.sh's two (a working tree that grew)
       bash "$0" stash || exit
@@ -72,7 +84,11 @@ case "$1" in
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
     WORK=/root/harvest/$(date +%H%M%S); mkdir -p "$WORK"
     OFF=""; [ -s /root/pin.json ] && { OFF="python3 benchmarks/pin.py --off"; cp /root/pin.json "$WORK/"; }
-    export OFF
+    export OFF; cp /root/mates.json "$WORK/" 2>/dev/null
+    if [ "${CPU_PROBE:-}" = engine ]; then  # the pace probe on the engine core's last CPU, wherever pin.py put it
+      CPU_PROBE=$(python3 -c "import json; print(json.load(open('/root/pin.json'))['engine_cpus'][-1])") || exit 4
+      export CPU_PROBE
+    fi
     if [ "$mode" = bg ]; then  # its own session: the call's end does not stop it
       echo "$WORK" > /root/harvest/current
       setsid nohup bash -c 'timeout "$0" $OFF python3 benchmarks/harvest.py --out "$1" --vllm-url http://127.0.0.1:8000 \

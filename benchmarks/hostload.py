@@ -12,6 +12,7 @@ nothing here signals or changes another process. With a CPU named, a child of it
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -73,13 +74,28 @@ def parse_cpu_list(text: str) -> list[int]:
     return out
 
 
-def core_mates(cpu: int, sysfs: Path = Path("/sys/devices/system/cpu")) -> list[int]:
-    """The other logical CPUs of ``cpu``'s physical core (its SMT threads); none where sysfs does not say."""
+def measured_mates() -> dict[int, list[int]]:
+    """CPU -> its mates as ``benchmarks/cpumates.py`` measured them, where ``PIN_MATES`` names its output (a VM that
+    hides SMT: sysfs shows every CPU alone); {} where unset."""
+    path = os.environ.get("PIN_MATES", "").strip()
+    if not path:
+        return {}
     try:
-        text = (sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text()
+        mates = json.loads(Path(path).read_text())["mates"]
+        return {int(cpu): [int(m) for m in found] for cpu, found in mates.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SystemExit(f"PIN_MATES={path}: not the output of benchmarks/cpumates.py ({exc})") from exc
+
+
+def core_mates(cpu: int, sysfs: Path = Path("/sys/devices/system/cpu")) -> list[int]:
+    """The other logical CPUs of ``cpu``'s physical core (its SMT threads): what sysfs says and what
+    :func:`measured_mates` found; none where neither says."""
+    try:
+        shown = [c for c in parse_cpu_list((sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text())
+                 if c != cpu]
     except OSError:
-        return []
-    return [c for c in parse_cpu_list(text) if c != cpu]
+        shown = []
+    return sorted({*shown, *measured_mates().get(cpu, [])})
 
 
 def vllm_role(cmdline: list[str]) -> str | None:

@@ -4,7 +4,9 @@ With a small model the engine core is a Python loop one core flat out, so its pa
 (2026-12-03) read the same server at the same running count 29 000 tokens/s in one capacity pass and 46 000 in the
 next. This tests whether the threads sharing its core are why: the engine core (all its threads: its busy loop and
 the threads that move its inputs and outputs) gets the last physical core (the last CPU and its SMT threads; the last
-two CPUs where the host shows no SMT and has four or more), every other process of that vLLM server the rest.
+two CPUs where the host shows no SMT and has four or more), every other process of that vLLM server the rest. A VM
+may hide SMT: ``PIN_MATES=FILE`` (``benchmarks/cpumates.py``'s output) adds the mates measured, and the engine core
+then gets the last pair found, its mate kept free of everything else.
 
     python3 benchmarks/pin.py [--port 8000]    pins; prints {"engine_cpus": [...], "others": [...], "pinned": {...}}
     python3 benchmarks/pin.py --unpin [--port 8000]   gives every process of the server all the CPUs again (the
@@ -32,11 +34,13 @@ TAG = ("TIMESLICE_TENANT", "1")
 
 def plan(cpus: list[int], mates: dict[int, list[int]]) -> tuple[list[int], list[int]]:
     """(the engine core's CPUs, everyone else's) from the CPUs this job may use and each one's SMT mates: the last
-    CPU's physical core — without SMT mates, and with four CPUs or more, the last two (the engine core runs one core
-    flat out and its helper threads beside it); the rest must leave at least one CPU."""
+    physical core with a mate this job may use, else the last CPU's — without SMT mates, and with four CPUs or more,
+    the last two (the engine core runs one core flat out and its helper threads beside it); the rest must leave at
+    least one CPU."""
     if not cpus:
         raise ValueError("no CPU to pin to")
-    last = max(cpus)
+    paired = [c for c in cpus if any(m in cpus for m in mates.get(c, []))]
+    last = max(paired or cpus)  # a whole physical core where one is known, its mate kept off as well
     engine = sorted({last, *(c for c in mates.get(last, []) if c in cpus)})
     if len(engine) == 1 and len(cpus) >= 4:
         engine = sorted(cpus)[-2:]

@@ -3,6 +3,7 @@ processes' CPU by role, the GPU's clock), so that a slower server can be told fr
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -73,6 +74,27 @@ def test_core_mates_read_sysfs_and_leave_the_cpu_itself_out(tmp_path):
     assert hostload.core_mates(8, tmp_path) == [0]
     assert hostload.core_mates(3, tmp_path) == []
     assert hostload.core_mates(5, tmp_path) == []  # not in sysfs: unknown, none
+
+
+def test_core_mates_add_the_mates_cpumates_measured(tmp_path, monkeypatch):
+    (tmp_path / "cpu3" / "topology").mkdir(parents=True)
+    (tmp_path / "cpu3" / "topology" / "thread_siblings_list").write_text("3\n")  # a VM: every CPU alone
+    found = tmp_path / "mates.json"
+    found.write_text(json.dumps({"mates": {"3": [11], "11": [3]}, "slowdown": {}}))
+    monkeypatch.setenv("PIN_MATES", str(found))
+    assert hostload.core_mates(3, tmp_path) == [11]
+    assert hostload.core_mates(11, tmp_path) == [3]
+    assert hostload.core_mates(4, tmp_path) == []
+    monkeypatch.delenv("PIN_MATES")
+    assert hostload.core_mates(3, tmp_path) == []
+
+
+@pytest.mark.parametrize("text", ["not json", "{}", '{"mates": [1, 2]}', '{"mates": {"x": [1]}}'])
+def test_a_mates_file_that_is_not_cpumates_output_is_named(tmp_path, monkeypatch, text):
+    (tmp_path / "bad.json").write_text(text)
+    monkeypatch.setenv("PIN_MATES", str(tmp_path / "bad.json"))
+    with pytest.raises(SystemExit, match="PIN_MATES=.*bad.json: not the output of benchmarks/cpumates.py"):
+        hostload.measured_mates()
 
 
 def test_cores_by_role_sum_a_roles_processes_and_leave_out_one_seen_once():

@@ -39,6 +39,9 @@ sys.stdin.read(); engine.stdin.close(); engine.wait()
     ([0, 1], {}, [1], [0]),
     ([2, 5, 9], {9: [3]}, [9], [2, 5]),  # a mate this job may not use stays out of both
     ([0, 1, 2, 3, 4], {4: [9]}, [3, 4], [0, 1, 2]),  # its mate not usable: as without SMT
+    # measured (cpumates.py): the last CPU's mate is outside this guest, a pair inside it is a whole core
+    (list(range(16)), {3: [11], 11: [3]}, [3, 11], [0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15]),
+    (list(range(8)), {1: [5], 5: [1], 2: [6], 6: [2]}, [2, 6], [0, 1, 3, 4, 5, 7]),  # the last pair
 ])
 def test_the_engine_core_gets_the_last_cpus_physical_core(cpus, mates, engine, others):
     assert pin.plan(cpus, mates) == (engine, others)
