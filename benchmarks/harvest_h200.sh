@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The harvest benchmark on one H200 (issue 36), from the repo root there, in calls made back to back:
 #   bash benchmarks/harvest_h200.sh setup   stash vLLM's payload part0, build the test model
+#   (TENANT_SHAPE=qwen2-7b for setup and start: the tenant a random model of that shape, benchmarks/tenant_model.py)
 #   bash benchmarks/harvest_h200.sh start   part1: unpack vLLM 0.24, start it (0.35 of the GPU), tagged (VLLM_ARGS: more;
 #                                           VLLM_API_SERVERS=N: its front end in N processes; PIN_ENGINE=1: then its engine
 #                                           core on a physical core of its own, the rest of the server off it:
@@ -48,7 +49,13 @@ case "$1" in
           print('quiet', d['quiet']); print('slowest', sorted((r, b, t) for b, row in d['slowdown'].items() \
           for t, r in row.items())[:8])"
     fi
-    pyspy; bash .gpu/vllm/gpu_setup.sh 0 "${PARTS:-.gpu/parts}" ;;
+    pyspy; bash .gpu/vllm/gpu_setup.sh 0 "${PARTS:-.gpu/parts}" || exit
+    if [ -n "${TENANT_SHAPE:-}" ]; then  # then a tenant of that shape with the test model's tokenizer (tenant_model.py)
+      (setsid nohup bash -c 'for i in $(seq 1 120); do grep -q "\"params\"" /root/make_model.log 2>/dev/null && break
+        sleep 1; done; python3 benchmarks/tenant_model.py "/root/model-$0" --shape "$0" --tokenizer /root/model' \
+        "$TENANT_SHAPE" > /root/tenant_model.log 2>&1 < /dev/null &)
+      echo "tenant $TENANT_SHAPE: built in the background after the test model (log: /root/tenant_model.log)"
+    fi ;;
   stash) pyspy; mkdir -p /root/parts && cp "${PARTS:-.gpu/parts}"/site.tar.xz.part* "${PARTS:-.gpu/parts}"/SHA256SUMS /root/parts/ ;;
   start)
     if [ -n "${PARTS:-}" ]; then  # the payload in more parts than gpu_setup.sh's two (a working tree that grew)
@@ -60,10 +67,16 @@ case "$1" in
       bash .gpu/vllm/gpu_setup.sh 1 .gpu/parts || exit
     fi
     tar -xJf .gpu/pydeps.tar.xz -C /root
+    MODEL=/root/model
+    if [ -n "${TENANT_SHAPE:-}" ]; then  # the tenant setup built (TENANT_SHAPE as there)
+      MODEL=/root/model-$TENANT_SHAPE
+      for i in $(seq 1 300); do grep -q '"params"' /root/tenant_model.log 2>/dev/null && break; sleep 1; done
+      grep '"params"' /root/tenant_model.log || { tail -20 /root/tenant_model.log; exit 8; }
+    fi
     source .gpu/vllm/vllm_env.sh
     export TIMESLICE_TENANT=1  # the reclaim ladder may stop it
     if [ -n "${VLLM_API_SERVERS:-}" ]; then  # its front end in N processes: vllm serve --api-server-count N
-      (setsid nohup python3 -m vllm.entrypoints.cli.main serve /root/model --served-model-name m --enable-sleep-mode \
+      (setsid nohup python3 -m vllm.entrypoints.cli.main serve "$MODEL" --served-model-name m --enable-sleep-mode \
         --gpu-memory-utilization 0.35 --max-model-len 2048 --port 8000 --host 127.0.0.1 --dtype bfloat16 \
         --api-server-count "$VLLM_API_SERVERS" ${VLLM_ARGS:-} > /root/vllm.log 2>&1 &)
       for i in $(seq 1 240); do
