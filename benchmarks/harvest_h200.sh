@@ -8,7 +8,7 @@
 #                                           benchmarks/pin.py, /root/pin.json says which)
 #   (a payload in more parts, when the working tree and a part pass the 64 MiB a call carries: PARTS=DIR for
 #    setup (part0), stash (each middle part, a call each) and start (the last), each call carrying its part; with
-#    the tree at 39 MiB, five parts of 23 MiB: split -n 5 -d -a 1 site.tar.xz DIR/site.tar.xz.part, SHA256SUMS beside;
+#    the tree at 41 MiB, six parts of 19 MiB: split -n 6 -d -a 1 site.tar.xz DIR/site.tar.xz.part, SHA256SUMS beside;
 #    py-spy's wheel with a stash call, where it fits)
 #   bash benchmarks/harvest_h200.sh run ARGS…   benchmarks/harvest.py --vllm-url … ARGS (vLLM stays up between calls;
 #                                           after PIN_ENGINE=1, harvest.py and what it starts off the engine core's CPUs)
