@@ -41,9 +41,10 @@ pyspy() {  # unpacks py-spy's wheel when one is carried (.gpu/py_spy-*.whl; setu
   done
 }
 case "$1" in
-  setup)  # on the quiet machine first: which CPUs share a core (a VM hides SMT; benchmarks/cpumates.py, ~25 s with 16
-    # CPUs; MATES=0 skips it), then stashes the parts carried and builds the model in the background
-    if [ "${MATES:-1}" = 1 ]; then
+  setup)  # MATES=1: on the quiet machine first, which CPUs share a core (a VM hides SMT; benchmarks/cpumates.py, ~25 s
+    # with 16 CPUs; on the lent H200 of 2026-12-03 it read the host's swings, not a layout); then stashes the parts
+    # carried and builds the model in the background
+    if [ "${MATES:-0}" = 1 ]; then
       python3 benchmarks/cpumates.py > /root/mates.json.new && mv /root/mates.json.new /root/mates.json \
         && python3 -c "import json; d = json.load(open('/root/mates.json')); print('mates', d['mates']); \
           print('quiet', d['quiet']); print('slowest', sorted((r, b, t) for b, row in d['slowdown'].items() \
