@@ -15,6 +15,8 @@
 #   bash benchmarks/harvest_h200.sh bg ARGS…    the same, started in the background (a run longer than one call:
 #                                               both mixes in one harvest.py), then in the next calls:
 #   bash benchmarks/harvest_h200.sh wait        waits up to WAIT_S (570) s; when the run has ended, packs it as run does
+#   bash benchmarks/harvest_h200.sh all ARGS…   bg and wait in one call (CALL_S, 590 s), start first where vLLM is not
+#                                               up: the run's limit is what the call has left (no idle gap mid-run)
 #   bash benchmarks/harvest_h200.sh drift ARGS… ROUNDS (4) passes of harvest.py --parts a ARGS back to back, vLLM put
 #                                               to sleep and woken before round SLEEP_AT (3): its pace pass to pass
 #   bash benchmarks/harvest_h200.sh pinab ARGS… the same server not pinned and pinned, side by side: ROUNDS (3) times
@@ -145,6 +147,14 @@ case "$1" in
     done
     echo 0 > "$WORK/rc"; touch "$WORK/harvest.log"
     bash "$0" pack "$WORK" ;;
+  all)  # bg ARGS and wait in one call of CALL_S (590) s (start first where vLLM is not up): a machine left idle
+    shift  # between two calls can be given back with the run on it (2026-12-03); the run's limit is what is left
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null \
+      || bash "$0" start || exit
+    left=$(( ${CALL_S:-590} - SECONDS - 25 ))  # 25 s: packing the run after harvest.py's limit
+    [ "$left" -ge 60 ] || { echo "all: ${left}s left after vLLM's start: no room for a run"; exit 9; }
+    LIMIT_S=$left bash "$0" bg "$@" || exit
+    WAIT_S=$(( ${CALL_S:-590} - SECONDS - 10 )) bash "$0" wait ;;
   wait)
     WORK=$(cat /root/harvest/current) || exit 2
     for _ in $(seq 1 "${WAIT_S:-570}"); do [ -f "$WORK/rc" ] && break; sleep 1; done
