@@ -42,12 +42,14 @@ def find_mates(slowdown: dict[int, dict[int, float]], threshold: float) -> dict[
 
 
 def _hold(probes: dict[int, SpeedProbe], hold_s: float, settle_s: float) -> dict[int, float]:
-    """Each probe's mean rate over ``hold_s`` after ``settle_s`` (readings before it dropped)."""
-    time.sleep(settle_s)  # the loop reaching its CPU; pacing, not synchronisation: readings are all kept apart
+    """Each probe's mean rate over ``hold_s`` after ``settle_s`` (readings before it dropped); a probe that gave none
+    in that time (a loaded host) gives its next one."""
+    time.sleep(settle_s)  # the loop reaching its CPU: the window's start, not a synchronisation
     for probe in probes.values():
         probe.latest()
-    time.sleep(hold_s)
-    return {cpu: rate for cpu, probe in probes.items() if (rate := probe.latest()[1]) is not None}
+    time.sleep(hold_s)  # the window itself
+    return {cpu: rate if (rate := probe.latest()[1]) is not None else round(probe.next() / 1e6, 4)
+            for cpu, probe in probes.items()}
 
 
 def measure(cpus: list[int], hold_s: float, settle_s: float = 0.3) -> dict[str, object]:
