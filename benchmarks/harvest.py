@@ -334,6 +334,7 @@ def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampl
     (a capacity level is short: read once it can read low, and every ratio over it high)."""
     path = write_input(args.out / f"input-{mix}.jsonl", args.lines, served_model(url), mix)
     levels = [int(x) for x in args.levels.split(",")]
+    after_levels = [int(x) for x in (args.after_levels or args.levels).split(",")]  # the passes after the rows
     got: dict[str, Any] = {}
     if "a" in parts:
         got["capacity"] = capacity(url, path, args.capacity_per_level, levels, sampler, seconds=args.capacity_s, mix=mix)
@@ -358,9 +359,8 @@ def run_mix(args: argparse.Namespace, url: str, mix: int, parts: set[str], sampl
         for profile in profiles:
             got["timesliced"].append(timesliced(args, url, mix, profile, best, sampler, solos))
             if args.bracket_rows or (args.bracket and profile == profiles[-1]):
-                after[profile] = capacity(url, path, args.capacity_per_level, [int(x) for x in (args.after_levels or
-                                          args.levels).split(",")], sampler, seconds=args.capacity_s, mix=mix,
-                                          after=f"after-{profile}-" if args.bracket_rows else "after-")
+                after[profile] = capacity(url, path, args.capacity_per_level, after_levels, sampler, seconds=args.capacity_s,
+                                          mix=mix, after=f"after-{profile}-" if args.bracket_rows else "after-")
         if after:
             passes = [best, *(steady_best(levels) for levels in after.values())]
             got["capacity_after"] = after.pop(profiles[-1])
