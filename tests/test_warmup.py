@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker
 from timeslice_verl.agent.arbiter import Arbiter
 from timeslice_verl.agent.options import AgentOptions, TenantOptions
 from timeslice_verl.agent.freeze import make_backend
 from timeslice_verl.agent.state import StateStore
 from timeslice_verl.agent.tenant.tenancy import FIRST_SLEEP
-from timeslice_verl.agent.tenant.warmup import WARM_UP_CYCLES
+from timeslice_verl.agent.tenant.warmup import WARM_UP_CYCLES, until_asked
 from timeslice_verl.demo.procs import wait_tenant_warm
 
 
@@ -90,6 +92,110 @@ def test_a_trainer_that_asks_during_the_warm_up_gets_the_gpu_with_the_tenant_asl
     finally:
         worker.kill()
         vllm.stop()
+
+
+def test_a_first_sleep_slower_than_the_reclaim_deadline_still_warms_the_tenant_when_no_trainer_asks(tmp_path):
+    vllm = FakeVllmProc()
+
+    async def scenario():
+        a = arbiter(tmp_path, reclaim_deadline_s=0.05)
+        await a.start()
+        await a.register_tenant([vllm.url])
+        real = a.tenancy.tenant.yield_gpu
+        calls = []
+
+        async def slow_first(sleep: bool = True):  # pinning a 7 B model's host buffers: many times the deadline
+            calls.append(sleep)
+            if len(calls) == 1:
+                await asyncio.sleep(0.5)  # a floor on the sleep's length, not a synchronisation: nothing waits on it
+            return await real(sleep)
+
+        a.tenancy.tenant.yield_gpu = slow_first
+        await a.settled(60)
+        seen = moves(a)
+        await a.shutdown()
+        return seen
+
+    try:
+        seen = asyncio.run(scenario())
+        assert [(m[0], m[1]) for m in seen] == [("tenant_yield", True), ("tenant_reclaim", True)] * WARM_UP_CYCLES, seen
+        assert seen[0][2].endswith(f"({FIRST_SLEEP})"), "the slow one-off is the first sleep, never the planned yield"
+        assert not vllm.sleeping()
+    finally:
+        vllm.stop()
+
+
+def test_a_trainer_that_asks_during_a_sleep_that_never_ends_gets_the_gpu_down_the_usual_ladder(tmp_path):
+    vllm = FakeVllmProc()
+    worker = spawn_worker("stuck-job")
+
+    async def scenario():
+        a = arbiter(tmp_path, reclaim_deadline_s=0.2)
+        await a.start()
+        started, never = asyncio.Event(), asyncio.Event()
+        await a.register_tenant([vllm.url])
+        real = a.tenancy.tenant.yield_gpu
+
+        async def stuck_first(sleep: bool = True):
+            if not started.is_set():
+                started.set()
+                await never.wait()
+            return await real(sleep)
+
+        a.tenancy.tenant.yield_gpu = stuck_first
+        await started.wait()
+        a.connection_opened(1, None)
+        reply = await asyncio.wait_for(a.acquire("stuck-job", 1), 60)
+        seen, holding = moves(a), a.book.jobs["stuck-job"].holding
+        await a.release("stuck-job", 1, done=True)
+        await a.settled(60)
+        await a.shutdown()
+        return reply, seen, holding
+
+    try:
+        reply, seen, holding = asyncio.run(scenario())
+        assert holding and reply["job"] == "stuck-job"
+        assert seen[0][:2] == ("tenant_yield", False) and "'stuck-job' asking" in seen[0][2], seen
+        assert ("tenant_yield", True) in [(m[0], m[1]) for m in seen[1:]], "then the usual yield gave the GPU back"
+    finally:
+        worker.kill()
+        vllm.stop()
+
+
+ASKED_AT = 3
+
+
+@pytest.mark.parametrize("finish, deadline_s, outcome", [
+    ("before", 0.05, "done"),    # finished before anyone asked
+    ("never", 0.05, "timeout"),  # asked, never finished: cancelled once the deadline has passed since the ask
+    ("after", 0.0, "done"),      # asked, no deadline: waited for, however long
+])
+def test_until_asked_bounds_the_work_only_from_the_ask(finish, deadline_s, outcome):
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        work: asyncio.Future[float] = loop.create_future()
+        polls = []
+
+        def asked():
+            polls.append(1)
+            if finish == "before" and not work.done():
+                work.set_result(1.5)
+            if len(polls) < ASKED_AT:
+                return None
+            if finish == "after":
+                loop.call_later(0.3, work.set_result, 1.5)  # later than a few polls; asked() is not called again
+            return "job"
+
+        try:
+            return await until_asked(work, asked, deadline_s), work
+        except asyncio.TimeoutError:
+            return "timeout", work
+
+    result, work = asyncio.run(scenario())
+    if outcome == "done":
+        assert result == 1.5
+    else:
+        assert result == "timeout" and work.cancelled()
 
 
 def test_no_warm_up_when_it_is_turned_off(tmp_path):

@@ -144,7 +144,9 @@ class TenantSettings:
     warm_up: bool = True
     """Put a newly registered tenant to sleep and wake it twice while no trainer needs the GPU: a vLLM's first sleep
     pays one-off costs (1.85 s against 0.14 s after, H200) that would otherwise fall on the trainer's first acquire
-    and keep the first valleys from being lent; the tenant's footprint is known before the first release too."""
+    and keep the first valleys from being lent; the tenant's footprint is known before the first release too. Its
+    sleeps wait as long as they take while no trainer asks (a 7 B model's first: over 10 s, H200, 2026-12-03), then
+    ``reclaim_deadline_s`` from the ask."""
 
 
 @dataclass

@@ -49,15 +49,21 @@ async def warm_up(tenancy: Tenancy, probe_free: Callable[[], int] | None) -> int
 
 
 async def yield_politely(tenancy: Tenancy, probe_free: Callable[[], int] | None, label: str) -> bool:
-    """Pause and sleep the tenant with no ladder (nobody waits for the GPU); False when it did not."""
-    tenant, deadline = tenancy.tenant, tenancy.reclaim_deadline_s
+    """Pause and sleep the tenant with no ladder (nobody waits for the GPU); False when it did not.
+
+    Unbounded while no trainer waits, each control request having its own timeout: a 7 B vLLM's first sleep pinned its
+    13.5 GB of host buffers in over 10 s on the H200 (2026-12-03), and a warm-up given up there left that one-off to
+    the trainer's first hold. Once a trainer asks, ``reclaim_deadline_s`` counts from then, as for any yield."""
+    tenant = tenancy.tenant
     assert tenant is not None
     start, free_before = time.time(), probe_free() if probe_free else 0
     try:
-        seconds = await asyncio.wait_for(tenant.yield_gpu(), deadline or None)
+        seconds = await until_asked(asyncio.ensure_future(tenant.yield_gpu()), tenancy.trainer_waiting,
+                                    tenancy.reclaim_deadline_s)
     except asyncio.TimeoutError:  # a sleep that lands late is seen by the probe, and woken
-        tenancy.journal.record("tenant_yield", tenant.name, start, False, detail=f"{label}: not asleep within {deadline:g} s")
-        log.warning("tenant %s: %s given up: not asleep within %g s", tenant.name, label, deadline)
+        why = f"{label}: not asleep within {tenancy.reclaim_deadline_s:g} s of job {tenancy.trainer_waiting()!r} asking"
+        tenancy.journal.record("tenant_yield", tenant.name, start, False, detail=why)
+        log.warning("tenant %s: %s given up: %s", tenant.name, label, why)
         return False
     except TenantError as exc:
         tenancy.fail("tenant_yield", start, exc)
@@ -68,4 +74,26 @@ async def yield_politely(tenancy: Tenancy, probe_free: Callable[[], int] | None,
     return True
 
 
-__all__ = ["WARM_UP_CYCLES", "warm_up", "yield_politely"]
+ASK_POLL_S = 0.05
+"""How often a polite yield looks whether a trainer has asked (the queue is the arbiter's; nothing signals it here)."""
+
+
+async def until_asked(work: asyncio.Future[float], asked: Callable[[], object], deadline_s: float) -> float:
+    """``work``'s result: no bound while ``asked()`` is falsy, then ``deadline_s`` (0: none) from the first time it is
+    not; past that ``work`` is cancelled and :class:`asyncio.TimeoutError` raised."""
+    loop, since = asyncio.get_running_loop(), None
+    try:
+        while True:
+            done, _ = await asyncio.wait({work}, timeout=ASK_POLL_S)
+            if done:
+                return work.result()
+            if since is None and asked():
+                since = loop.time()
+            if since is not None and deadline_s and loop.time() - since >= deadline_s:
+                raise asyncio.TimeoutError
+    finally:
+        if not work.done():
+            work.cancel()
+
+
+__all__ = ["ASK_POLL_S", "WARM_UP_CYCLES", "until_asked", "warm_up", "yield_politely"]
