@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from figures_common import RESULTS, _f
+from figures_common import RESULTS, _f, jsonl
 from harvest_score import valleys
 
 
@@ -225,8 +225,7 @@ def harvest_h200_session7() -> str:
 
 def _phases(inflight: Path) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
-    for line in inflight.read_text().splitlines():
-        r = json.loads(line)
+    for r in jsonl(inflight):
         out.setdefault(r["phase"], []).append(r)
     return out
 
@@ -235,7 +234,7 @@ def mix_phase(folder: Path, run: str, mix: int, phase: str) -> list[dict[str, An
     """The 100 ms samples of one phase of one mix: labelled with the mix (``mix-512/capacity-256``, harvest.py from
     2026-12-03), or, in a run before that labelled the capacity and service phases of both mixes alike, the phase's
     stretch in the mix's place of the run's order."""
-    samples = [json.loads(line) for line in (folder / run / "inflight.jsonl").read_text().splitlines()]
+    samples = jsonl(folder / run / "inflight.jsonl")
     stretches: list[list[dict[str, Any]]] = []
     for before, r in zip([None, *samples], samples):
         if r["phase"] in (phase, f"mix-{mix}/{phase}"):

@@ -17,6 +17,7 @@ import tenant_model  # noqa: E402
 @pytest.mark.parametrize("shape, vocab, params", [
     ("qwen2-7b", 152064, 7_615_616_512),  # Qwen2-7B as published
     ("qwen2-7b", 32000, 6_754_997_760),  # the tenant with the recipe's tokenizer
+    ("qwen2.5-14b", 152064, 14_770_033_664),  # Qwen2.5-14B as published
     ("qwen2-1.5b", 151936, 1_543_714_304 + 151936 * 1536),  # Qwen2-1.5B ties its embeddings; untied here
 ])
 def test_the_parameter_count_is_known_beforehand(shape, vocab, params):
