@@ -7,8 +7,9 @@ to lend the first valleys. The tenant's footprint is unknown until it first slee
 choose ``resident`` at the first release. The warm-up pays the one-off before any trainer needs the GPU; its last
 cycle is the yield, wake and footprint that the estimate starts from.
 
-Polite only: never down the reclaim ladder (nobody waits for the GPU), and given up the moment a trainer asks (the
-tenant is then asleep, or it yields the usual way).
+Polite only: never down the reclaim ladder (nobody waits for the GPU). A sleep under way when a trainer asks has
+``reclaim_deadline_s`` from then to land (the tenant is then asleep, which is what the trainer needs) or the warm-up
+is given up and the tenant yields the usual way; no cycle starts once one asks.
 """
 
 from __future__ import annotations
