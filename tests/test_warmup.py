@@ -130,7 +130,7 @@ def test_a_trainer_that_asks_during_a_sleep_that_never_ends_gets_the_gpu_down_th
     worker = spawn_worker("stuck-job")
 
     async def scenario():
-        a = arbiter(tmp_path, reclaim_deadline_s=0.2)
+        a = arbiter(tmp_path, reclaim_deadline_s=5.0)  # the usual yield after it, on a loaded host too
         await a.start()
         started, never = asyncio.Event(), asyncio.Event()
         await a.register_tenant([vllm.url])
