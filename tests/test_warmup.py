@@ -7,6 +7,7 @@ agent as users start it, a real agent daemon.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -27,6 +28,19 @@ def arbiter(tmp_path, **tenant) -> Arbiter:
 
 def moves(a: Arbiter) -> list[tuple[str, bool, str]]:
     return [(t.action, t.ok, t.detail) for _, t in a.journal.moves if t.action.startswith("tenant_")]
+
+
+def hold_first_yield(a: Arbiter, before: Callable[[], Awaitable[None]]) -> None:
+    """The registered tenant's first yield awaits ``before`` first (a slow or a stuck sleep); every later one runs."""
+    real, calls = a.tenancy.tenant.yield_gpu, []
+
+    async def first_held(sleep: bool = True):
+        calls.append(sleep)
+        if len(calls) == 1:
+            await before()
+        return await real(sleep)
+
+    a.tenancy.tenant.yield_gpu = first_held
 
 
 def test_a_registered_tenant_is_warmed_up_and_its_first_sleep_is_never_the_yield_the_trainer_plans_with(tmp_path):
@@ -61,14 +75,12 @@ def test_a_trainer_that_asks_during_the_warm_up_gets_the_gpu_with_the_tenant_asl
         await a.start()
         first_sleep, go = asyncio.Event(), asyncio.Event()
         await a.register_tenant([vllm.url])
-        real = a.tenancy.tenant.yield_gpu
 
-        async def held_yield():  # the first sleep is held until the trainer has asked
+        async def until_go():  # the first sleep is held until the trainer has asked
             first_sleep.set()
             await go.wait()
-            return await real()
 
-        a.tenancy.tenant.yield_gpu = held_yield
+        hold_first_yield(a, until_go)
         await first_sleep.wait()
         a.connection_opened(1, None)
         acquire = asyncio.ensure_future(a.acquire("warm-job", 1))
@@ -101,16 +113,9 @@ def test_a_first_sleep_slower_than_the_reclaim_deadline_still_warms_the_tenant_w
         a = arbiter(tmp_path, reclaim_deadline_s=0.05)
         await a.start()
         await a.register_tenant([vllm.url])
-        real = a.tenancy.tenant.yield_gpu
-        calls = []
-
-        async def slow_first(sleep: bool = True):  # pinning a 7 B model's host buffers: many times the deadline
-            calls.append(sleep)
-            if len(calls) == 1:
-                await asyncio.sleep(0.5)  # a floor on the sleep's length, not a synchronisation: nothing waits on it
-            return await real(sleep)
-
-        a.tenancy.tenant.yield_gpu = slow_first
+        # pinning a 7 B model's host buffers, many times the deadline: a floor on the sleep's length, not a
+        # synchronisation (nothing waits on it)
+        hold_first_yield(a, lambda: asyncio.sleep(0.5))
         await a.settled(60)
         seen = moves(a)
         await a.shutdown()
@@ -134,15 +139,12 @@ def test_a_trainer_that_asks_during_a_sleep_that_never_ends_gets_the_gpu_down_th
         await a.start()
         started, never = asyncio.Event(), asyncio.Event()
         await a.register_tenant([vllm.url])
-        real = a.tenancy.tenant.yield_gpu
 
-        async def stuck_first(sleep: bool = True):
-            if not started.is_set():
-                started.set()
-                await never.wait()
-            return await real(sleep)
+        async def stuck():
+            started.set()
+            await never.wait()
 
-        a.tenancy.tenant.yield_gpu = stuck_first
+        hold_first_yield(a, stuck)
         await started.wait()
         a.connection_opened(1, None)
         reply = await asyncio.wait_for(a.acquire("stuck-job", 1), 60)
