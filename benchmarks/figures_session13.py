@@ -6,15 +6,15 @@ Data: benchmarks/results/2026-12-03-h200-harvest-session13/."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from figures_common import RESULTS
+from figures_common import RESULTS, jsonl
 from figures_harvest import _bracketed_rows, mix_phase
 from figures_session11 import reading
 from figures_session12 import _in_valleys
 
 SESSION13 = RESULTS / "2026-12-03-h200-harvest-session13"
 SESSION13_CODE = {"run31": "025aab6"}
-RUN = SESSION13 / "run31"
 PHASES_512 = ("capacity-128", "capacity-256", "capacity-512", "service-alone", "row fleet",
               "capacity-after-fleet-512", "row longtail", "capacity-after-longtail-512")
 """The 512-token mix's phases in the order they ran (a row: its valleys only)."""
@@ -34,16 +34,25 @@ def harvest_h200_step_session13() -> str:
     speed moved by more than the probe says, so a row over a pass minutes apart reads what the host did between."""
     lines = ["| phase (in order) | tokens/s | running | step ms | CPU pace | tokens/s per unit of pace |",
              "|---|---|---|---|---|---|"]
-    samples = [json.loads(line) for line in (RUN / "inflight.jsonl").read_text().splitlines()]
-    for phase in PHASES_512:
+    for phase, rate, running, step, pace in phase_readings(SESSION13, "run31", 512, PHASES_512):
+        lines.append(f"| {phase} | {rate:.0f} | {running:.0f} | {step:.1f} | {pace:.2f} | {rate / pace:.0f} |")
+    return "\n".join(lines)
+
+
+def phase_readings(folder: Path, run: str, mix: int, phases: tuple[str, ...]) -> list[tuple[str, float, float, float, float]]:
+    """(phase, tokens/s, running, step ms, CPU pace) for each of ``phases`` of one mix: a pass over its middle half,
+    a row (``row PROFILE``) over its valleys only."""
+    samples = jsonl(folder / run / "inflight.jsonl")
+    out = []
+    for phase in phases:
         if phase.startswith("row "):
             profile = phase.split()[1]
-            row = json.loads((RUN / f"row-512-{profile}.json").read_text())
-            inside = [s for s in samples if s["phase"] == f"timesliced-512-{profile}"]
+            row = json.loads((folder / run / f"row-{mix}-{profile}.json").read_text())
+            inside = [s for s in samples if s["phase"] == f"timesliced-{mix}-{profile}"]
             pace, step, running = _in_valleys(inside, row["valleys"])
             rate = sum(v["tokens"] for v in row["valleys"]) / sum(v["seconds"] for v in row["valleys"])
             phase = f"{profile} row's valleys"
         else:
-            rate, running, step, pace = reading(mix_phase(SESSION13, "run31", 512, phase))
-        lines.append(f"| {phase} | {rate:.0f} | {running:.0f} | {step:.1f} | {pace:.2f} | {rate / pace:.0f} |")
-    return "\n".join(lines)
+            rate, running, step, pace = reading(mix_phase(folder, run, mix, phase))
+        out.append((phase, rate, running, step, pace))
+    return out

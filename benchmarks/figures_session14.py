@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 
 from figures_common import RESULTS, _f, jsonl
-from figures_harvest import _bracketed_rows, mix_phase
-from figures_session11 import reading
-from figures_session12 import _in_valleys
+from figures_harvest import _bracketed_rows
+from figures_session13 import phase_readings
 
 SESSION14 = RESULTS / "2026-12-03-h200-harvest-session14"
 SESSION14_CODE = {"run32": "6873eba", "run33": "6873eba"}
@@ -52,18 +51,8 @@ def harvest_h200_step_session14() -> str:
     lines = ["| run | mix | phase (in order) | tokens/s | running | step ms | CPU pace | tokens/s per unit of pace |",
              "|---|---|---|---|---|---|---|---|"]
     for run in SESSION14_CODE:
-        samples = jsonl(SESSION14 / run / "inflight.jsonl")
         for mix in (512, 48):
-            for phase in AT_512:
-                if phase.startswith("row "):
-                    profile = phase.split()[1]
-                    row = json.loads((SESSION14 / run / f"row-{mix}-{profile}.json").read_text())
-                    inside = [s for s in samples if s["phase"] == f"timesliced-{mix}-{profile}"]
-                    pace, step, running = _in_valleys(inside, row["valleys"])
-                    rate = sum(v["tokens"] for v in row["valleys"]) / sum(v["seconds"] for v in row["valleys"])
-                    phase = f"{profile} row's valleys"
-                else:
-                    rate, running, step, pace = reading(mix_phase(SESSION14, run, mix, phase))
+            for phase, rate, running, step, pace in phase_readings(SESSION14, run, mix, AT_512):
                 lines.append(f"| {run[3:]} | {mix} | {phase} | {rate:.0f} | {running:.0f} | {step:.1f} | {pace:.2f} | "
                              f"{rate / pace:.0f} |")
     return "\n".join(lines)
