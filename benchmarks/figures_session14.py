@@ -7,6 +7,8 @@ mix's rate following the host's pace. Data: benchmarks/results/2026-12-03-h200-h
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Iterable
 
 from figures_common import RESULTS, _f, jsonl
 from figures_harvest import _bracketed_rows
@@ -28,13 +30,19 @@ def harvest_h200_session14() -> str:
 def harvest_h200_lent_session14() -> str:
     """Each row's share of the trainer's idle time that went to vLLM, its valleys lent and skipped, the tenant's
     warm-up (its agent's log) and the first skip's reason. Run 32's first row is the one where the warm-up gave up."""
+    return lent_table(SESSION14, SESSION14_CODE)
+
+
+def lent_table(folder: Path, runs: Iterable[str]) -> str:
+    """Each row of ``runs`` (names of run folders under ``folder``): vLLM's share of idle, valleys lent and skipped,
+    the tenant's warm-up, the first skip's reason."""
     lines = ["| run | mix | profile | vLLM of idle | valleys lent / skipped | warm-up | first skip |",
              "|---|---|---|---|---|---|---|"]
-    for run in SESSION14_CODE:
+    for run in runs:
         for mix in (512, 48):
             for profile in ("fleet", "longtail"):
-                r = json.loads((SESSION14 / run / f"row-{mix}-{profile}.json").read_text())
-                auto = SESSION14 / run / f"mix-{mix}" / profile / "auto"
+                r = json.loads((folder / run / f"row-{mix}-{profile}.json").read_text())
+                auto = folder / run / f"mix-{mix}" / profile / "auto"
                 skips = [e["detail"] for e in jsonl(auto / "run.jsonl") if e.get("action") == "skip"]
                 log = (auto / "agent.log").read_text()
                 warm = "given up (not asleep within 10 s)" if "given up" in log else \
@@ -48,11 +56,16 @@ def harvest_h200_step_session14() -> str:
     """Every phase at 512 in flight, both mixes, both runs: vLLM's rate, running count and step (over a pass's middle
     half, or over a row's valleys) and the pace probe on the engine core's CPU 15. The 512-token mix's step stayed
     within 15.5–18.2 ms; the 48-token mix's passes spread 18 177–27 831 tokens/s, the highest beside the probe's highest reading (7.01)."""
+    return step_table(SESSION14, SESSION14_CODE)
+
+
+def step_table(folder: Path, runs: Iterable[str]) -> str:
+    """Every phase at 512 in flight of ``runs`` under ``folder``, both mixes: rate, running, step, CPU pace."""
     lines = ["| run | mix | phase (in order) | tokens/s | running | step ms | CPU pace | tokens/s per unit of pace |",
              "|---|---|---|---|---|---|---|---|"]
-    for run in SESSION14_CODE:
+    for run in runs:
         for mix in (512, 48):
-            for phase, rate, running, step, pace in phase_readings(SESSION14, run, mix, AT_512):
+            for phase, rate, running, step, pace in phase_readings(folder, run, mix, AT_512):
                 lines.append(f"| {run[3:]} | {mix} | {phase} | {rate:.0f} | {running:.0f} | {step:.1f} | {pace:.2f} | "
                              f"{rate / pace:.0f} |")
     return "\n".join(lines)
