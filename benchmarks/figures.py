@@ -43,6 +43,8 @@ from figures_session12 import (harvest_h200_at_pace, harvest_h200_by_limit_sessi
 from figures_session13 import harvest_h200_session13, harvest_h200_step_session13  # noqa: E402
 from figures_session14 import (harvest_h200_lent_session14, harvest_h200_session14,  # noqa: E402
                                harvest_h200_step_session14)
+from figures_session15 import (harvest_h200_bounds_session15, harvest_h200_lent_session15,  # noqa: E402
+                               harvest_h200_session15, harvest_h200_step_session15)
 from summarize import _records, timeline_figures  # noqa: E402
 
 DOCS = ("README.md", "docs/measured.md", "guides/rl-batch-interleaving/README.md", "guides/multi-gpu-trainers.md",
@@ -245,6 +247,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "harvest-h200-session13": harvest_h200_session13, "harvest-h200-step-session13": harvest_h200_step_session13,
     "harvest-h200-session14": harvest_h200_session14, "harvest-h200-lent-session14": harvest_h200_lent_session14,
     "harvest-h200-step-session14": harvest_h200_step_session14,
+    "harvest-h200-session15": harvest_h200_session15, "harvest-h200-bounds-session15": harvest_h200_bounds_session15,
+    "harvest-h200-lent-session15": harvest_h200_lent_session15, "harvest-h200-step-session15": harvest_h200_step_session15,
     "policy-push-h200": policy_push_h200,
     "harvest-h200": harvest_h200, "harvest-h200-pause": harvest_h200_pause, "harvest-cpu": harvest_cpu,
     "harvest-cpu-stream": lambda: harvest_cpu(RESULTS / "2026-12-02-cpu-harvest"),
