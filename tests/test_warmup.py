@@ -43,6 +43,22 @@ def hold_first_yield(a: Arbiter, before: Callable[[], Awaitable[None]]) -> None:
     a.tenancy.tenant.yield_gpu = first_held
 
 
+async def mid_first_sleep(a: Arbiter, vllm: FakeVllmProc) -> asyncio.Event:
+    """Register ``vllm`` with the started ``a``, hold its first sleep (the warm-up's) under way and connect a trainer;
+    the first sleep ends once the returned event is set (never, if it is not)."""
+    started, go = asyncio.Event(), asyncio.Event()
+    await a.register_tenant([vllm.url])
+
+    async def until_go():
+        started.set()
+        await go.wait()
+
+    hold_first_yield(a, until_go)
+    await started.wait()
+    a.connection_opened(1, None)
+    return go
+
+
 def test_a_registered_tenant_is_warmed_up_and_its_first_sleep_is_never_the_yield_the_trainer_plans_with(tmp_path):
     vllm = FakeVllmProc()
 
@@ -73,16 +89,7 @@ def test_a_trainer_that_asks_during_the_warm_up_gets_the_gpu_with_the_tenant_asl
     async def scenario():
         a = arbiter(tmp_path)
         await a.start()
-        first_sleep, go = asyncio.Event(), asyncio.Event()
-        await a.register_tenant([vllm.url])
-
-        async def until_go():  # the first sleep is held until the trainer has asked
-            first_sleep.set()
-            await go.wait()
-
-        hold_first_yield(a, until_go)
-        await first_sleep.wait()
-        a.connection_opened(1, None)
+        go = await mid_first_sleep(a, vllm)  # the first sleep is held until the trainer has asked
         acquire = asyncio.ensure_future(a.acquire("warm-job", 1))
         await asyncio.sleep(0)  # let the acquire queue (no timing: it runs up to its wait at once)
         assert list(a.book.queue) == ["warm-job"]
@@ -137,16 +144,7 @@ def test_a_trainer_that_asks_during_a_sleep_that_never_ends_gets_the_gpu_down_th
     async def scenario():
         a = arbiter(tmp_path, reclaim_deadline_s=5.0)  # the usual yield after it, on a loaded host too
         await a.start()
-        started, never = asyncio.Event(), asyncio.Event()
-        await a.register_tenant([vllm.url])
-
-        async def stuck():
-            started.set()
-            await never.wait()
-
-        hold_first_yield(a, stuck)
-        await started.wait()
-        a.connection_opened(1, None)
+        await mid_first_sleep(a, vllm)  # a sleep that never ends
         reply = await asyncio.wait_for(a.acquire("stuck-job", 1), 60)
         seen, holding = moves(a), a.book.jobs["stuck-job"].holding
         await a.release("stuck-job", 1, done=True)
