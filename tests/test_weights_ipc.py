@@ -233,3 +233,31 @@ def test_a_misspelt_option_is_refused_by_hydra_listing_the_options():
     with pytest.raises(Exception) as refused:
         compose_verl(["+timeslice=one-gpu"])
     assert "one_gpu" in str(refused.value) and "one-gpu" in str(refused.value)
+
+
+def test_buckets_are_allocated_outside_expandable_segments_and_the_setting_comes_back():
+    torch = pytest.importorskip("torch")
+    from timeslice_verl.weights_ipc.transport import _plain_segments
+
+    before = torch._C._accelerator_getAllocatorSettings()
+    try:
+        torch._C._accelerator_setAllocatorSettings("expandable_segments:True")
+        with _plain_segments(torch):
+            assert torch._C._accelerator_getAllocatorSettings() == "expandable_segments:False"
+        assert torch._C._accelerator_getAllocatorSettings() == "expandable_segments:True"
+        torch._C._accelerator_setAllocatorSettings("expandable_segments:False")
+        with _plain_segments(torch):
+            assert torch._C._accelerator_getAllocatorSettings() == "expandable_segments:False"
+        assert torch._C._accelerator_getAllocatorSettings() == "expandable_segments:False"
+    finally:
+        torch._C._accelerator_setAllocatorSettings(before or "expandable_segments:False")
+
+
+def test_a_handle_opens_on_the_receivers_own_index_of_the_gpu():
+    from timeslice_verl.weights import WeightsError
+    from timeslice_verl.weights_ipc.transport import _on_device
+
+    args = ("cls", (4,), (1,), 0, "storage", "uint8", 3, b"handle", 4, 0, False, b"rc", 0, b"ev", True)
+    assert _on_device(args, 0) == args[:6] + (0,) + args[7:]
+    with pytest.raises(WeightsError, match="IPC handle layout"):
+        _on_device(args[:6] + ("cuda:3",) + args[7:], 0)

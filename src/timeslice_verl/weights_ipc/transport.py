@@ -16,7 +16,9 @@ torch is imported lazily, so the layout and the checks import without it (and no
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
+import os
 import socket
 import time
 from dataclasses import dataclass, field
@@ -77,6 +79,37 @@ class PushStats:
     stalls: list[float] = field(default_factory=list)
 
 
+@contextlib.contextmanager
+def _plain_segments(torch: Any) -> Iterator[None]:
+    """Allocate outside expandable segments (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, which verl
+    sets at times): their memory is shared by file descriptor, which a receiver may not be allowed to take; a plain
+    segment's legacy IPC handle opens in any process of this user."""
+    get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    put = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if put is None:
+        put = torch.cuda.memory._set_allocator_settings
+    settings = get() if get is not None else os.environ.get("PYTORCH_CUDA_ALLOC_CONF",
+                                                            os.environ.get("PYTORCH_ALLOC_CONF", ""))
+    expandable = "expandable_segments:true" in settings.replace(" ", "").lower()
+    if expandable:
+        put("expandable_segments:False")
+    try:
+        yield
+    finally:
+        if expandable:
+            put("expandable_segments:True")
+
+
+def _on_device(args: tuple[Any, ...], index: int) -> tuple[Any, ...]:
+    """``reduce_tensor``'s arguments with the storage's device (position 6, the sender's index) replaced by this
+    process's index of the same GPU (checked by UUID): the two processes may number it differently."""
+    out = list(args)
+    if not isinstance(out[6], int):
+        raise WeightsError(f"unexpected CUDA IPC handle layout from this torch: {type(out[6]).__name__} at 6")
+    out[6] = index
+    return tuple(out)
+
+
 class Sender:
     """The trainer's side: one per update (listen → accept → push → close)."""
 
@@ -112,8 +145,9 @@ class Sender:
         import torch
         from torch.multiprocessing.reductions import reduce_tensor
 
-        self._buckets = [torch.empty(self.bucket_bytes, dtype=torch.uint8, device=f"cuda:{self.device.index}")
-                         for _ in range(SLOTS)]
+        with _plain_segments(torch):
+            self._buckets = [torch.empty(self.bucket_bytes, dtype=torch.uint8, device=f"cuda:{self.device.index}")
+                             for _ in range(SLOTS)]
         for conn in self._conns:  # one export per receiver: torch counts each opener once
             handles = tuple(reduce_tensor(b)[1] for b in self._buckets)
             channel.send(conn, Handles(self.device, self.bucket_bytes, handles))
@@ -244,7 +278,7 @@ class Receiver:
         check_same_device(reply.device, mine)
         from torch.multiprocessing.reductions import StorageWeakRef, rebuild_cuda_tensor
 
-        self._buckets = [rebuild_cuda_tensor(*args) for args in reply.handles]
+        self._buckets = [rebuild_cuda_tensor(*_on_device(args, mine.index)) for args in reply.handles]
         self._refs = [StorageWeakRef(b.untyped_storage()) for b in self._buckets]
         return reply.device
 
