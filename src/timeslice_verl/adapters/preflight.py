@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from timeslice_verl.config.schema import JOB_TAG_ENV, ConfigError, TimesliceSettings, enabled_settings
+from timeslice_verl.weights_ipc.one_gpu import prepare_one_gpu
 
 BUNDLED_AGENT = "agent"
 JOB_TAG_KEY = f"ray_kwargs.ray_init.runtime_env.env_vars.{JOB_TAG_ENV}"
@@ -62,6 +63,7 @@ def _is_v1_runner(runner: Any) -> bool:
 
 def preflight(config: Any, *, v1: bool = False) -> None:
     """Raise :class:`ConfigError` naming the key when time-slicing cannot serve this verl config."""
+    prepare_one_gpu(config)  # the one-GPU engine's keys and Ray's view of the GPU, whether time-slicing is on or not
     settings = enabled_settings(config)
     if settings is None:
         return
