@@ -37,18 +37,19 @@ def _line(cid, url=CHAT, model="m", **extra) -> str:
     ("{not json", "not JSON"),
     ("[1, 2]", "not a JSON object"),
     (json.dumps({"method": "POST", "url": CHAT, "body": {"model": "m"}}), "custom_id must be a string"),
-    (json.dumps({"custom_id": "", "url": CHAT, "body": {"model": "m"}}), "custom_id must be a string"),
+    (json.dumps({"custom_id": "", "method": "POST", "url": CHAT, "body": {"model": "m"}}), "custom_id must be a string"),
+    (_line("a\u0000"), "custom_id holds a NUL character"),
     (_line("a", method="GET"), "method 'GET' is not POST"),
     (_line("a", url="/v1/embeddings"), "is not this batch's endpoint"),
-    (json.dumps({"custom_id": "a", "url": CHAT, "body": {"messages": []}}), "body must be an object with a model"),
+    (json.dumps({"custom_id": "a", "method": "POST", "url": CHAT, "body": {"messages": []}}),
+     "body must be an object with a model"),
     (_line("a", model="other"), "model 'other' is not served by the tenant (served: m)"),
 ])
-def test_a_bad_line_fails_alone_with_its_line_number_and_why(raw, message):
-    lines = parse(f"{_line('ok')}\n{raw}\n".encode(), CHAT, models={"m"})
-    assert lines[0] == RequestLine(1, "ok", '{"model":"m","messages":[]}')
-    error = lines[1].error
-    assert lines[1].body is None and error.line == 2 and message in error.message
-    assert error.to_dict()["message"].startswith("line 2: ")
+def test_a_bad_line_refuses_the_file_naming_the_line_and_why(raw, message):
+    with pytest.raises(BatchRefused) as refused:
+        parse(f"{_line('ok')}\n{raw}\n{_line('later')}\n".encode(), CHAT, models={"m"})
+    assert refused.value.line == 2 and refused.value.param == "input_file_id"
+    assert refused.value.message.startswith("line 2 of the input file: ") and message in refused.value.message
 
 
 @pytest.mark.parametrize("content, endpoint, message", [
@@ -56,7 +57,7 @@ def test_a_bad_line_fails_alone_with_its_line_number_and_why(raw, message):
     (b"\n  \n", CHAT, "has no request"),
     (b"\xff\xfe", CHAT, "not UTF-8"),
     (_line("a").encode(), "/v1/embeddings", "endpoint '/v1/embeddings' is not supported"),
-    (f"{_line('a')}\n{_line('b')}\n{_line('a')}\n".encode(), CHAT, "custom_id must be unique in a batch: 'a' (lines 1 and 3)"),
+    (f"{_line('a')}\n{_line('b')}\n{_line('a')}\n".encode(), CHAT, "line 3 of the input file: custom_id 'a' is used twice (lines 1 and 3)"),
 ])
 def test_a_file_that_cannot_be_a_batch_is_refused_naming_the_problem(content, endpoint, message):
     with pytest.raises(BatchRefused, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -106,6 +107,7 @@ def test_a_cancelled_batch_fails_what_was_not_sent_and_waits_for_what_was(tmp_pa
     assert store.batch(bid)["status"] == "cancelled"
     errors = [json.loads(r["error"])["code"] for r in store.results(bid, "failed")]
     assert errors == ["batch_cancelled", "batch_cancelled"]
+    assert store.counts(bid)["failed"] == 0, "lines never sent are in the error file, not counted as failed (OpenAI)"
 
 
 def test_a_state_file_of_another_schema_is_refused_not_overwritten(tmp_path):
@@ -151,7 +153,7 @@ def test_an_upload_the_service_does_not_take_is_a_4xx_naming_it(api, purpose, co
     ({"input_file_id": "FILE", "endpoint": "/v1/embeddings", "completion_window": "24h"}, 400, "endpoint '/v1/embeddings'"),
     ({"input_file_id": "FILE", "endpoint": CHAT, "completion_window": "1h"}, 400, "completion_window '1h'"),
     ({"input_file_id": "file_nope", "endpoint": CHAT, "completion_window": "24h"}, 404, "no input file 'file_nope'"),
-    ({"input_file_id": "DUP", "endpoint": CHAT, "completion_window": "24h"}, 400, "custom_id must be unique"),
+    ({"input_file_id": "DUP", "endpoint": CHAT, "completion_window": "24h"}, 400, "custom_id 'a' is used twice"),
 ])
 def test_a_batch_the_service_cannot_run_is_a_4xx_and_nothing_else_changes(api, body, status, message):
     client, store, kicks = api
@@ -165,11 +167,13 @@ def test_a_batch_the_service_cannot_run_is_a_4xx_and_nothing_else_changes(api, b
                                             "completion_window": "24h"}).status_code == 200
 
 
-def test_bad_lines_go_to_the_error_file_and_the_good_ones_run(api):
+def test_bad_lines_refuse_the_batch_naming_the_first_and_nothing_runs(api):
+    """As OpenAI's API: the whole file is checked before a batch exists; a batch never runs a part of its file."""
     client, store, kicks = api
     fid = _upload(client, f"{_line('a')}\n{{oops\n{_line('b', model='zz')}\n".encode()).json()["id"]
-    batch = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h"}).json()
-    assert batch["request_counts"] == {"total": 3, "completed": 0, "failed": 2} and kicks == [1]
+    resp = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h"})
+    assert resp.status_code == 400 and resp.json()["error"]["message"].startswith("line 2 of the input file: not JSON")
+    assert store.batches() == [] and kicks == []
     assert client.get("/v1/batches/batch_nope").status_code == 404
     assert client.post("/v1/batches", content=b"[").status_code == 400
 

@@ -122,8 +122,9 @@ def test_lines_claimed_ahead_and_never_sent_go_back_without_counting_a_try(tmp_p
     again = store.claim(10, now=1e12)
     assert [ln.idx for ln in again] == [2, 3, 4, 5, 6, 7, 8, 9] and all(ln.attempts == 1 for ln in again)
     store.cancel(bid)
-    assert store.release(again) == 8  # a cancel while they were held: they fail as never sent
-    assert store.counts(bid) == {"queued": 0, "inflight": 2, "completed": 0, "failed": 8}
+    assert store.release(again) == 8  # a cancel while they were held: never sent, they are no failures
+    assert store.counts(bid) == {"queued": 0, "inflight": 2, "completed": 0, "failed": 0}
+    assert len(list(store.results(bid, "failed"))) == 8, "each in the error file, as batch_cancelled"
     assert store.figures(bid)["retried"] == 0
 
 

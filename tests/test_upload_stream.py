@@ -33,9 +33,21 @@ def test_a_file_split_anywhere_reads_the_same_as_whole(size):
     assert [n for n, _ in numbered_lines(chunks)] == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("size", [1, 5, 97, 4096, 1 << 20])
+def test_bytes_that_are_not_utf8_are_refused_naming_their_own_line_wherever_the_chunks_are_cut(size):
+    """Line 300 of 400 is named line 300 whatever the chunks (a chunk that held many lines named its first)."""
+    content = bytearray("".join(_line(f"r{i}", "é") + "\n" for i in range(400)).encode())
+    at = content.index('"r299"'.encode())
+    content[at + 2] = 0xC3  # the first byte of a two-byte character, then an ASCII one: invalid
+    chunks = [bytes(content[i:i + size]) for i in range(0, len(content), size)]
+    with pytest.raises(BatchRefused, match=r"^line 300 of the input file: not UTF-8 \(invalid continuation byte "):
+        list(parse_stream(chunks, CHAT))
+
+
 @pytest.mark.parametrize("chunks, message", [
-    ([_line("a").encode() + b"\n", b"\xff\xfe\n"], r"not UTF-8 \(line 2"),
-    ([_line("a").encode() + b"\n", _line("b").encode() + b"\n", _line("a").encode()], "custom_id must be unique"),
+    ([_line("a").encode() + b"\n", b"\xff\xfe\n"], r"line 2 of the input file: not UTF-8 \(invalid start byte at byte 1"),
+    ([_line("a").encode() + b"\n", _line("b").encode() + b"\n", _line("a").encode()],
+     r"line 3 of the input file: custom_id 'a' is used twice \(lines 1 and 3\)"),
     ([b"\n", b"  \n"], "has no request"),
 ])
 def test_a_file_refused_as_a_whole_is_refused_whatever_came_first(chunks, message):
@@ -49,7 +61,7 @@ def test_a_batch_refused_after_its_first_lines_were_inserted_leaves_nothing(tmp_
     monkeypatch.setattr(store_mod, "INSERT_CHUNK", 10)  # the first 30 lines are committed before the refusal
     store = Store(tmp_path / "b.sqlite")
     lines = [_line(f"r{i}") for i in range(40)] + [_line("r3")]
-    with pytest.raises(BatchRefused, match="'r3' \\(lines 4 and 41\\)"):
+    with pytest.raises(BatchRefused, match="'r3' is used twice \\(lines 4 and 41\\)"):
         store.create_batch(CHAT, "file_x", 86400, "24h", None, parse_stream([("\n".join(lines)).encode()], CHAT))
     assert store.batches() == [] and store.query("SELECT COUNT(*) FROM lines")[0][0] == 0
 

@@ -175,7 +175,7 @@ def test_a_damaged_database_is_refused_at_start_naming_its_path(tmp_path, damage
 
     path = tmp_path / "b.sqlite"
     store = Store(path)
-    body = "\n".join(f'{{"custom_id": "c{i}", "url": "/v1/completions", "body": {{"model": "m", "prompt": "{"x" * 400}"}}}}'
+    body = "\n".join(f'{{"custom_id": "c{i}", "method": "POST", "url": "/v1/completions", "body": {{"model": "m", "prompt": "{"x" * 400}"}}}}'
                      for i in range(400))
     store.create_batch("/v1/completions", "f", 86400, "24h", None, parse(body.encode(), "/v1/completions"))
     store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -195,29 +195,28 @@ def test_a_damaged_database_is_refused_at_start_naming_its_path(tmp_path, damage
 
 
 @pytest.mark.parametrize("raw, message", [
-    ('{"custom_id": "a\\ud800", "url": "/v1/completions", "body": {"model": "m"}}', "custom_id holds a lone surrogate"),
-    ('{"custom_id": "a", "url": "/v1/completions", "body": {"model": "m", "prompt": "\\udfff"}}', "body holds a lone"),
-    ('{"custom_id": "a", "url": "/v1/completions", "body": {"model": "m", "temperature": NaN}}', "NaN is not a JSON"),
-    ('{"custom_id": "a", "url": "/v1/completions", "body": {"model": "m", "top_p": Infinity}}', "Infinity is not a JSON"),
+    ('{"custom_id": "a\\ud800", "method": "POST", "url": "/v1/completions", "body": {"model": "m"}}',
+     "custom_id holds a lone surrogate"),
+    ('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "prompt": "\\udfff"}}',
+     "body holds a lone"),
+    ('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "temperature": NaN}}',
+     "NaN is not a JSON"),
+    ('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "top_p": Infinity}}',
+     "Infinity is not a JSON"),
 ])
-def test_a_line_no_server_could_read_fails_at_upload_alone_and_the_batch_ends(tmp_path, raw, message):
-    """Item 6: accepted but never sendable, it used to stay in flight for ever."""
+def test_a_line_no_server_could_read_refuses_the_batch_naming_it(tmp_path, raw, message):
+    """Item 6: accepted but never sendable, it used to stay in flight for ever; now the file is refused whole."""
     store = Store(tmp_path / "b.sqlite")
     app = make_app(store, models=lambda role: {"m"}, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
                    max_file_bytes=2**20)
-    good = '{"custom_id": "ok", "url": "/v1/completions", "body": {"model": "m"}}'
+    good = '{"custom_id": "ok", "method": "POST", "url": "/v1/completions", "body": {"model": "m"}}'
     with TestClient(app) as client:
-        fid = client.post("/v1/files", files={"file": ("in.jsonl", f"{raw}\n{good}\n".encode())},
+        fid = client.post("/v1/files", files={"file": ("in.jsonl", f"{good}\n{raw}\n".encode())},
                           data={"purpose": "batch"}).json()["id"]
-        batch = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/completions",
-                                                 "completion_window": "24h"}).json()
-        assert batch["request_counts"] == {"total": 2, "completed": 0, "failed": 1}, batch
-        [line] = store.claim(10, now=1e12)
-        store.done(line, {"status_code": 200, "body": {}}, 1)
-        batch = client.get(f"/v1/batches/{batch['id']}").json()
-        assert batch["status"] == "completed"
-        errors = client.get(f"/v1/files/{batch['error_file_id']}/content").text
-    assert message in errors and "line 1: " in errors
+        resp = client.post("/v1/batches", json={"input_file_id": fid, "endpoint": "/v1/completions",
+                                                "completion_window": "24h"})
+    assert resp.status_code == 400 and resp.json()["error"]["message"].startswith("line 2 of the input file: ")
+    assert message in resp.json()["error"]["message"] and store.batches() == []
     store.close()
 
 
@@ -240,7 +239,7 @@ def test_with_the_agent_down_no_line_goes_out_and_a_cancel_still_ends_the_batch(
         assert http.post(f"/v1/batches/{bid}/cancel").status_code == 200
         batch = eventually(lambda: (b := http.get(f"/v1/batches/{bid}").json())["status"] == "cancelled" and b,
                            what="the cancel ends the batch")
-    assert batch["request_counts"] == {"total": 50, "completed": 0, "failed": 50}
+    assert batch["request_counts"] == {"total": 50, "completed": 0, "failed": 0}, "never sent: no failures, as OpenAI"
     stats = vllm.stats()
     assert stats["completed"] == 0 and stats["running"] == 0 and stats["waiting"] == 0
 
@@ -303,7 +302,7 @@ def test_has_more_is_exact(tmp_path):
     from timeslice_verl.batch.lines import parse
 
     store = Store(tmp_path / "b.sqlite")
-    line = b'{"custom_id": "a", "url": "/v1/completions", "body": {"model": "m"}}'
+    line = b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "m"}}'
     for _ in range(3):
         store.create_batch("/v1/completions", "f", 86400, "24h", None, parse(line, "/v1/completions"))
     app = make_app(store, models=lambda role: None, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",

@@ -36,13 +36,15 @@ def file_object(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def batch_object(store: Store, row: dict[str, Any]) -> dict[str, Any]:
+    """The batch as OpenAI shows it: its lines never sent (cancelled, expired) are in its error file, and in its total
+    only — neither completed nor failed."""
     counts = store.counts(row["id"])
     ended = row["status"] not in OPEN
     out = {"id": row["id"], "object": "batch", "endpoint": row["endpoint"],
            "errors": json.loads(row["errors"]) if row.get("errors") else None,
            "input_file_id": row["input_file_id"], "completion_window": row["completion_window"], "status": row["status"],
            "output_file_id": f"{OUT}{row['id']}" if ended and counts["completed"] else None,
-           "error_file_id": f"{ERR}{row['id']}" if ended and counts["failed"] else None,
+           "error_file_id": f"{ERR}{row['id']}" if ended and row["total"] > counts["completed"] else None,
            "request_counts": {"total": row["total"], "completed": counts["completed"], "failed": counts["failed"]},
            "metadata": json.loads(row["metadata"]) if row["metadata"] else None}
     for key in ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
@@ -168,13 +170,13 @@ def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[TenantR
         if chunks is None:
             return refuse(404, f"no input file {fid!r}", "input_file_id", "not_found")
         served = await asyncio.to_thread(models, body.tenant_role)  # what the tenants that answer it serve
-        lines = parse_stream(chunks, body.endpoint, served)  # read, parsed and inserted as it comes
+        lines = parse_stream(chunks, body.endpoint, served)  # read, checked and inserted as it comes; usable once whole
         try:
             bid = await asyncio.to_thread(store.create_batch, body.endpoint, fid, 86400, body.completion_window,
                                           body.metadata, lines, owner=getattr(request.state, "owner", ""),
                                           priority=body.priority, role=body.tenant_role)
-        except BatchRefused as exc:
-            return refuse(400, exc.message, exc.param, exc.code)
+        except BatchRefused as exc:  # a bad line, the file deleted meanwhile (409): no batch was made
+            return refuse(exc.status, exc.message, exc.param, exc.code)
         kick()
         return batch_object(store, store.batch(bid))  # type: ignore[arg-type]
 

@@ -46,6 +46,13 @@ class CreateBatch(BaseModel):
     tenant_role: TenantRole = TenantRole.batch
     """Ours: which tenants answer it — ``policy``: a validation run, sent to the policy tenant alone."""
 
+    @field_validator("input_file_id")
+    @classmethod
+    def _file_id(cls, value: str) -> str:
+        if "\x00" in value:  # never an id; PostgreSQL's text takes no NUL
+            raise ValueError("input_file_id holds a NUL character (\\u0000)")
+        return value
+
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, value: str) -> str:

@@ -72,12 +72,16 @@ class LineQueue:
         lease = "" if everything else " AND lease_until < ?"
         creating = "" if everything else " AND creating_until < ?"
         late = () if everything else (now,)
-        for row in self.query("SELECT id FROM batches WHERE status = 'validating'" + creating + " ORDER BY id", late):
+        # a creation under way: validating (failed when its creator is gone), or cancelled meanwhile (then cancelled)
+        being_created = "status IN ('validating', 'cancelling') AND in_progress_at IS NULL"
+        for row in self.query(f"SELECT id FROM batches WHERE {being_created}" + creating + " ORDER BY id", late):
             with self.transaction() as db:
                 self._lock_batches(db, [row["id"]])
-                if db.execute("UPDATE batches SET status = 'failed', failed_at = ?, errors = ?, total = 0, queued = 0, "
-                              "failed = 0 WHERE id = ? AND status = 'validating'" + creating,
-                              (int(now), _INTERRUPTED, row["id"], *late)).rowcount:
+                if db.execute("UPDATE batches SET status = CASE status WHEN 'validating' THEN 'failed' ELSE 'cancelled' END, "
+                              "failed_at = CASE status WHEN 'validating' THEN ? END, cancelled_at = CASE status WHEN "
+                              "'validating' THEN NULL ELSE ? END, errors = ?, total = 0, queued = 0, failed = 0 WHERE id = ? "
+                              f"AND {being_created}" + creating,
+                              (int(now), int(now), _INTERRUPTED, row["id"], *late)).rowcount:
                     db.execute("DELETE FROM lines WHERE batch_id = ?", (row["id"],))
         for row in self.query("SELECT id FROM batches WHERE inflight > 0 ORDER BY id"):
             with self.transaction() as db:

@@ -12,11 +12,16 @@ from __future__ import annotations
 import time
 from typing import Any, Iterator
 
+from timeslice_verl.batch.lines import BatchRefused
 from timeslice_verl.batch.store import Store, new_id
 
 
 class TooLarge(ValueError):
     """An upload past ``timeslice.batch.max_file_mb``."""
+
+
+class FileGone(BatchRefused):
+    """A file deleted while it was read: what was read is not the file (HTTP 409 to a batch's creation)."""
 
 
 class Files:
@@ -35,19 +40,25 @@ class Files:
 
     def chunks(self, fid: str) -> Iterator[bytes] | None:
         """The file's content, a chunk at a time (each read under the store's lock, none held between); None: no
-        such file."""
-        rows = self.store.query("SELECT length(content) AS n FROM files WHERE id = ?", (fid,))
+        such file. A file deleted while it is read raises :class:`FileGone` once that shows (a chunk missing, fewer
+        bytes than the file has), so no reader takes a part of a file for the whole of it."""
+        rows = self.store.query("SELECT bytes, length(content) AS n FROM files WHERE id = ?", (fid,))
         if not rows:
             return None
         if rows[0]["n"]:  # a schema-2 file: its content in its row
             return iter([bytes(self.store.query("SELECT content FROM files WHERE id = ?", (fid,))[0]["content"])])
-        return self._chunks(fid)
+        return self._chunks(fid, rows[0]["bytes"])
 
-    def _chunks(self, fid: str) -> Iterator[bytes]:
-        seq = 0
+    def _chunks(self, fid: str, size: int) -> Iterator[bytes]:
+        seq = got = 0
         while rows := self.store.query("SELECT data FROM file_chunks WHERE file_id = ? AND seq = ?", (fid, seq)):
-            yield bytes(rows[0]["data"])
+            data = bytes(rows[0]["data"])
+            got += len(data)
+            yield data
             seq += 1
+        if got != size:
+            raise FileGone(f"the input file {fid!r} was deleted while it was read (after {got} of its {size} bytes)",
+                           "input_file_id", "file_deleted", status=409)
 
     def delete(self, fid: str) -> bool:
         with self.store.transaction() as db:
@@ -83,4 +94,4 @@ class Upload:
             db.execute("DELETE FROM file_chunks WHERE file_id = ?", (self.fid,))
 
 
-__all__ = ["Files", "TooLarge", "Upload"]
+__all__ = ["FileGone", "Files", "TooLarge", "Upload"]

@@ -1,15 +1,15 @@
 """The OpenAI Batch API's files, as the batch service reads and writes them.
 
 An input file is JSONL, one request a line: ``{"custom_id": …, "method": "POST", "url": "/v1/chat/completions",
-"body": {"model": …, …}}``. A line that is not one is failed on its own (it appears in the error file, with its
-line number); a file that cannot be a batch at all (not UTF-8, no request, a ``custom_id`` used twice) is refused
-with a 400 that names the problem. Output and error lines follow OpenAI's shape: ``{"id", "custom_id", "response":
-{"status_code", "request_id", "body"}, "error"}``.
+"body": {"model": …, …}}``. The whole file is checked before a batch exists, as OpenAI's API checks it: a line that
+is not such a request (not JSON, a field missing or wrong, a model the tenant does not serve, a ``custom_id`` used
+twice, bytes that are not UTF-8), too many requests or none refuse the file with a 400 that names the first bad
+line and why. Output and error lines follow OpenAI's shape: ``{"id", "custom_id", "response": {"status_code",
+"request_id", "body"}, "error"}``.
 """
 
 from __future__ import annotations
 
-import codecs
 import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
@@ -21,38 +21,27 @@ MAX_CUSTOM_ID = 512
 
 
 @dataclass(frozen=True, slots=True)
-class LineError:
-    """Why one line of an input file fails alone: an OpenAI error object with the line's number."""
-
-    line: int
-    message: str
-    code: str = "invalid_request"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "message": f"line {self.line}: {self.message}", "line": self.line}
-
-
-@dataclass(frozen=True, slots=True)
 class RequestLine:
-    """One request line of an input file as the store takes it: its ``custom_id`` (None when the line has none), its
-    body as JSON text (None when it fails), or why it fails."""
+    """One request line of an input file as the store takes it: its number, its ``custom_id`` and its body as JSON
+    text."""
 
     number: int
-    custom_id: str | None
-    body: str | None = None
-    error: LineError | None = None
+    custom_id: str
+    body: str
 
 
 class BatchRefused(ValueError):
-    """A request the service refuses as a whole (HTTP 400), naming the parameter."""
+    """A request the service refuses as a whole (HTTP ``status``, 400 unless said), naming the parameter; ``line``:
+    the input file's line at fault, if one is."""
 
-    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request") -> None:
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request", *, status: int = 400,
+                 line: int | None = None) -> None:
         super().__init__(message)
-        self.message, self.param, self.code = message, param, code
+        self.message, self.param, self.code, self.status, self.line = message, param, code, status, line
 
 
-def _failed(n: int, cid: str | None, message: str, code: str = "invalid_request") -> RequestLine:
-    return RequestLine(n, cid, None, LineError(n, message, code))
+def _bad(n: int, message: str, code: str = "invalid_request") -> BatchRefused:
+    return BatchRefused(f"line {n} of the input file: {message}", "input_file_id", code, line=n)
 
 
 def _no_constant(name: str) -> Any:
@@ -69,83 +58,88 @@ def _text(value: Any) -> str | None:
     return text
 
 
+def _custom_id(n: int, item: dict[str, Any]) -> str:
+    """The line's ``custom_id``, stored as it is in a text column: PostgreSQL's take no NUL, no lone surrogate."""
+    cid = item.get("custom_id")
+    if not isinstance(cid, str) or not cid or len(cid) > MAX_CUSTOM_ID:
+        raise _bad(n, f"custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters")
+    if "\x00" in cid:
+        raise _bad(n, "custom_id holds a NUL character (\\u0000)")
+    if _text(cid) is None:
+        raise _bad(n, "custom_id holds a lone surrogate (\\ud800-\\udfff): not valid Unicode")
+    return cid
+
+
 def _one(n: int, raw: str, endpoint: str, models: set[str] | None) -> RequestLine:
+    """The request of line ``n``, or :class:`BatchRefused` naming the line and what is wrong with it."""
     try:
         item = json.loads(raw, parse_constant=_no_constant)
     except ValueError as exc:
-        return _failed(n, None, f"not JSON ({exc})")
+        raise _bad(n, f"not JSON ({exc})") from None
     if not isinstance(item, dict):
-        return _failed(n, None, "not a JSON object")
-    cid = item.get("custom_id")
-    if not isinstance(cid, str) or not cid or len(cid) > MAX_CUSTOM_ID:
-        return _failed(n, None, f"custom_id must be a string of 1 to {MAX_CUSTOM_ID} characters")
-    if _text(cid) is None:
-        return _failed(n, None, "custom_id holds a lone surrogate (\\ud800-\\udfff): not valid Unicode")
-    if item.get("method", "POST") != "POST":
-        return _failed(n, cid, f"method {item.get('method')!r} is not POST")
-    if item.get("url") != endpoint:
-        return _failed(n, cid, f"url {item.get('url')!r} is not this batch's endpoint {endpoint!r}")
+        raise _bad(n, "not a JSON object")
+    cid = _custom_id(n, item)
+    if "method" not in item or item["method"] != "POST":
+        raise _bad(n, f"method {item['method']!r} is not POST" if "method" in item else "method is missing (POST)")
+    if "url" not in item:
+        raise _bad(n, f"url is missing (this batch's endpoint {endpoint!r})")
+    if item["url"] != endpoint:
+        raise _bad(n, f"url {item['url']!r} is not this batch's endpoint {endpoint!r}")
     body = item.get("body")
     if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-        return _failed(n, cid, "body must be an object with a model")
+        raise _bad(n, "body must be an object with a model")
     if models is not None and body["model"] not in models:
         served = ", ".join(sorted(models)) or "none"
-        return _failed(n, cid, f"model {body['model']!r} is not served by the tenant (served: {served})",
-                                      "model_not_found")
-    text = _text(body)
+        raise _bad(n, f"model {body['model']!r} is not served by the tenant (served: {served})", "model_not_found")
+    text = _text(body)  # JSON text escapes every control character: a NUL in the body is stored as \u0000
     if text is None:
-        return _failed(n, cid, "body holds a lone surrogate (\\ud800-\\udfff): not valid Unicode")
+        raise _bad(n, "body holds a lone surrogate (\\ud800-\\udfff): not valid Unicode")
     return RequestLine(n, cid, text)
 
 
 def numbered_lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, str]]:
     """``(line number, text)`` of a JSONL file given as chunks of bytes (a line may span chunks; lines end at
-    ``\n``, a ``\r`` before it dropped): never more than a chunk and a line in memory."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    buf, n = "", 0
-    try:
-        for chunk in chunks:
-            buf += decoder.decode(chunk)
-            *whole, buf = buf.split("\n")
-            for raw in whole:
-                n += 1
-                yield n, raw.removesuffix("\r")
-        buf += decoder.decode(b"", final=True)
-    except UnicodeDecodeError as exc:
-        raise BatchRefused(f"the input file is not UTF-8 (line {n + 1}: {exc.reason})", "input_file_id") from None
+    ``\n``, a ``\r`` before it dropped): never more than a chunk and a line in memory. Lines are split as bytes (no
+    byte of a UTF-8 character is ``\n``) and each decoded alone, so bytes that are not UTF-8 are refused naming their
+    own line, wherever the chunks were cut."""
+    buf, n = b"", 0
+    for chunk in chunks:
+        buf += chunk
+        *whole, buf = buf.split(b"\n")
+        for raw in whole:
+            n += 1
+            yield n, _decode(n, raw).removesuffix("\r")
     if buf:
-        yield n + 1, buf.removesuffix("\r")
+        yield n + 1, _decode(n + 1, buf).removesuffix("\r")
+
+
+def _decode(n: int, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _bad(n, f"not UTF-8 ({exc.reason} at byte {exc.start + 1} of the line)") from None
 
 
 def parse_stream(chunks: Iterable[bytes], endpoint: str, models: set[str] | None = None) -> Iterator[RequestLine]:
-    """A :class:`RequestLine` per request line of an input file, as it is read (``models``: what the
-    tenant serves, if known). A line whose text no server could read — NaN, a lone surrogate — fails alone, here.
-    What refuses the whole file (not UTF-8, no request, too many, a ``custom_id`` twice) raises
-    :class:`BatchRefused` — possibly after rows were yielded: the consumer drops what it took."""
+    """A :class:`RequestLine` per request line of an input file, as it is read (``models``: what the tenant serves,
+    if known). The first line that cannot be a request — or a file of too many requests, or of none — raises
+    :class:`BatchRefused`, possibly after rows were yielded: the consumer drops what it took."""
     if endpoint not in ENDPOINTS:
         raise BatchRefused(f"endpoint {endpoint!r} is not supported (supported: {', '.join(ENDPOINTS)})", "endpoint")
     seen: dict[str, int] = {}
-    twice: list[str] = []
-    count = 0
     for n, raw in numbered_lines(chunks):
         if not raw.strip():
             continue
-        count += 1
-        if count > MAX_LINES:
+        if len(seen) >= MAX_LINES:
             raise BatchRefused(f"the input file has more than {MAX_LINES} requests; a batch takes at most {MAX_LINES}",
-                               "input_file_id")
+                               "input_file_id", line=n)
         row = _one(n, raw, endpoint, models)
-        cid = row.custom_id
-        if cid is not None and cid in seen:
-            twice.append(f"{cid!r} (lines {seen[cid]} and {n})")
-        elif cid is not None:
-            seen[cid] = n
-        if not twice:
-            yield row
-    if twice:
-        raise BatchRefused(f"custom_id must be unique in a batch: {', '.join(twice[:5])}"
-                           + (f" and {len(twice) - 5} more" if len(twice) > 5 else ""), "input_file_id", "duplicate_custom_id")
-    if not count:
+        if row.custom_id in seen:
+            raise _bad(n, f"custom_id {row.custom_id!r} is used twice (lines {seen[row.custom_id]} and {n}): it must be "
+                          "unique in a batch", "duplicate_custom_id")
+        seen[row.custom_id] = n
+        yield row
+    if not seen:
         raise BatchRefused("the input file has no request", "input_file_id")
 
 
@@ -180,5 +174,5 @@ def error_lines(batch_id: str, rows: Iterable[Any]) -> Iterator[bytes]:
                f'"response": {response}, "error": {r["error"].translate(LINE_BREAKS)}}}\n').encode()
 
 
-__all__ = ["ENDPOINTS", "MAX_LINES", "BatchRefused", "LineError", "RequestLine", "error_lines", "numbered_lines", "output_lines", "parse",
+__all__ = ["ENDPOINTS", "MAX_LINES", "BatchRefused", "RequestLine", "error_lines", "numbered_lines", "output_lines", "parse",
            "parse_stream"]

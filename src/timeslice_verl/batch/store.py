@@ -2,12 +2,14 @@
 so every call costs the same at line 1 and line 50 000 — in one SQLite file (WAL; one node) or one PostgreSQL
 database (a cluster: :mod:`~timeslice_verl.batch.engine`).
 
-A line is ``queued`` (waiting, maybe until ``next_at`` after a failed try), ``inflight`` (sent to the tenant), ``done``
-(its response recorded) or ``failed`` (its error recorded). A line's response or error is written in the same
-transaction that ends it and moves its batch's counters, so the output and error files — made from these rows when
-downloaded — hold every ``custom_id`` of a batch exactly once, also after a ``kill -9``: lines found ``inflight`` at
-start go back to the queue (a request whose answer was lost, or answered but not yet written, is asked again;
-only an answer that was recorded counts, and a second answer for a line that is no longer in flight is dropped).
+A line is ``queued`` (waiting, maybe until ``next_at`` after a failed try), ``inflight`` (sent to the tenant),
+``done`` (its response recorded) or ``failed`` (its error recorded; the batch's ``failed`` counter counts the lines
+that failed on their own, not those a cancel or the window's end kept from being sent). A line's response or error
+is written in the same transaction that ends it and moves its batch's counters, so the output and error files — made
+from these rows when downloaded — hold every ``custom_id`` of a batch exactly once, also after a ``kill -9``: lines
+found ``inflight`` at start go back to the queue (a request whose answer was lost, or answered but not yet written,
+is asked again; only an answer that was recorded counts, and a second answer for a line that is no longer in flight
+is dropped).
 
 Across nodes, a line in flight is held under a lease by the feeder that claimed it (``holder``, ``lease_until``),
 which that feeder renews while it lives; a lease that runs out (the node gone) puts the line back in the queue, and
@@ -93,10 +95,14 @@ class Store(LineQueue):
     def create_batch(self, endpoint: str, input_file_id: str, window_s: int, window: str, metadata: Any,
                      lines: Iterable[RequestLine], *, owner: str = "", priority: int = 0,
                      role: TenantRole = TenantRole.batch) -> str:
-        """A batch of ``lines`` (:class:`~timeslice_verl.batch.lines.RequestLine`); a line with an error is failed from
-        the start. ``lines`` may be a generator: it is inserted as it comes, a chunk a transaction, the batch
-        ``validating`` (never claimed) until the last, under a lease each chunk renews; an exception from it (a file
-        refused as a whole) deletes what was inserted and is raised."""
+        """A batch of ``lines`` (:class:`~timeslice_verl.batch.lines.RequestLine`), usable once they all are in.
+
+        ``lines`` may be a generator that checks the file as it reads it: they are inserted as they come, a chunk a
+        transaction (memory stays bounded, the feeder's writes go between two), the batch ``validating`` — never
+        claimed, its total 0 — under a lease each chunk renews. An exception from ``lines`` (a bad line, a file
+        deleted while read) deletes the batch and what was inserted, and is raised: no part of a file is ever a
+        batch. The last transaction makes it ``in_progress`` with its total; cancelled meanwhile, it ends
+        ``cancelled`` there, with that total, its lines never sent."""
         bid, now = new_id("batch"), int(time.time())
         with self.transaction() as db:
             db.execute("INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, metadata, created_at, "
@@ -104,13 +110,12 @@ class Store(LineQueue):
                        "?, ?, ?, 0, ?, ?, ?, ?, ?)", (bid, endpoint, input_file_id, window,
                                                      json.dumps(metadata) if metadata else None, now, now + window_s, owner,
                                                      priority, time.time_ns(), time.time() + CREATING_S, role.value))
-        counts = {"queued": 0, "failed": 0}
+        total = 0
         try:
             chunk: list[tuple] = []
-            for i, line in enumerate(lines):
-                state = "failed" if line.error else "queued"
-                counts[state] += 1
-                chunk.append((bid, i, line.custom_id, line.body, state, json.dumps(line.error.to_dict()) if line.error else None))
+            for line in lines:
+                chunk.append((bid, total, line.custom_id, line.body, "queued", None))
+                total += 1
                 if len(chunk) >= INSERT_CHUNK:
                     self._insert(bid, chunk)
             self._insert(bid, chunk)
@@ -119,12 +124,13 @@ class Store(LineQueue):
                 db.execute("DELETE FROM lines WHERE batch_id = ?", (bid,))
                 db.execute("DELETE FROM batches WHERE id = ?", (bid,))
             raise
-        with self.transaction() as db:  # cancelled meanwhile: its lines fail as never sent, and it ends cancelled
+        with self.transaction() as db:
             self._lock_batches(db, [bid])
-            db.execute("UPDATE batches SET total = ?, queued = ?, failed = ?, in_progress_at = ?, status = CASE status WHEN "
-                       "'validating' THEN 'in_progress' ELSE 'cancelling' END WHERE id = ?",
-                       (counts["queued"] + counts["failed"], counts["queued"], counts["failed"], int(time.time()), bid))
-            self._settle(db, bid, int(time.time()))
+            now = int(time.time())
+            db.execute("UPDATE batches SET total = ?, queued = ?, in_progress_at = CASE status WHEN 'validating' THEN ? "
+                       "END, status = CASE status WHEN 'validating' THEN 'in_progress' ELSE status END WHERE id = ?",
+                       (total, total, now, bid))
+            self._settle(db, bid, now, created=True)
         return bid
 
     def _insert(self, bid: str, chunk: list[tuple]) -> None:
@@ -170,13 +176,15 @@ class Store(LineQueue):
                 self._settle(db, row["id"], int(now))
 
     @staticmethod
-    def _settle(db: Tx, bid: str, now: int) -> None:
+    def _settle(db: Tx, bid: str, now: int, *, created: bool = False) -> None:
         """End the batch when nothing of it waits or runs: completed; or cancelled, or expired past its window, with
-        the lines never sent failed as such (each ``custom_id`` still appears once). O(1) but for those lines. The
-        caller holds the batch's row."""
-        row = db.execute("SELECT status, expires_at, expired_at, queued, inflight FROM batches WHERE id = ?",
+        the lines never sent failed as such (each ``custom_id`` still appears once in the error file; as in OpenAI's
+        counts, they are neither completed nor failed). O(1) but for those lines. A batch cancelled while it is
+        created (no ``in_progress_at``) ends when its creation does (``created``), with its whole total. The caller
+        holds the batch's row."""
+        row = db.execute("SELECT status, expires_at, expired_at, in_progress_at, queued, inflight FROM batches WHERE id = ?",
                          (bid,)).fetchone()
-        if row is None or row["status"] in ENDED:
+        if row is None or row["status"] in ENDED or (row["in_progress_at"] is None and not created):
             return
         status, expired, queued = row["status"], row["expired_at"] is not None, row["queued"]
         if status == "in_progress" and now >= row["expires_at"]:
@@ -187,7 +195,7 @@ class Store(LineQueue):
             err = json.dumps({"code": f"batch_{what}", "message": f"the batch was {what} before this request was sent"})
             moved = db.execute("UPDATE lines SET state = 'failed', error = ? WHERE batch_id = ? AND state = 'queued'",
                                (err, bid)).rowcount
-            db.execute("UPDATE batches SET queued = queued - ?, failed = failed + ? WHERE id = ?", (moved, moved, bid))
+            db.execute("UPDATE batches SET queued = queued - ? WHERE id = ?", (moved, bid))
             queued -= moved
         if queued or row["inflight"]:
             return
