@@ -62,7 +62,7 @@ def open_store(settings: TimesliceSettings) -> Store:
     if str(settings.batch.store) == "postgresql":
         from timeslice_verl.batch.pg import open_postgresql
 
-        return Store(open_postgresql(settings.batch.dsn_file))
+        return Store(open_postgresql(settings.batch.dsn_file, settings.batch.postgresql))
     return Store(db_path(settings))
 
 
@@ -176,7 +176,8 @@ class Service:
                    for r in self.store.batches(limit=10) if r["status"] in OPEN]
         each = [{"tenant": f.url, "open": g.open, "open_s": round(g.seconds_open(), 3), **_stats(f)}
                 for f, g in zip(self.feeders, self.gates)]
-        feeder = {k: sum(e[k] for e in each) for k in ("limit", "inflight", "sent", "answered", "written", "writes", "shed")}
+        feeder = {k: sum(e[k] for e in each) for k in ("limit", "inflight", "sent", "answered", "written", "writes", "shed",
+                                                        "lost")}
         feeder.update(healthy=all(f.healthy for f in self.feeders), spread=any(f.spread for f in self.feeders),
                       answer_s=each[0]["answer_s"] if each else None,
                       samples=self.feeders[0].stats.samples[-50:] if self.feeders else [],
@@ -200,7 +201,7 @@ def _validation_version(metadata: str | None) -> int | None:
 def _stats(feeder: Feeder) -> dict[str, Any]:
     st = feeder.stats
     return {"limit": st.limit, "inflight": st.inflight, "sent": st.sent, "answered": st.answered, "written": st.written,
-            "writes": st.writes, "shed": st.shed, "spread": feeder.spread,
+            "writes": st.writes, "shed": st.shed, "lost": st.lost, "spread": feeder.spread,
             "answer_s": round(feeder.latency.mean_s, 4) if feeder.latency.mean_s is not None else None}
 
 
