@@ -24,7 +24,7 @@ from timeslice_verl.batch.concurrency import Policy
 from timeslice_verl.batch.feeder import Feeder
 from timeslice_verl.batch.files import Files
 from timeslice_verl.batch.gate import Gate
-from timeslice_verl.batch.store import CREATING_S, OPEN, Store
+from timeslice_verl.batch.store import CREATING_S, OPEN, Store, StoreUnavailable
 from timeslice_verl.config.schema import TimesliceSettings, socket_path
 from timeslice_verl.names import VALIDATION_VERSION, TenantRole
 from timeslice_verl.log import get_logger
@@ -143,6 +143,9 @@ class Service:
             if recovered:
                 log.warning("batch: %d line(s) were in flight when their feeder stopped: queued again", recovered)
         tasks = [asyncio.create_task(f.run(), name=f"batch-feeder-{i}") for i, f in enumerate(self.feeders)]
+        if self.role is not Role.feed:
+            tasks.append(asyncio.create_task(sweep_uploads(Files(self.store), self.settings.batch.upload_idle_s),
+                                             name="batch-upload-sweep"))
         log.info("batch (%s): feeding %s (gate: %s), state in %s, key in %s", self.role.value,
                  (", ".join(self.urls) + (f"; validation runs: {self.policy_url}" if self.policy_url else ""))
                  if self.role.feeds else "nothing (the API alone)",
@@ -187,6 +190,20 @@ class Service:
                          "open_s": round(open_s, 3)},
                 "feeder": feeder, "lines": totals, "open_batches": batches,
                 "tokens_per_s_open": round(totals["tokens"] / open_s, 3) if open_s > 0 else None}
+
+
+async def sweep_uploads(files: Files, idle_s: float) -> None:
+    """Drop, while the service runs, the chunks of uploads that stopped (a killed client, a killed replica): those
+    not written to for ``idle_s`` (an upload under way, here or on another replica, is written to more often)."""
+    while True:
+        await asyncio.sleep(max(0.05, idle_s / 4))
+        try:
+            swept = await asyncio.to_thread(files.sweep, idle_s)
+        except StoreUnavailable as exc:
+            log.warning("batch: uploads that stopped not swept now: %s", exc)
+            continue
+        if swept:
+            log.warning("batch: dropped %d chunk(s) of uploads that stopped", swept)
 
 
 def _validation_version(metadata: str | None) -> int | None:
