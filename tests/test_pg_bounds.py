@@ -75,9 +75,11 @@ def _feed_until(store: Store, want: int, taken: list[Line]) -> None:
 @pytest.mark.postgresql
 @pytest.mark.parametrize("where", ["claim", "record"])
 def test_a_feeder_frozen_inside_its_transaction_holds_no_other_feeder_up(server, procs, where):
-    """Issue: a feeder stopped inside a claim locked every open batch until it was continued. Two batches of 30; a
+    """Was: a feeder stopped inside a claim locked every open batch until it was continued. Two batches of 30; a
     feeder process claims 10 and stops itself inside the ``where`` transaction; the other feeder claims and answers
     everything left (all 60 when the frozen claim is ended by the server, else the 50 it never claimed)."""
+    from agent_support import eventually
+
     store = _store(server.database(f"frozen_{where}_{os.getpid()}_{time.monotonic_ns()}"))
     try:
         ids = [_batch(store, 30, "a"), _batch(store, 30, "b")]
@@ -85,9 +87,7 @@ def test_a_feeder_frozen_inside_its_transaction_holds_no_other_feeder_up(server,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         procs.append(frozen)
         assert frozen.stdout.readline().strip() == "stopping", frozen.stderr.read()  # type: ignore[union-attr]
-        deadline = time.monotonic() + 60
-        while not _stopped(frozen.pid):
-            assert time.monotonic() < deadline, "the frozen feeder did not stop"
+        eventually(lambda: _stopped(frozen.pid), what="the feeder stopped inside its transaction")
         taken: list[Line] = []
         other = threading.Thread(target=_feed_until, args=(store, 60 if where == "claim" else 50, taken), daemon=True)
         other.start()
@@ -97,7 +97,7 @@ def test_a_feeder_frozen_inside_its_transaction_holds_no_other_feeder_up(server,
         out, err = frozen.communicate(timeout=120)
         assert frozen.returncode == 0, err
         result = json.loads(out.splitlines()[-1])
-        assert result["unavailable"] >= 1, "its session was ended by the server while it was stopped"
+        assert result["unavailable"] >= 1, "its connection was ended by the server while it was stopped"
         assert len(result["claimed"]) == (0 if where == "claim" else 10) == result["recorded"]
         for bid in ids:
             row = store.batch(bid)
@@ -126,7 +126,7 @@ def _server_processes(pg: Postgres) -> list[int]:
 
 @pytest.mark.postgresql
 def test_the_api_answers_503_while_its_database_server_is_stopped(tmp_path, procs):
-    """Issue: with the server stopped, a GET waited 34 s and more on a pooled connection's check. Every request now
+    """Was: with the server stopped, a GET waited 34 s and more on a pooled connection's check. Every request now
     ends within its bound (``timeslice.batch.postgresql``) with a 503 in OpenAI's shape, and once the server is
     continued the API answers again."""
     from agent_support import eventually

@@ -30,7 +30,7 @@ MALFORMED = [
 @pytest.mark.postgresql
 @pytest.mark.parametrize("dsn", MALFORMED)
 def test_a_malformed_dsn_shows_its_password_in_no_log_error_or_warning(dsn, caplog, recwarn):
-    """Issue: psycopg_pool's warning for a DSN libpq cannot read quoted the password."""
+    """Was: psycopg_pool's warning for a DSN libpq cannot read quoted the password."""
     from timeslice_verl.batch.engine import StoreError
     from timeslice_verl.batch.pg import PostgresEngine
 
@@ -77,9 +77,9 @@ def _deadlocks(dsn: str) -> int:
 
 @pytest.mark.postgresql
 def test_one_feeders_renewals_answers_and_claims_never_deadlock(server):
-    """Issue: a renewal locked a feeder's lines in the index's order while its answers' write locked them in the
+    """Was: a renewal locked a feeder's lines in the index's order while its answers' write locked them in the
     answers' order: PostgreSQL found deadlocks and ended one of the two. Three threads of one holder, a bounded
-    number of rounds each: renew, answer a shuffled sample (queued again), claim them back."""
+    number of times each: renew, answer a shuffled sample (queued again), claim them back."""
     from timeslice_verl.batch.pg import PostgresEngine
 
     dsn = server.database(f"order_{os.getpid()}_{time.monotonic_ns()}")

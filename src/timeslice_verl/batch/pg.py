@@ -7,7 +7,7 @@ while it is down a call raises :class:`~timeslice_verl.batch.engine.StoreUnavail
 the API answers 503) instead of failing for good.
 
 Every wait has a bound (``timeslice.batch.postgresql``): the server ends a long statement, a long lock wait and a
-session idle inside a transaction (a feeder frozen there: its locks are released, and once it resumes it
+connection idle inside a transaction (a feeder frozen there: its locks are released, and once it resumes it
 reconnects); the client cuts a connection whose server does not answer at all (:mod:`~timeslice_verl.batch.pgwatch`),
 and TCP keepalives notice a peer gone. The DSN's password is kept out of every log and warning
 (:mod:`~timeslice_verl.batch.redact`).
@@ -74,7 +74,7 @@ class _Tx:
         return self.conn.execute(_pg(sql), args)
 
     def executemany(self, sql: str, rows: list[tuple]) -> Any:
-        """Many rows in one pipeline; then one plain statement: a session left idle in a transaction right after a
+        """Many rows in one pipeline; then one plain statement: a connection left idle in a transaction right after a
         pipeline is never ended by the server (``idle_in_transaction_session_timeout``; PostgreSQL 15, psycopg 3.3),
         one after a plain statement is."""
         self.watch.beat()
@@ -103,8 +103,8 @@ def connect_options(bounds: PostgresBounds) -> dict[str, Any]:
             "tcp_user_timeout": int(bounds.keepalive_s * 1000)}
 
 
-def session_settings(bounds: PostgresBounds) -> dict[str, str]:
-    """The server's settings for each session: no statement, lock wait or idle transaction without a bound."""
+def server_settings(bounds: PostgresBounds) -> dict[str, str]:
+    """The server's settings for each connection: no statement, lock wait or idle transaction without a bound."""
     ms = lambda s: f"{max(1, int(s * 1000))}ms"  # noqa: E731
     return {"statement_timeout": ms(bounds.statement_timeout_s), "lock_timeout": ms(bounds.lock_timeout_s),
             "idle_in_transaction_session_timeout": ms(bounds.idle_in_transaction_s),
@@ -124,9 +124,9 @@ class PostgresEngine:
         self.where = shown(dsn)
         self.bounds = bounds or PostgresBounds()
         self.watchdog = Watchdog(self.where)
-        self._settings = session_settings(self.bounds)
+        self._settings = server_settings(self.bounds)
         self._errors = (psycopg.OperationalError, psycopg.InterfaceError,
-                        psycopg.errors.IdleInTransactionSessionTimeout)  # a session the server ended (frozen): again
+                        psycopg.errors.IdleInTransactionSessionTimeout)  # a connection the server ended (frozen): again
         self.pool = ConnectionPool(dsn, min_size=1, max_size=max_size, timeout=self.bounds.pool_timeout_s, open=False,
                                    kwargs={"row_factory": dict_row, "autocommit": True, **connect_options(self.bounds)},
                                    configure=self._configure, check=self._check, name="timeslice-batch")
@@ -139,7 +139,7 @@ class PostgresEngine:
                              f"{redact(str(exc).splitlines()[0]) if str(exc) else ''}") from None
 
     def _configure(self, conn: Any, settings: dict[str, str] | None = None) -> None:
-        """Each new connection's session settings (``settings``: others, for a while)."""
+        """Each new connection's server settings (``settings``: others, for a while)."""
         pairs = list((settings or self._settings).items())
         with self.watchdog.watch(conn, self.bounds.connect_timeout_s + GRACE_S):
             conn.execute("SELECT " + ", ".join("set_config(%s, %s, false)" for _ in pairs), [x for p in pairs for x in p])

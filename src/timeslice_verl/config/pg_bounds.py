@@ -19,9 +19,9 @@ class PostgresBounds:
     is cut, the feeder tries again, the API answers 503."""
     lock_timeout_s: float = 8.0
     """A statement waiting longer for a row another transaction holds gives up (``lock_timeout``): tried again. Longer
-    than ``idle_in_transaction_s``, so a wait outlasts a frozen holder, whose session the server ends first."""
+    than ``idle_in_transaction_s``, so a wait outlasts a frozen holder, whose connection the server ends first."""
     idle_in_transaction_s: float = 5.0
-    """The server ends a session idle this long inside a transaction (``idle_in_transaction_session_timeout``): the
+    """The server ends a connection idle this long inside a transaction (``idle_in_transaction_session_timeout``): the
     locks of a frozen feeder are released; once it resumes it reconnects and goes on."""
     connect_timeout_s: float = 5.0
     """A connection not made within this (libpq ``connect_timeout``, whole seconds, at least 2) fails; a pooled
@@ -42,7 +42,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
 
 
 def check_bounds(bounds: PostgresBounds) -> None:
-    """The bounds' order: a lock wait outlasts a frozen holder's session, and fits in a statement."""
+    """The bounds' order: a lock wait outlasts a frozen holder's connection, and fits in a statement."""
     if bounds.lock_timeout_s <= bounds.idle_in_transaction_s:
         raise ConfigError(_full_key("batch.postgresql.lock_timeout_s"),
                           f"{bounds.lock_timeout_s} must be more than batch.postgresql.idle_in_transaction_s "
