@@ -69,7 +69,7 @@ class LineQueue:
         sent). ``everything``: all of them (one node's service at its start: nothing else holds any); else only those
         whose lease ran out (a cluster: the holder, or the creator, is gone)."""
         n, now = 0, time.time()
-        lease = "" if everything else " AND lease_until < ?"
+        lease = "" if everything else f" AND lease_until < {self.dialect.now}"
         creating = "" if everything else " AND creating_until < ?"
         late = () if everything else (now,)
         # a creation under way: validating (failed when its creator is gone), or cancelled meanwhile (then cancelled)
@@ -87,7 +87,8 @@ class LineQueue:
             with self.transaction() as db:
                 self._lock_batches(db, [row["id"]])
                 moved = db.execute("UPDATE lines SET state = 'queued', next_at = 0, holder = NULL WHERE batch_id = ? AND "
-                                   "state = 'inflight'" + lease, (row["id"], *late)).rowcount
+                                   "idx IN (SELECT idx FROM lines WHERE batch_id = ? AND state = 'inflight'" + lease +
+                                   " ORDER BY idx" + self.dialect.lock + ") AND state = 'inflight'", (row["id"], row["id"])).rowcount
                 if moved:
                     db.execute("UPDATE batches SET inflight = inflight - ?, queued = queued + ? WHERE id = ?",
                                (moved, moved, row["id"]))
@@ -98,45 +99,67 @@ class LineQueue:
               role: TenantRole = TenantRole.batch) -> list[Line]:
         """Up to ``n`` lines ready to send (:func:`~timeslice_verl.batch.share.plan`: priority, owners' share, creation
         order; input order within a batch) of the batches a tenant of ``role`` answers, marked in flight for
-        ``holder`` until ``now + lease_s`` (one more try each, a new fencing token). Lines another feeder holds are
-        passed over."""
-        out: list[Line] = []
+        ``holder`` for ``lease_s`` of the database's time (one more try each, a new fencing token). Lines another
+        feeder holds are passed over, and so, at first, is a batch whose row another transaction holds: a feeder
+        frozen inside its transaction stops no other's claims (a claim that found nothing else waits for that row,
+        until the server ends the frozen transaction: ``timeslice.batch.postgresql.idle_in_transaction_s``)."""
         if n <= 0:
-            return out
+            return []
+        rows = self.query("SELECT id, endpoint, priority, owner, seq, queued, inflight FROM batches WHERE status = "
+                          "'in_progress' AND queued > 0 AND tenant_role = ? ORDER BY id", (role.value,))
+        endpoint = {r["id"]: r["endpoint"] for r in rows}
+        planned = plan([Waiting(r["id"], r["priority"], r["owner"], r["seq"], r["queued"], r["inflight"]) for r in rows], n)
+        got, passed = self._take(planned, now, holder, lease_s, wait=False)
+        if not got and passed:
+            got, _ = self._take(passed, now, holder, lease_s, wait=True)
+        return [Line(bid, r["idx"], r["custom_id"], r["body"], r["attempts"] + 1, endpoint[bid], r["token"] + 1)
+                for bid, _ in planned for r in got.get(bid, [])]
+
+    def _take(self, planned: list[tuple[str, int]], now: float, holder: str, lease_s: float,
+              wait: bool) -> tuple[dict[str, list[Any]], list[tuple[str, int]]]:
+        """One claim's transaction: the planned batches' rows locked first, in id order (``wait``: else those another
+        transaction holds are passed over), then their lines; the lines taken by batch, and the batches passed over."""
+        taken: dict[str, list[Any]] = {}
+        if not planned:
+            return taken, []
+        want = dict(planned)
         with self.transaction() as db:
-            rows = db.execute("SELECT id, endpoint, priority, owner, seq, queued, inflight FROM batches WHERE status = "
-                              "'in_progress' AND queued > 0 AND tenant_role = ? ORDER BY id" + self.dialect.lock,
-                              (role.value,)).fetchall()
-            endpoint = {r["id"]: r["endpoint"] for r in rows}
-            waiting = [Waiting(r["id"], r["priority"], r["owner"], r["seq"], r["queued"], r["inflight"]) for r in rows]
-            for bid, k in plan(waiting, n):
+            held = {r["id"] for r in db.execute(
+                f"SELECT id FROM batches WHERE id IN ({', '.join('?' * len(want))}) AND status = 'in_progress' ORDER BY id"
+                + (self.dialect.lock if wait else self.dialect.skip_locked), tuple(sorted(want))).fetchall()}
+            for bid in sorted(held):
                 got = db.execute("SELECT idx, custom_id, body, attempts, token FROM lines WHERE batch_id = ? AND state = "
                                  "'queued' AND next_at <= ? ORDER BY idx LIMIT ?" + self.dialect.skip_locked,
-                                 (bid, now, k)).fetchall()
+                                 (bid, now, want[bid])).fetchall()
                 if not got:
                     continue
-                db.executemany("UPDATE lines SET state = 'inflight', attempts = attempts + 1, holder = ?, lease_until = ?, "
-                               "token = token + 1 WHERE batch_id = ? AND idx = ?",
-                               [(holder, now + lease_s, bid, r["idx"]) for r in got])
+                db.executemany(f"UPDATE lines SET state = 'inflight', attempts = attempts + 1, holder = ?, lease_until = "
+                               f"{self.dialect.now} + ?, token = token + 1 WHERE batch_id = ? AND idx = ?",
+                               [(holder, lease_s, bid, r["idx"]) for r in got])
                 again = sum(1 for r in got if r["attempts"])
                 db.execute("UPDATE batches SET queued = queued - ?, inflight = inflight + ?, retried = retried + ? "
                            "WHERE id = ?", (len(got), len(got), again, bid))
-                out += [Line(bid, r["idx"], r["custom_id"], r["body"], r["attempts"] + 1, endpoint[bid], r["token"] + 1)
-                        for r in got]
-        return out
+                taken[bid] = got
+        return taken, [(bid, k) for bid, k in planned if bid not in held]
 
-    def renew(self, holder: str, until: float) -> int:
-        """Extend the lease of every line ``holder`` has in flight (its feeder lives); how many."""
+    def renew(self, holder: str, lease_s: float = LEASE_S) -> set[tuple[str, int, int]]:
+        """Extend by ``lease_s`` (the database's time) the lease of every line ``holder`` has in flight (its feeder
+        lives); the lines it still holds, as ``(batch_id, idx, token)``: one missing was taken back while the
+        feeder was away (a pause past its lease), and is no longer its to send. Rows locked in id order, as every
+        transaction locks lines."""
         with self.transaction() as db:
-            return db.execute("UPDATE lines SET lease_until = ? WHERE holder = ? AND state = 'inflight'",
-                              (until, holder)).rowcount
+            rows = db.execute(f"UPDATE lines SET lease_until = {self.dialect.now} + ? WHERE (batch_id, idx) IN (SELECT "
+                              "batch_id, idx FROM lines WHERE holder = ? AND state = 'inflight' ORDER BY batch_id, idx"
+                              + self.dialect.lock + ") AND holder = ? AND state = 'inflight' RETURNING batch_id, idx, token",
+                              (lease_s, holder, holder)).fetchall()
+        return {(r["batch_id"], r["idx"], r["token"]) for r in rows}
 
     def release(self, lines: list[Line]) -> int:
         """Lines claimed and never sent go back to the queue, their try not counted."""
         moved: dict[str, int] = {}
         with self.transaction() as db:
             self._lock_batches(db, [ln.batch_id for ln in lines])
-            for ln in lines:
+            for ln in sorted(lines, key=lambda x: (x.batch_id, x.idx)):  # lines too in id order
                 if db.execute("UPDATE lines SET state = 'queued', attempts = attempts - 1, holder = NULL WHERE batch_id = ? "
                               "AND idx = ? AND state = 'inflight' AND token = ?", (ln.batch_id, ln.idx, ln.token)).rowcount:
                     moved[ln.batch_id] = moved.get(ln.batch_id, 0) + 1
@@ -155,7 +178,7 @@ class LineQueue:
         now = time.time()
         with self.transaction() as db:
             self._lock_batches(db, [o.line.batch_id for o in outcomes])
-            for o in outcomes:
+            for o in sorted(outcomes, key=lambda x: (x.line.batch_id, x.line.idx)):  # lines too in id order
                 ln, held = o.line, (o.line.batch_id, o.line.idx, o.line.token)
                 if o.state == "done":
                     cur = db.execute("UPDATE lines SET state = 'done', response = ?, tokens = ?, done_at = ?, holder = NULL "

@@ -45,10 +45,15 @@ class Dialect:
     """The ``code`` field of the JSON text in the column ``error``."""
     shared: bool
     """Several processes, on several nodes, use the database at once (leases decide who holds what)."""
+    now: str
+    """The database's own time, in seconds since the epoch: leases are set and read against one clock, the server's,
+    never the clocks of the nodes."""
 
 
-SQLITE = Dialect("sqlite", "", "", "json_extract(error, '$.code')", shared=False)
-POSTGRESQL = Dialect("postgresql", " FOR UPDATE", " FOR UPDATE SKIP LOCKED", "(error::json ->> 'code')", shared=True)
+SQLITE = Dialect("sqlite", "", "", "json_extract(error, '$.code')", shared=False,
+                 now="((julianday('now') - 2440587.5) * 86400.0)")
+POSTGRESQL = Dialect("postgresql", " FOR UPDATE", " FOR UPDATE SKIP LOCKED", "(error::json ->> 'code')", shared=True,
+                     now="(EXTRACT(EPOCH FROM clock_timestamp())::float8)")
 
 
 class Tx(Protocol):

@@ -84,6 +84,9 @@ class FeederStats:
     writes: int = 0
     shed: int = 0
     """Sends cancelled because the limit fell below them (their lines queued again)."""
+    lost: int = 0
+    """Lines claimed and not sent whose lease was taken back while the feeder was away (a pause past its lease):
+    dropped, not sent (another feeder sends them)."""
     samples: list[tuple[float, float, float, int]] = field(default_factory=list)
     """The last (time, vLLM running, vLLM waiting, our lines in flight) samples, newest last (at most 600): where
     vLLM holds less than we sent, its front end lags (on an H200 with 48-token answers, half of 768)."""
@@ -112,6 +115,9 @@ class Feeder:
         self._ready: collections.deque[Line] = collections.deque()
         """Lines claimed (in flight in the store) and not sent yet."""
         self._claiming = False
+        self._sure_at = 0.0
+        """When (monotonic) the lines claimed and not sent were last known to be this feeder's: a claim of lines into
+        an empty ``_ready``, or a renewal (both from their start)."""
         self._tasks: list[asyncio.Task] = []
         self._sending: dict[asyncio.Task, Line] = {}
         """The sends in flight, oldest first."""
@@ -165,6 +171,8 @@ class Feeder:
                     held, self._ready = list(self._ready), collections.deque()
                     await self._db(self.store.release, held)
                 await self.gate.wait_open()
+            if self._ready and time.monotonic() - self._sure_at > self.lease_s / 2:  # a pause: are they still ours?
+                await self._confirm()
             free = self.stats.limit - self.stats.inflight
             go = self._allowed(min(free, len(self._ready)))
             for _ in range(go):
@@ -183,7 +191,10 @@ class Feeder:
 
     async def _claim(self, n: int) -> None:
         try:
+            start = time.monotonic()
             lines = await self._db(self.store.claim, n, time.time(), self.holder, self.lease_s, self.role)
+            if not self._ready:
+                self._sure_at = start
             self._ready.extend(lines)
         finally:
             self._claiming = False
@@ -327,7 +338,20 @@ class Feeder:
         while True:
             await asyncio.sleep(self.lease_s / 3)
             if self.stats.inflight or self._ready:
-                await self._db(self.store.renew, self.holder, time.time() + self.lease_s)
+                await self._confirm()
+
+    async def _confirm(self) -> None:
+        """Renew the leases; drop the lines claimed and not sent that are no longer this feeder's (taken back while
+        it was away, another feeder's now): sent, they would be answered twice, the second answer discarded."""
+        start = time.monotonic()
+        held = await self._db(self.store.renew, self.holder, self.lease_s)
+        kept = collections.deque(ln for ln in self._ready if (ln.batch_id, ln.idx, ln.token) in held)
+        if len(kept) < len(self._ready):
+            lost = len(self._ready) - len(kept)
+            self.stats.lost += lost
+            log.warning("batch: %d line(s) claimed and not sent were taken back while this feeder was away (their "
+                        "lease ran out): dropped", lost)
+        self._ready, self._sure_at = kept, start
 
     async def _settler(self) -> None:
         while True:

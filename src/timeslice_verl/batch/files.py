@@ -3,7 +3,8 @@ upload, a download nor a batch's creation holds a whole file (OpenAI takes 200 M
 ``timeslice.batch.chunk_mb``.
 
 A file's chunks are written each in its own short transaction (the feeder's writes never wait on an upload) and the
-file's row last: a file exists once it is whole. Chunks a killed upload left without a row are swept at start.
+file's row last: a file exists once it is whole. Chunks a killed upload left without a row are swept at start, and
+while the service runs once no chunk of that upload was written for ``timeslice.batch.upload_idle_s``.
 Files of a schema-2 database keep their content in their row and are read from it.
 """
 
@@ -31,8 +32,9 @@ class Files:
     def sweep(self, idle_s: float = 0.0) -> int:
         """Drop the chunks of uploads that never finished: at one node's start, all of them; where several API
         replicas share the store, those not written to for ``idle_s`` (another replica's upload is under way)."""
-        with self.store.transaction() as db:
-            return db.execute("DELETE FROM file_chunks WHERE file_id NOT IN (SELECT id FROM files) AND at <= ?",
+        with self.store.transaction() as db:  # an upload's last chunk says when it was written to last
+            return db.execute("DELETE FROM file_chunks WHERE file_id IN (SELECT file_id FROM file_chunks WHERE file_id "
+                              "NOT IN (SELECT id FROM files) GROUP BY file_id HAVING MAX(at) <= ?)",
                               (time.time() - idle_s,)).rowcount
 
     def writer(self, max_bytes: int) -> Upload:

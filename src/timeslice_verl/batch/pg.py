@@ -5,22 +5,30 @@ read (``timeslice.batch.dsn_file``; a Kubernetes Secret mounted, or given as the
 each call takes a connection checked on the way out of the pool, so a server that restarted is reconnected to, and
 while it is down a call raises :class:`~timeslice_verl.batch.engine.StoreUnavailable` (the feeder holds its lines,
 the API answers 503) instead of failing for good.
+
+Every wait has a bound (``timeslice.batch.postgresql``): the server ends a long statement, a long lock wait and a
+connection idle inside a transaction (a feeder frozen there: its locks are released, and once it resumes it
+reconnects); the client cuts a connection whose server does not answer at all (:mod:`~timeslice_verl.batch.pgwatch`),
+and TCP keepalives notice a peer gone. The DSN's password is kept out of every log and warning
+(:mod:`~timeslice_verl.batch.redact`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from timeslice_verl.batch.engine import POSTGRESQL, StoreError, StoreUnavailable, unavailable
+from timeslice_verl.batch.engine import POSTGRESQL, StoreError, StoreUnavailable
+from timeslice_verl.batch.pgwatch import Watch, Watchdog
+from timeslice_verl.batch.redact import protect, redact
 from timeslice_verl.batch.schema import SchemaError, migrate_postgresql
+from timeslice_verl.config.pg_bounds import PostgresBounds
 from timeslice_verl.private import NotPrivate, private_file
 
 DSN_ENV = "TIMESLICE_BATCH_DSN"
-POOL_TIMEOUT_S = 5.0
-"""How long a call waits for a connection (the server restarting) before it is told the store is unavailable."""
 
 
 def read_dsn(dsn_file: str) -> tuple[str, str]:
@@ -50,18 +58,29 @@ def shown(dsn: str) -> str:
     return f"postgresql://{parts.get('user', '')}@{parts.get('host', '')}:{parts.get('port', '5432')}/{parts.get('dbname', '')}"
 
 
-class _Tx:
-    """A transaction's connection, taking the store's ``?`` placeholders."""
+GRACE_S = 2.0
+"""How much longer than ``statement_timeout`` the client waits for the server's answer before it cuts the connection
+(the server sends its own time-out first when it runs)."""
 
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
+
+class _Tx:
+    """A transaction's connection, taking the store's ``?`` placeholders; each statement under the watchdog."""
+
+    def __init__(self, conn: Any, watch: Watch) -> None:
+        self.conn, self.watch = conn, watch
 
     def execute(self, sql: str, args: tuple = ()) -> Any:
+        self.watch.beat()
         return self.conn.execute(_pg(sql), args)
 
     def executemany(self, sql: str, rows: list[tuple]) -> Any:
+        """Many rows in one pipeline; then one plain statement: a connection left idle in a transaction right after a
+        pipeline is never ended by the server (``idle_in_transaction_session_timeout``; PostgreSQL 15, psycopg 3.3),
+        one after a plain statement is."""
+        self.watch.beat()
         cur = self.conn.cursor()
         cur.executemany(_pg(sql), rows)
+        self.conn.execute("SELECT 1")
         return cur
 
 
@@ -76,49 +95,105 @@ def _pg(sql: str) -> str:
     return out
 
 
+def connect_options(bounds: PostgresBounds) -> dict[str, Any]:
+    """libpq's options for ``bounds``: a connection made in time, a silent peer noticed (TCP; a Unix socket has none)."""
+    idle = max(1, round(bounds.keepalive_s))
+    return {"connect_timeout": max(2, math.ceil(bounds.connect_timeout_s)), "keepalives": 1, "keepalives_idle": idle,
+            "keepalives_interval": max(1, round(bounds.keepalive_s / 3)), "keepalives_count": 3,
+            "tcp_user_timeout": int(bounds.keepalive_s * 1000)}
+
+
+def server_settings(bounds: PostgresBounds) -> dict[str, str]:
+    """The server's settings for each connection: no statement, lock wait or idle transaction without a bound."""
+    ms = lambda s: f"{max(1, int(s * 1000))}ms"  # noqa: E731
+    return {"statement_timeout": ms(bounds.statement_timeout_s), "lock_timeout": ms(bounds.lock_timeout_s),
+            "idle_in_transaction_session_timeout": ms(bounds.idle_in_transaction_s),
+            "tcp_keepalives_idle": str(max(1, round(bounds.keepalive_s))),
+            "tcp_keepalives_interval": str(max(1, round(bounds.keepalive_s / 3))), "tcp_keepalives_count": "3"}
+
+
 class PostgresEngine:
     dialect = POSTGRESQL
 
-    def __init__(self, dsn: str, *, max_size: int = 8) -> None:
+    def __init__(self, dsn: str, *, max_size: int = 8, bounds: PostgresBounds | None = None) -> None:
         import psycopg
         from psycopg.rows import dict_row
         from psycopg_pool import ConnectionPool
 
+        protect(dsn)  # before the pool's first try: what it logs of a DSN it cannot read hides the password
         self.where = shown(dsn)
-        self._errors = (psycopg.OperationalError, psycopg.InterfaceError)
-        self.pool = ConnectionPool(dsn, min_size=1, max_size=max_size, timeout=POOL_TIMEOUT_S, open=False,
-                                   kwargs={"row_factory": dict_row, "autocommit": True},
-                                   check=ConnectionPool.check_connection, name="timeslice-batch")
+        self.bounds = bounds or PostgresBounds()
+        self.watchdog = Watchdog(self.where)
+        self._settings = server_settings(self.bounds)
+        self._errors = (psycopg.OperationalError, psycopg.InterfaceError,
+                        psycopg.errors.IdleInTransactionSessionTimeout)  # a connection the server ended (frozen): again
+        self.pool = ConnectionPool(dsn, min_size=1, max_size=max_size, timeout=self.bounds.pool_timeout_s, open=False,
+                                   kwargs={"row_factory": dict_row, "autocommit": True, **connect_options(self.bounds)},
+                                   configure=self._configure, check=self._check, name="timeslice-batch")
         try:
-            self.pool.open(wait=True, timeout=POOL_TIMEOUT_S * 2)
+            self.pool.open(wait=True, timeout=self.bounds.pool_timeout_s * 2)
         except Exception as exc:  # noqa: BLE001 - a wrong DSN, a server not there: said with where, never the password
             self.pool.close()
+            self.watchdog.close()
             raise StoreError(f"timeslice.batch.store: cannot connect to {self.where}: {type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+                             f"{redact(str(exc).splitlines()[0]) if str(exc) else ''}") from None
+
+    def _configure(self, conn: Any, settings: dict[str, str] | None = None) -> None:
+        """Each new connection's server settings (``settings``: others, for a while)."""
+        pairs = list((settings or self._settings).items())
+        with self.watchdog.watch(conn, self.bounds.connect_timeout_s + GRACE_S):
+            conn.execute("SELECT " + ", ".join("set_config(%s, %s, false)" for _ in pairs), [x for p in pairs for x in p])
+
+    def _check(self, conn: Any) -> None:
+        """A pooled connection answers before a call gets it, within ``connect_timeout_s`` (a stopped server does not)."""
+        from psycopg_pool import ConnectionPool
+
+        with self.watchdog.watch(conn, self.bounds.connect_timeout_s):
+            ConnectionPool.check_connection(conn)
 
     def migrate(self) -> None:
+        """The schema brought up to date: a step may take long, and replicas that start together wait for the first."""
         try:
             with self.pool.connection() as conn:
-                migrate_postgresql(conn, self.where)
+                self._configure(conn, {"statement_timeout": "0", "lock_timeout": "0"})
+                try:
+                    migrate_postgresql(conn, self.where)
+                finally:
+                    self._configure(conn)
         except SchemaError as exc:
             raise StoreError(f"timeslice.batch.store: {self.where} {exc}") from None
 
     @contextlib.contextmanager
+    def _call(self) -> Iterator[Any]:
+        """A pooled connection under the watchdog; the driver's errors as :class:`StoreUnavailable`, said safely."""
+        watch = None
+        try:
+            with self.pool.connection() as conn, self.watchdog.watch(conn, self.bounds.statement_timeout_s + GRACE_S) as watch:
+                yield conn, watch
+        except self._errors as exc:
+            if watch is not None and watch.cut:
+                raise StoreUnavailable(f"the server did not answer within {watch.bound_s:g} s "
+                                       "(timeslice.batch.postgresql.statement_timeout_s)") from exc
+            text = redact(str(exc).strip())
+            raise StoreUnavailable(text.splitlines()[0] if text else type(exc).__name__) from exc
+
+    @contextlib.contextmanager
     def transaction(self) -> Iterator[_Tx]:
-        with unavailable(*self._errors), self.pool.connection() as conn, conn.transaction():
-            yield _Tx(conn)
+        with self._call() as (conn, watch), conn.transaction():
+            yield _Tx(conn, watch)
 
     def query(self, sql: str, args: tuple = ()) -> list[dict[str, Any]]:
-        with unavailable(*self._errors), self.pool.connection() as conn:
+        with self._call() as (conn, _):
             return conn.execute(_pg(sql), args).fetchall()
 
     def close(self) -> None:
         self.pool.close()
+        self.watchdog.close()
 
 
-def open_postgresql(dsn_file: str) -> PostgresEngine:
+def open_postgresql(dsn_file: str, bounds: PostgresBounds | None = None) -> PostgresEngine:
     dsn, _ = read_dsn(dsn_file)
-    return PostgresEngine(dsn)
+    return PostgresEngine(dsn, bounds=bounds)
 
 
 __all__ = ["DSN_ENV", "PostgresEngine", "StoreUnavailable", "open_postgresql", "read_dsn", "shown"]

@@ -24,7 +24,7 @@ from timeslice_verl.batch.concurrency import Policy
 from timeslice_verl.batch.feeder import Feeder
 from timeslice_verl.batch.files import Files
 from timeslice_verl.batch.gate import Gate
-from timeslice_verl.batch.store import CREATING_S, OPEN, Store
+from timeslice_verl.batch.store import CREATING_S, OPEN, Store, StoreUnavailable
 from timeslice_verl.config.schema import TimesliceSettings, socket_path
 from timeslice_verl.names import VALIDATION_VERSION, TenantRole
 from timeslice_verl.log import get_logger
@@ -62,7 +62,7 @@ def open_store(settings: TimesliceSettings) -> Store:
     if str(settings.batch.store) == "postgresql":
         from timeslice_verl.batch.pg import open_postgresql
 
-        return Store(open_postgresql(settings.batch.dsn_file))
+        return Store(open_postgresql(settings.batch.dsn_file, settings.batch.postgresql))
     return Store(db_path(settings))
 
 
@@ -143,6 +143,9 @@ class Service:
             if recovered:
                 log.warning("batch: %d line(s) were in flight when their feeder stopped: queued again", recovered)
         tasks = [asyncio.create_task(f.run(), name=f"batch-feeder-{i}") for i, f in enumerate(self.feeders)]
+        if self.role is not Role.feed:
+            tasks.append(asyncio.create_task(sweep_uploads(Files(self.store), self.settings.batch.upload_idle_s),
+                                             name="batch-upload-sweep"))
         log.info("batch (%s): feeding %s (gate: %s), state in %s, key in %s", self.role.value,
                  (", ".join(self.urls) + (f"; validation runs: {self.policy_url}" if self.policy_url else ""))
                  if self.role.feeds else "nothing (the API alone)",
@@ -176,7 +179,8 @@ class Service:
                    for r in self.store.batches(limit=10) if r["status"] in OPEN]
         each = [{"tenant": f.url, "open": g.open, "open_s": round(g.seconds_open(), 3), **_stats(f)}
                 for f, g in zip(self.feeders, self.gates)]
-        feeder = {k: sum(e[k] for e in each) for k in ("limit", "inflight", "sent", "answered", "written", "writes", "shed")}
+        feeder = {k: sum(e[k] for e in each) for k in ("limit", "inflight", "sent", "answered", "written", "writes", "shed",
+                                                        "lost")}
         feeder.update(healthy=all(f.healthy for f in self.feeders), spread=any(f.spread for f in self.feeders),
                       answer_s=each[0]["answer_s"] if each else None,
                       samples=self.feeders[0].stats.samples[-50:] if self.feeders else [],
@@ -186,6 +190,20 @@ class Service:
                          "open_s": round(open_s, 3)},
                 "feeder": feeder, "lines": totals, "open_batches": batches,
                 "tokens_per_s_open": round(totals["tokens"] / open_s, 3) if open_s > 0 else None}
+
+
+async def sweep_uploads(files: Files, idle_s: float) -> None:
+    """Drop, while the service runs, the chunks of uploads that stopped (a killed client, a killed replica): those
+    not written to for ``idle_s`` (an upload under way, here or on another replica, is written to more often)."""
+    while True:
+        await asyncio.sleep(max(0.05, idle_s / 4))
+        try:
+            swept = await asyncio.to_thread(files.sweep, idle_s)
+        except StoreUnavailable as exc:
+            log.warning("batch: uploads that stopped not swept now: %s", exc)
+            continue
+        if swept:
+            log.warning("batch: dropped %d chunk(s) of uploads that stopped", swept)
 
 
 def _validation_version(metadata: str | None) -> int | None:
@@ -200,7 +218,7 @@ def _validation_version(metadata: str | None) -> int | None:
 def _stats(feeder: Feeder) -> dict[str, Any]:
     st = feeder.stats
     return {"limit": st.limit, "inflight": st.inflight, "sent": st.sent, "answered": st.answered, "written": st.written,
-            "writes": st.writes, "shed": st.shed, "spread": feeder.spread,
+            "writes": st.writes, "shed": st.shed, "lost": st.lost, "spread": feeder.spread,
             "answer_s": round(feeder.latency.mean_s, 4) if feeder.latency.mean_s is not None else None}
 
 

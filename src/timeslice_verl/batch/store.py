@@ -16,8 +16,10 @@ which that feeder renews while it lives; a lease that runs out (the node gone) p
 each claim raises the line's fencing ``token``, so an answer from a holder whose lease was taken over changes
 nothing: every ``custom_id`` is still answered once. One node's service (SQLite) takes back everything in flight at
 its start. Claims take the highest priority first, share lines between owners, and keep creation order
-(:mod:`~timeslice_verl.batch.share`); every transaction that touches lines locks their batches' rows first, in id
-order, so feeders on several nodes never deadlock.
+(:mod:`~timeslice_verl.batch.share`); every transaction that touches lines locks their batches' rows first, then
+the lines, each in id order, so feeders on several nodes never deadlock; a claim passes over a batch whose row
+another transaction holds (a feeder frozen inside it holds no other up), and leases are set and read on the
+database's clock.
 
 Costs per line are constant: a claim reads the oldest open batch's next lines through the ``(batch_id, state, idx)``
 index, results are written many to a transaction (:meth:`Store.record`), and whether a batch has ended is read

@@ -136,8 +136,17 @@ def to_overrides(settings: TimesliceSettings, sections: tuple[str, ...] | None =
             continue
         if sections is not None and f.name not in sections:
             continue
-        for g in dataclasses.fields(value):
-            out.append(f"{SECTION}.{f.name}.{g.name}={_override_value(getattr(value, g.name))}")
+        out += _nested(f"{SECTION}.{f.name}", value)
+    return out
+
+
+def _nested(prefix: str, group: Any) -> list[str]:
+    """A group's keys as overrides, those of its own groups (``batch.postgresql``) included."""
+    out = []
+    for g in dataclasses.fields(group):
+        value = getattr(group, g.name)
+        out += _nested(f"{prefix}.{g.name}", value) if dataclasses.is_dataclass(value) else \
+            [f"{prefix}.{g.name}={_override_value(value)}"]
     return out
 
 

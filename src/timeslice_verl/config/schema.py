@@ -20,12 +20,12 @@ from omegaconf.errors import OmegaConfBaseException
 from timeslice_verl.log import get_logger
 from timeslice_verl.config.paths import default_runtime_dir, default_socket, socket_path, state_path  # noqa: F401,E402
 from timeslice_verl.config.checks import SECTION, ConfigError, _full_key, setting_at, check_urls as _check_urls, check_validate as _check_validate, no_dsn_in_store as _no_dsn_in_store  # noqa: F401 (re-exported)
+from timeslice_verl.config.pg_bounds import RANGES as PG_RANGES, PostgresBounds, check_bounds
 from timeslice_verl.names import JOB_TAG_ENV, SWAP_AUTO, SWAP_MODES, YieldBy, clean_urls, repeated_url, valid_job, valid_url  # noqa: F401 (re-exported)
 
 log = get_logger("config")
 NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "NCCL_P2P_DISABLE": "1"}
 """What NCCL in trainer workers needs to survive CUDA checkpoint/restore."""
-
 
 
 class Choice(str, enum.Enum):
@@ -211,6 +211,7 @@ class BatchSettings:
     """Its SQLite file; empty: ``$XDG_STATE_HOME/timeslice-verl/batch.sqlite`` (``~/.local/state/…``)."""
     dsn_file: str = ""
     """``store=postgresql``: a file only you can read holding the DSN (``TIMESLICE_BATCH_DSN`` replaces it)."""
+    postgresql: PostgresBounds = field(default_factory=PostgresBounds)  # every wait on the server bounded
     lease_s: float = 30.0
     """How long a line a feeder claimed stays its own without a renewal: a node that goes away gives its lines back
     after this."""
@@ -236,6 +237,7 @@ class BatchSettings:
     max_attempts: int = 5
     """Tries of a line whose request failed for a reason not its own (an abort, a kill, a restart), then it fails."""
     max_file_mb: float = 200.0  # the largest input file accepted
+    upload_idle_s: float = 600.0  # chunks of an upload not written to this long, its file never made, are dropped
     chunk_mb: float = 4.0  # the most of a file an upload, a download or a batch's creation holds at once
     request_timeout_s: float = 600.0
     poll_s: float = 0.5  # how often an agent without watch_owner is asked who owns the GPU
@@ -289,9 +291,7 @@ class TimesliceSettings:
     validate: ValidateSettings = field(default_factory=ValidateSettings)
 
 
-CHOICES: dict[str, tuple[Any, ...]] = {
-    "tenant.sleep_level": (1, 2),
-}
+CHOICES: dict[str, tuple[Any, ...]] = {"tenant.sleep_level": (1, 2)}
 DAY_S = 86400.0
 RANGES: dict[str, tuple[float, float, bool]] = {
     # key: (lowest, highest, lowest allowed?) — every float setting; nan and infinities are never meaningful
@@ -313,6 +313,8 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "handoff.break_even_margin": (0.0, 1000.0, True),
     "handoff.late_cost": (0.0, 1e6, False),
     "batch.max_file_mb": (0.0, 1e6, False),
+    "batch.upload_idle_s": (0.0, 30 * DAY_S, False),
+    **PG_RANGES,
     "batch.chunk_mb": (0.0, 1024.0, False),
     "batch.request_timeout_s": (0.0, DAY_S, False),
     "batch.poll_s": (0.0, 60.0, False),
@@ -369,6 +371,7 @@ def _check_values(settings: TimesliceSettings) -> None:
             raise ConfigError(_full_key(key), f"must be between {low} and 100000, got {setting_at(settings, key)}")
     _check_urls(settings)
     _check_validate(settings)
+    check_bounds(settings.batch.postgresql)
     for entry in settings.plugins.modules:
         if not re.match(r"^[A-Za-z_][\w.]*(:[A-Za-z_][\w.]*)?$", entry):
             raise ConfigError(_full_key("plugins.modules"), f"{entry!r} is not 'package.module[:attr]'")
