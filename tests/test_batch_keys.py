@@ -172,6 +172,16 @@ def test_each_key_lists_its_owners_objects_alone_and_an_admin_lists_all(api):
     assert _ids(api, ADMIN, f"/v1/batches?after={bb}") == {ba}
 
 
+def test_the_summary_shows_a_key_its_owners_open_batches_alone(store):
+    app = make_app(store, models=lambda role: {"m"}, kick=lambda: None, metrics=lambda: b"", max_file_bytes=1 << 20,
+                   summary=lambda: {"lines": store.totals(), "open_batches": [{"id": r["id"]} for r in store.batches()]})
+    with TestClient(RequireKey(app, parse_keys(KEY_FILE.splitlines(), "keys"))) as client:
+        ba, bb = _batch(client, A), _batch(client, B)
+        shown = {k: {b["id"] for b in client.get("/timeslice/summary", headers=_as(k)).json()["open_batches"]}
+                 for k in (A, B, ADMIN)}
+        assert shown == {A: {ba}, B: {bb}, ADMIN: {ba, bb}}
+
+
 def test_an_admin_key_reaches_and_acts_on_every_owners_objects(api):
     fid, bid = _upload(api, A), _batch(api, B)
     admin = _as(ADMIN)

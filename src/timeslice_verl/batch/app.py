@@ -102,8 +102,11 @@ def make_app(store: Store, *, models: Callable[[TenantRole], set[str] | None], k
         return refuse(503, why, None, "unhealthy") if why else {"status": "ok"}
 
     @app.get("/timeslice/summary")
-    def get_summary() -> dict[str, Any]:
-        return summary()
+    def get_summary(request: Request) -> dict[str, Any]:
+        out, key = summary(), caller(request)
+        if not key.admin and "open_batches" in out:  # the service's figures; of the batches, the caller's alone
+            out = {**out, "open_batches": [b for b in out["open_batches"] if owned(store.batch(b["id"]), key)]}
+        return out
 
     @app.get("/timeslice/batches/{bid}")
     def get_figures(bid: str, request: Request) -> Any:
