@@ -20,7 +20,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from timeslice_verl.batch.app import make_app  # noqa: E402
 from timeslice_verl.batch.auth import KEY_ENV, NoKey, RequireKey, api_keys, client_key  # noqa: E402
-from timeslice_verl.batch.keys import ApiKey, KeyLineError, KeyRole, Priorities, owner_of, parse_keys, parse_line  # noqa: E402
+from timeslice_verl.batch.keys import (  # noqa: E402
+    ApiKey, KeyLineError, KeyRole, Priorities, owner_of, parse_keys, parse_line)
 from timeslice_verl.batch.schema import for_postgresql, statements  # noqa: E402
 from timeslice_verl.batch.store import Store  # noqa: E402
 
@@ -90,8 +91,8 @@ def _upload(client: TestClient, key: str) -> str:
 
 
 def _create(client: TestClient, key: str, fid: str, **extra) -> httpx.Response:
-    return client.post("/v1/batches", json={"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h", **extra},
-                       headers=_as(key))
+    body = {"input_file_id": fid, "endpoint": CHAT, "completion_window": "24h", **extra}
+    return client.post("/v1/batches", json=body, headers=_as(key))
 
 
 def _batch(client: TestClient, key: str) -> str:
@@ -173,8 +174,11 @@ def test_each_key_lists_its_owners_objects_alone_and_an_admin_lists_all(api):
 
 
 def test_the_summary_shows_a_key_its_owners_open_batches_alone(store):
+    def summary() -> dict:  # the service's: every open batch
+        return {"lines": store.totals(), "open_batches": [{"id": r["id"]} for r in store.batches()]}
+
     app = make_app(store, models=lambda role: {"m"}, kick=lambda: None, metrics=lambda: b"", max_file_bytes=1 << 20,
-                   summary=lambda: {"lines": store.totals(), "open_batches": [{"id": r["id"]} for r in store.batches()]})
+                   summary=summary)
     with TestClient(RequireKey(app, parse_keys(KEY_FILE.splitlines(), "keys"))) as client:
         ba, bb = _batch(client, A), _batch(client, B)
         shown = {k: {b["id"] for b in client.get("/timeslice/summary", headers=_as(k)).json()["open_batches"]}

@@ -80,7 +80,8 @@ class Upload:
         """The file, whole, recorded under ``owner`` (its uploader's key's)."""
         with self.store.transaction() as db:
             db.execute("INSERT INTO files (id, purpose, filename, bytes, created_at, content, owner) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?)", (self.fid, purpose, filename, self.size, int(time.time()), b"", owner))
+                       "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (self.fid, purpose, filename, self.size, int(time.time()), b"", owner))
         return self.store.file(self.fid)  # type: ignore[return-value]
 
     def abandon(self) -> None:

@@ -70,7 +70,8 @@ class Priorities:
         try:
             ends = (int(text), int(text)) if not sep else (int(low) if low else LOWEST, int(high) if high else HIGHEST)
         except ValueError:
-            raise KeyLineError(f"priorities={text!r} is not LOW..HIGH or one number (e.g. priorities=-100..0)") from None
+            raise KeyLineError(f"priorities={text!r} is not LOW..HIGH or one number (e.g. priorities=-100..0)") \
+                from None
         return cls(*ends)
 
 
