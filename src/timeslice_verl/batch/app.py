@@ -4,6 +4,9 @@
 ``POST /v1/batches``, ``GET /v1/batches[/{id}]``, ``POST /v1/batches/{id}/cancel``. A batch's output and error files
 are made from its lines when downloaded (``file-out-<batch>``, ``file-err-<batch>``). Errors answer in OpenAI's
 shape: ``{"error": {"message", "type", "param", "code"}}`` with a 4xx that names the problem.
+
+Each file and batch is its owner's (the owner the caller's key names, :mod:`~timeslice_verl.batch.auth`): another
+owner's id answers exactly as a missing one, the lists hold the caller's alone, an ``admin`` key reaches all.
 """
 
 from __future__ import annotations
@@ -18,11 +21,25 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from timeslice_verl.batch.bodies import CreateBatch
 from timeslice_verl.batch.files import Files, TooLarge
+from timeslice_verl.batch.keys import ALL_PRIORITIES, ApiKey, KeyRole
 from timeslice_verl.batch.lines import BatchRefused, error_lines, output_lines, parse_stream
 from timeslice_verl.batch.store import OPEN, Store, StoreUnavailable
 from timeslice_verl.names import TenantRole
 
 OUT, ERR = "file-out-", "file-err-"
+UNGUARDED = ApiKey("", "", KeyRole.admin, ALL_PRIORITIES)
+"""The caller of an app served without :class:`~timeslice_verl.batch.auth.RequireKey` (tests, a tool in process):
+every owner's objects, every priority — but ``/health`` tells why it is unhealthy only to a request with a key."""
+
+
+def caller(request: Request) -> ApiKey:
+    """The key of the request (set by :class:`~timeslice_verl.batch.auth.RequireKey`)."""
+    return getattr(request.state, "key", UNGUARDED)
+
+
+def owned(row: dict[str, Any] | None, key: ApiKey) -> dict[str, Any] | None:
+    """The row if ``key`` reaches it; None for another owner's as for a missing one."""
+    return row if row is not None and key.reaches(row["owner"]) else None
 
 
 def refuse(status: int, message: str, param: str | None = None, code: str = "invalid_request") -> JSONResponse:
@@ -80,17 +97,22 @@ def make_app(store: Store, *, models: Callable[[TenantRole], set[str] | None], k
                       "storage_unavailable")
 
     @app.get("/health")
-    def health() -> Any:
+    def health(request: Request) -> Any:
         why = problem()
+        if why and not hasattr(request.state, "key"):  # an anonymous probe: that it is unhealthy, not where or why
+            why = "the batch service cannot do its work now (send the API key to learn why)"
         return refuse(503, why, None, "unhealthy") if why else {"status": "ok"}
 
     @app.get("/timeslice/summary")
-    def get_summary() -> dict[str, Any]:
-        return summary()
+    def get_summary(request: Request) -> dict[str, Any]:
+        out, key = summary(), caller(request)
+        if not key.admin and "open_batches" in out:  # the service's figures; of the batches, the caller's alone
+            out = {**out, "open_batches": [b for b in out["open_batches"] if owned(store.batch(b["id"]), key)]}
+        return out
 
     @app.get("/timeslice/batches/{bid}")
-    def get_figures(bid: str) -> Any:
-        if store.batch(bid) is None:
+    def get_figures(bid: str, request: Request) -> Any:
+        if owned(store.batch(bid), caller(request)) is None:
             return refuse(404, f"no batch {bid!r}", "batch_id", "not_found")
         return {"id": bid, **store.figures(bid)}
 
@@ -103,7 +125,7 @@ def make_app(store: Store, *, models: Callable[[TenantRole], set[str] | None], k
 
 def _files(app: FastAPI, store: Store, files: Files, max_file_bytes: int, chunk_bytes: int) -> None:
     @app.post("/v1/files")
-    async def upload(file: UploadFile = File(...), purpose: str = Form(...)) -> Any:
+    async def upload(request: Request, file: UploadFile = File(...), purpose: str = Form(...)) -> Any:
         if purpose != "batch":
             return refuse(400, f"purpose {purpose!r} is not supported: this service takes 'batch' files", "purpose")
         up = files.writer(max_file_bytes)
@@ -115,43 +137,48 @@ def _files(app: FastAPI, store: Store, files: Files, max_file_bytes: int, chunk_
         except BaseException:
             await asyncio.to_thread(up.abandon)
             raise
-        return file_object(await asyncio.to_thread(up.finish, purpose, file.filename or "input.jsonl"))
+        made = await asyncio.to_thread(up.finish, purpose, file.filename or "input.jsonl", caller(request).owner)
+        return file_object(made)
 
     @app.get("/v1/files")
-    def list_files() -> dict[str, Any]:
-        return {"object": "list", "data": [file_object(r) for r in store.files()]}
+    def list_files(request: Request) -> dict[str, Any]:
+        key = caller(request)
+        return {"object": "list", "data": [file_object(r) for r in store.files(None if key.admin else key.owner)]}
 
     @app.get("/v1/files/{fid}")
-    def get_file(fid: str) -> Any:
-        row = store.file(fid) or _result_file(store, fid)
+    def get_file(fid: str, request: Request) -> Any:
+        key = caller(request)
+        row = owned(store.file(fid), key) or _result_file(store, fid, key)
         return file_object(row) if row else refuse(404, f"no file {fid!r}", "file_id", "not_found")
 
     @app.get("/v1/files/{fid}/content")
-    def content(fid: str) -> Any:
+    def content(fid: str, request: Request) -> Any:
+        key = caller(request)
         if fid.startswith((OUT, ERR)):
             bid = fid[len(OUT):] if fid.startswith(OUT) else fid[len(ERR):]
-            if store.batch(bid) is None:
+            if owned(store.batch(bid), key) is None:
                 return refuse(404, f"no file {fid!r}", "file_id", "not_found")
             rows = store.results(bid, "done" if fid.startswith(OUT) else "failed")
             return StreamingResponse(output_lines(bid, rows) if fid.startswith(OUT) else error_lines(bid, rows),
                                      media_type="application/jsonl")
-        chunks = files.chunks(fid)
+        chunks = files.chunks(fid) if owned(store.file(fid), key) else None
         return refuse(404, f"no file {fid!r}", "file_id", "not_found") if chunks is None else \
             StreamingResponse(chunks, media_type="application/jsonl")
 
     @app.delete("/v1/files/{fid}")
-    def delete(fid: str) -> Any:
-        if not files.delete(fid):
+    def delete(fid: str, request: Request) -> Any:
+        key = caller(request)
+        if not files.delete(fid, None if key.admin else key.owner):
             return refuse(404, f"no file {fid!r}", "file_id", "not_found")
         return {"id": fid, "object": "file", "deleted": True}
 
 
-def _result_file(store: Store, fid: str) -> dict[str, Any] | None:
-    """The virtual file object of a batch's output or error file."""
+def _result_file(store: Store, fid: str, key: ApiKey) -> dict[str, Any] | None:
+    """The virtual file object of a batch's output or error file, if ``key`` reaches the batch."""
     if not fid.startswith((OUT, ERR)):
         return None
     bid = fid[len(OUT):] if fid.startswith(OUT) else fid[len(ERR):]
-    row = store.batch(bid)
+    row = owned(store.batch(bid), key)
     if row is None:
         return None
     lines = output_lines(bid, store.results(bid, "done")) if fid.startswith(OUT) else \
@@ -165,8 +192,13 @@ def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[TenantR
              kick: Callable[[], None]) -> None:
     @app.post("/v1/batches")
     async def create(body: CreateBatch, request: Request) -> Any:
-        fid = body.input_file_id
-        chunks = await asyncio.to_thread(files.chunks, fid)
+        fid, key = body.input_file_id, caller(request)
+        if body.priority not in key.priorities:
+            return refuse(403, f"priority {body.priority} is not allowed for this API key (owner {key.owner!r}): it "
+                          f"may ask for priorities {key.priorities} (timeslice.batch.key_file)", "priority",
+                          "priority_not_allowed")
+        mine = owned(await asyncio.to_thread(store.file, fid), key)  # another owner's file: as missing
+        chunks = await asyncio.to_thread(files.chunks, fid) if mine else None
         if chunks is None:
             return refuse(404, f"no input file {fid!r}", "input_file_id", "not_found")
         served = await asyncio.to_thread(models, body.tenant_role)  # what the tenants that answer it serve
@@ -181,22 +213,23 @@ def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[TenantR
         return batch_object(store, store.batch(bid))  # type: ignore[arg-type]
 
     @app.get("/v1/batches")
-    def list_batches(limit: int = 20, after: str | None = None) -> Any:
+    def list_batches(request: Request, limit: int = 20, after: str | None = None) -> Any:
         if not 1 <= limit <= 100:
             return refuse(400, f"limit {limit} is not between 1 and 100", "limit")
-        rows = store.batches(limit + 1, after)
+        key = caller(request)
+        rows = store.batches(limit + 1, after, None if key.admin else key.owner)
         data = [batch_object(store, r) for r in rows[:limit]]
         return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                 "last_id": data[-1]["id"] if data else None, "has_more": len(rows) > limit}
 
     @app.get("/v1/batches/{bid}")
-    def get_batch(bid: str) -> Any:
-        row = store.batch(bid)
+    def get_batch(bid: str, request: Request) -> Any:
+        row = owned(store.batch(bid), caller(request))
         return batch_object(store, row) if row else refuse(404, f"no batch {bid!r}", "batch_id", "not_found")
 
     @app.post("/v1/batches/{bid}/cancel")
-    def cancel(bid: str) -> Any:
-        row = store.batch(bid)
+    def cancel(bid: str, request: Request) -> Any:
+        row = owned(store.batch(bid), caller(request))
         if row is None:
             return refuse(404, f"no batch {bid!r}", "batch_id", "not_found")
         if row["status"] not in OPEN:

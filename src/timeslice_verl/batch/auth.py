@@ -1,26 +1,37 @@
 """The batch service's key: every call but ``/health`` carries ``Authorization: Bearer KEY`` (as the OpenAI client
-sends it), so the prompts and answers of a batch are its user's alone — the agent's socket checks its caller the
+sends it), so the prompts and answers of a batch are its owner's alone — the agent's socket checks its caller the
 same way.
 
 The key is made at the service's first start into a file only its user can read (``timeslice.batch.key_file``)
 and read back by ``timeslice-verl batch …``; ``TIMESLICE_BATCH_API_KEY`` replaces the file (a Kubernetes Secret,
-another user given the key).
+another user given the key). The file may hold more keys, a line each, each naming its owner, its role and the
+priorities it may ask for (:mod:`~timeslice_verl.batch.keys` says the format and the defaults of a plain line):
+
+* a key reaches its owner's files and batches alone; another owner's answer 404 exactly as a missing one does (the
+  same status and body: no way to learn that an id exists), and the lists show only its owner's; an ``admin`` key
+  reaches everyone's. Files uploaded before files had owners (schema 6), and batches made before batches had
+  (schema 4), belong to nobody: only an ``admin`` key reaches them.
+* a batch asking for a priority outside its key's is refused (403, ``priority_not_allowed``, naming the allowed
+  ones): a plain key asks for at most the users' normal priority 0, the service's own key (the file's first, if
+  plain, or ``TIMESLICE_BATCH_API_KEY``) for any, so validation runs (priority 100) keep working.
+* ``/health`` answers without a key, but says why the service is unhealthy (a database's address among it) only to
+  a caller that sends one.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
+from timeslice_verl.batch.keys import ApiKey, KeyLineError, KeyRole, owner_of, parse_keys, parse_line, valid_key
 from timeslice_verl.private import NotPrivate, create_private, private_file
 
 KEY_ENV = "TIMESLICE_BATCH_API_KEY"
 OPEN_PATHS = frozenset({"/health"})
-"""Answered without a key: a readiness probe learns only that the service is up."""
+"""Answered without a key: a readiness probe learns only that the service is up (with a key: why it is not)."""
 
 
 class NoKey(NotPrivate):
@@ -37,34 +48,42 @@ def key_file(setting: str) -> Path:
 
 
 def _valid(key: str, where: str) -> str:
-    key = key.strip()
-    if len(key) < 16 or not key.isprintable() or " " in key:
-        raise NoKey(f"{where}: the key must be at least 16 printable characters without spaces")
-    return key
+    try:
+        return valid_key(key, where)
+    except KeyLineError as exc:
+        raise NoKey(str(exc)) from None
 
 
-def service_keys(setting: str) -> tuple[list[str], str]:
-    """The keys the service takes, and where they came from: the environment (one), or the file (made on first use
-    with one; a line each, ``#`` comments: a team or user each, whose batches share the tenant fairly)."""
+def _read_keys(path: Path) -> list[ApiKey]:
+    try:
+        keys = parse_keys(path.read_text().splitlines(), str(path))
+    except KeyLineError as exc:
+        raise NoKey(str(exc)) from None
+    if not keys:
+        raise NoKey(f"{path}: holds no key")
+    return keys
+
+
+def api_keys(setting: str) -> tuple[list[ApiKey], str]:
+    """The keys the service takes with their policies, and where they came from: the environment (one, ``admin``), or
+    the file (made on first use with one; a line each, ``#`` comments: a team or user each, whose batches share the
+    tenant fairly)."""
     if os.environ.get(KEY_ENV):
-        return [_valid(os.environ[KEY_ENV], KEY_ENV)], KEY_ENV
+        return [ApiKey.plain(_valid(os.environ[KEY_ENV], KEY_ENV), KeyRole.admin)], KEY_ENV
     path = key_file(setting)
     create_private(path, "timeslice.batch.key_file", (secrets.token_urlsafe(32) + "\n").encode())
     private_file(path, "timeslice.batch.key_file", readable_by_others=False)
-    keys = [_valid(line, f"{path} line {n}") for n, line in enumerate(path.read_text().splitlines(), 1)
-            if line.strip() and not line.lstrip().startswith("#")]
-    if not keys:
-        raise NoKey(f"{path}: holds no key")
-    return keys, str(path)
+    return _read_keys(path), str(path)
 
 
-def owner_of(key: str) -> str:
-    """The owner a key's batches are recorded under (never the key itself): what the fair share is between."""
-    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+def service_keys(setting: str) -> tuple[list[str], str]:
+    """The keys alone (:func:`api_keys`)."""
+    keys, source = api_keys(setting)
+    return [k.key for k in keys], source
 
 
 def client_key(setting: str, given: str = "") -> str:
-    """The key a client sends: ``--api-key``, else the environment, else the service's file."""
+    """The key a client sends: ``--api-key``, else the environment, else the service's file (its first key)."""
     if given:
         return _valid(given, "--api-key")
     if os.environ.get(KEY_ENV):
@@ -74,8 +93,7 @@ def client_key(setting: str, given: str = "") -> str:
         if not private_file(path, "timeslice.batch.key_file", readable_by_others=False):
             raise NoKey(f"no batch service key in {path}: start `timeslice-verl batch serve` once on this machine "
                             f"(it makes the key), or give it with --api-key or {KEY_ENV}")
-        first = next(line for line in path.read_text().splitlines() + [""] if line.strip() and not line.startswith("#"))
-        return _valid(first, str(path))
+        return _read_keys(path)[0].key
     except PermissionError:
         raise NoKey(f"{path}: not readable by you; give the key with --api-key or {KEY_ENV}") from None
     except NoKey:
@@ -86,23 +104,30 @@ def client_key(setting: str, given: str = "") -> str:
 
 class RequireKey:
     """ASGI middleware: 401 in OpenAI's error shape unless the request carries one of the keys (each compared in
-    constant time); the request's ``state.owner`` says whose it is."""
+    constant time); the request's ``state.key`` (:class:`~timeslice_verl.batch.keys.ApiKey`) says whose it is and
+    what it may do, ``state.owner`` its owner. ``keys``: bare strings are read as plain lines of a key file."""
 
-    def __init__(self, app: Any, keys: list[str]) -> None:
+    def __init__(self, app: Any, keys: Sequence[ApiKey | str]) -> None:
         self.app = app
-        self._expected = [(f"Bearer {k}".encode(), owner_of(k)) for k in keys]
+        policies = [k if isinstance(k, ApiKey) else parse_line(k, first=i == 0) for i, k in enumerate(keys)]
+        self._expected = [(f"Bearer {k.key}".encode(), k) for k in policies]
+
+    def _match(self, scope: dict) -> tuple[bytes, ApiKey | None]:
+        given = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+        found = None
+        for expected, key in self._expected:  # every key compared: the time says nothing of which matched
+            if hmac.compare_digest(given, expected):
+                found = key
+        return given, found
 
     async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
-        owner = ""
-        for expected, who in self._expected:  # every key compared: the time says nothing of which matched
-            if hmac.compare_digest(given, expected):
-                owner = who
-        if owner:
-            scope.setdefault("state", {})["owner"] = owner
+        given, key = self._match(scope)
+        if key is not None:
+            scope.setdefault("state", {}).update(key=key, owner=key.owner)
+        if key is not None or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         what = "a wrong API key" if given else "no API key"
@@ -115,4 +140,5 @@ class RequireKey:
         await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["KEY_ENV", "NoKey", "RequireKey", "client_key", "default_key_file", "key_file", "owner_of", "service_keys"]
+__all__ = ["KEY_ENV", "NoKey", "RequireKey", "api_keys", "client_key", "default_key_file", "key_file", "owner_of",
+           "service_keys"]

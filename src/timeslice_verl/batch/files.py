@@ -62,8 +62,12 @@ class Files:
             raise FileGone(f"the input file {fid!r} was deleted while it was read (after {got} of its {size} bytes)",
                            "input_file_id", "file_deleted", status=409)
 
-    def delete(self, fid: str) -> bool:
+    def delete(self, fid: str, owner: str | None = None) -> bool:
+        """Delete the file (``owner``: only if it is that owner's); whether there was one to delete."""
         with self.store.transaction() as db:
+            row = db.execute("SELECT owner FROM files WHERE id = ?", (fid,)).fetchone()
+            if row is None or (owner is not None and row["owner"] != owner):
+                return False
             db.execute("DELETE FROM file_chunks WHERE file_id = ?", (fid,))
             return db.execute("DELETE FROM files WHERE id = ?", (fid,)).rowcount > 0
 
@@ -85,10 +89,12 @@ class Upload:
                        (self.fid, self.seq, data, time.time()))
         self.seq += 1
 
-    def finish(self, purpose: str, filename: str) -> dict[str, Any]:
+    def finish(self, purpose: str, filename: str, owner: str = "") -> dict[str, Any]:
+        """The file, whole, recorded under ``owner`` (its uploader's key's)."""
         with self.store.transaction() as db:
-            db.execute("INSERT INTO files (id, purpose, filename, bytes, created_at, content) VALUES (?, ?, ?, ?, ?, ?)",
-                       (self.fid, purpose, filename, self.size, int(time.time()), b""))
+            db.execute("INSERT INTO files (id, purpose, filename, bytes, created_at, content, owner) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (self.fid, purpose, filename, self.size, int(time.time()), b"", owner))
         return self.store.file(self.fid)  # type: ignore[return-value]
 
     def abandon(self) -> None:

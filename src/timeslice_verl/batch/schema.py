@@ -8,7 +8,9 @@ queue: a line in flight has a holder, a lease and a fencing token (an answer fro
 over is discarded); a batch has an owner (its API key), a priority, a creation order of its own and a lease while
 it is created; a file's chunks say when they were written (an upload that stopped is swept, not one under way).
 Version 5 (issue 39) gives a batch the role of the tenants that may answer it (``batch``: users' work; ``policy``:
-a validation run, answered only by the policy tenant).
+a validation run, answered only by the policy tenant). Version 6 gives a file an owner (the owner its API key names):
+a key reaches its owner's files alone. Files of an older database get the owner ``''``, as batches made before
+version 4 did: nobody's, so only an ``admin`` key reaches them (who uploaded them is not known).
 
 The steps are written in the SQL both engines speak; :func:`for_postgresql` maps SQLite's type names. SQLite keeps
 its version in ``PRAGMA user_version``, PostgreSQL in the table ``timeslice_schema`` (the migration holds an advisory
@@ -25,7 +27,7 @@ from timeslice_verl.log import get_logger
 
 log = get_logger("batch")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 V1 = """
 CREATE TABLE files (
   id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
@@ -78,7 +80,10 @@ ALTER TABLE file_chunks ADD COLUMN at REAL NOT NULL DEFAULT 0
 V5 = """
 ALTER TABLE batches ADD COLUMN tenant_role TEXT NOT NULL DEFAULT 'batch'
 """
-STEPS = {1: V1, 2: V2, 3: V3, 4: V4, 5: V5}
+V6 = """
+ALTER TABLE files ADD COLUMN owner TEXT NOT NULL DEFAULT ''
+"""
+STEPS = {1: V1, 2: V2, 3: V3, 4: V4, 5: V5, 6: V6}
 """The statements that bring a database of version ``n - 1`` to version ``n``."""
 SQLITE_ONLY = {4: ["UPDATE batches SET seq = rowid"]}
 """What a step does on SQLite alone (before version 4 the creation order was SQLite's ``rowid``)."""

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 
 import httpx
 
-from timeslice_verl.batch.auth import RequireKey, service_keys
+from timeslice_verl.batch.auth import RequireKey, api_keys
 from timeslice_verl.batch.concurrency import Policy
 from timeslice_verl.batch.feeder import Feeder
 from timeslice_verl.batch.files import Files
@@ -127,7 +127,7 @@ class Service:
                             chunk_bytes=max(1, int(b.chunk_mb * 2**20)),
                             problem=lambda: "; ".join(f.problem for f in self.feeders if f.problem))
         self.app.router.lifespan_context = self._lifespan
-        keys, self.key_source = service_keys(b.key_file)
+        keys, self.key_source = api_keys(b.key_file)
         self.asgi = RequireKey(self.app, keys)
         """What uvicorn serves: the app behind its key."""
 

@@ -86,11 +86,15 @@ class Store(LineQueue):
     # ------------------------------------------------------------------ files
 
     def file(self, fid: str) -> dict[str, Any] | None:
-        rows = self.query("SELECT id, purpose, filename, bytes, created_at FROM files WHERE id = ?", (fid,))
+        rows = self.query("SELECT id, purpose, filename, bytes, created_at, owner FROM files WHERE id = ?", (fid,))
         return dict(rows[0]) if rows else None
 
-    def files(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.query("SELECT id, purpose, filename, bytes, created_at FROM files ORDER BY created_at")]
+    def files(self, owner: str | None = None) -> list[dict[str, Any]]:
+        """Every file, or ``owner``'s alone."""
+        sql, args = "SELECT id, purpose, filename, bytes, created_at, owner FROM files", ()
+        if owner is not None:
+            sql, args = sql + " WHERE owner = ?", (owner,)
+        return [dict(r) for r in self.query(sql + " ORDER BY created_at", args)]
 
     # ------------------------------------------------------------------ batches
 
@@ -145,11 +149,16 @@ class Store(LineQueue):
         rows = self.query("SELECT * FROM batches WHERE id = ?", (bid,))
         return dict(rows[0]) if rows else None
 
-    def batches(self, limit: int = 20, after: str | None = None) -> list[dict[str, Any]]:
-        """Newest first (creation order); ``after``: the ones older than that batch."""
-        sql, args = "SELECT * FROM batches", ()
+    def batches(self, limit: int = 20, after: str | None = None, owner: str | None = None) -> list[dict[str, Any]]:
+        """Newest first (creation order); ``after``: the ones older than that batch; ``owner``: that owner's alone
+        (``after`` then one of them too: another owner's id is as unknown as a missing one)."""
+        where, args = [], []
+        if owner is not None:
+            where, args = ["owner = ?"], [owner]
         if after:
-            sql, args = sql + " WHERE seq < (SELECT seq FROM batches WHERE id = ?)", (after,)
+            where.append("seq < (SELECT seq FROM batches WHERE id = ?" + (" AND owner = ?)" if owner is not None else ")"))
+            args += [after, owner] if owner is not None else [after]
+        sql = "SELECT * FROM batches" + (" WHERE " + " AND ".join(where) if where else "")
         return [dict(r) for r in self.query(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit))]
 
     def counts(self, bid: str) -> dict[str, int]:
