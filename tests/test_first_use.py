@@ -1,0 +1,75 @@
+"""What a new user meets following the README: each command that cannot do its work says why in one line and what to
+do, exits non-zero and leaves nothing running; what a run wrote is never deleted by the next one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_support import eventually, terminate
+
+CLI = [sys.executable, "-m", "timeslice_verl"]
+BLOCKER = """import sys
+
+
+class _Blocked:
+    \"\"\"These modules are not installed, as far as this process can tell.\"\"\"
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {names!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _Blocked())
+"""
+
+
+def without(tmp_path: Path, *modules: str) -> dict[str, str]:
+    """An environment whose Python cannot import ``modules`` (a ``sitecustomize`` on PYTHONPATH blocks them)."""
+    site = tmp_path / "blocked-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKER.format(names=set(modules)))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
+def processes_naming(text: str) -> list[int]:
+    """This machine's processes whose command line names ``text`` (a test's own folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert "Traceback" not in stderr and len(lines) == 1, stderr
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- the demo
+
+
+@pytest.mark.parametrize("blocked", [("verl",), ("verl", "torch", "pandas", "pyarrow")])
+def test_demo_validation_without_the_verl_extra_says_what_to_install_and_starts_nothing(tmp_path, blocked):
+    out = tmp_path / "demo"
+    proc = subprocess.run([*CLI, "demo", "--out", str(out), "--steps", "2", "--rollout-s", "0.2", "--train-s", "0.05",
+                           "--device", "cpu", "--validate-every", "2"], capture_output=True, text=True, timeout=300,
+                          env=without(tmp_path, *blocked))
+    assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line = one_error_line(proc.stderr)
+    assert "'verl' extra" in line and "pip install '.[verl]'" in line and f"missing: {', '.join(blocked)}" in line
+    assert not (out / "agent.log").exists() and processes_naming(str(out)) == []
+
+
