@@ -73,3 +73,19 @@ def test_demo_validation_without_the_verl_extra_says_what_to_install_and_starts_
     assert not (out / "agent.log").exists() and processes_naming(str(out)) == []
 
 
+def test_a_second_demo_in_the_same_folder_moves_the_first_run_aside_whole(tmp_path):
+    """The run a folder held is moved into ``earlier/<when it ended>/`` (its timeline, summary, picture), never deleted."""
+    out = tmp_path / "demo"
+    args = [*CLI, "demo", "--out", str(out), "--steps", "1", "--rollout-s", "0.1", "--train-s", "0.05", "--device", "cpu",
+            "--solo"]
+    first = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    kept = {name: (out / name).read_bytes() for name in ("run.jsonl", "summary.json", "timeline.png")}
+    second = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    (earlier,) = (out / "earlier").iterdir()
+    assert {name: (earlier / name).read_bytes() for name in kept} == kept
+    assert f"earlier    {earlier}" in second.stdout and "earlier" not in first.stdout
+    assert json.loads((out / "run.jsonl").read_text().splitlines()[0])  # this run's own timeline, beside it
+
+

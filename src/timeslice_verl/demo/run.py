@@ -31,6 +31,7 @@ from timeslice_verl.agent.gpu import gpu_count
 from timeslice_verl.config.overrides import compose
 from timeslice_verl.demo import validation
 from timeslice_verl.demo.batch import DemoBatch
+from timeslice_verl.demo.earlier import set_aside
 from timeslice_verl.demo.faults import TenantStop
 from timeslice_verl.demo.procs import (JOB, Spawned, Worker, free_port, start_agent, start_batch_service, start_tenant,
                                        wait_tenant_warm)
@@ -285,9 +286,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     (out / "run").mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(out / "run", 0o700)
     timeline = out / "run.jsonl"
-    for stale in (timeline, *out.glob("batch.sqlite*")):  # this run's own files, from a run before it
-        stale.unlink(missing_ok=True)
     compose("interleave", list(opts.overrides))  # a refused override fails here, before anything starts
+    earlier = set_aside(out)  # the run before this one, kept whole
     gpu = opts.device == "cuda" or (opts.device == "auto" and gpu_available())
     rollout = _rollout(opts)
     node = Node()
@@ -308,6 +308,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     for name in ("agent.log", "tenant.log", "batch.log"):
         if (out / name).exists():
             summary["files"][name.replace(".", "_")] = str(out / name)
+    if earlier is not None:
+        summary["files"]["earlier"] = str(earlier)
     summary["options"] = {k: str(v) for k, v in asdict(opts).items()}
     return summary
 
