@@ -89,3 +89,46 @@ def test_a_second_demo_in_the_same_folder_moves_the_first_run_aside_whole(tmp_pa
     assert json.loads((out / "run.jsonl").read_text().splitlines()[0])  # this run's own timeline, beside it
 
 
+# --------------------------------------------------------------------------- the tenant
+
+
+def test_tenant_run_of_a_command_that_is_not_installed_says_so_and_leaves_nothing(tmp_path):
+    bare = tmp_path / "bin"  # a PATH without vLLM on it
+    bare.mkdir()
+    proc = subprocess.run([*CLI, "tenant", "run", "--set", f"timeslice.agent.socket={tmp_path}/agent.sock", "--",
+                           "vllm", "serve", "some/model", "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PATH=str(bare)))
+    assert proc.returncode != 0
+    line = one_error_line(proc.stderr)
+    assert "'vllm' is not found" in line and "pip install vllm" in line and "full path" in line, line
+    assert processes_naming(str(tmp_path)) == []
+
+
+def test_the_supervisor_gives_up_on_a_command_it_cannot_start(tmp_path):
+    """Not executable (or gone between two starts): no restart would bring it, so the supervisor ends (2)."""
+    from timeslice_verl.tenant.supervisor import Supervisor, TenantCommand
+
+    script = tmp_path / "server"
+    script.write_text("#!/bin/sh\n")  # not executable
+    sup = Supervisor(TenantCommand.parse([str(script), "--port", str(free_port())]), wait_for_memory=False)
+    assert sup.run() == 2 and sup.restarts == 0
+
+
+def test_tenant_standin_on_a_port_in_use_says_so_in_one_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([*CLI, "tenant", "standin", "--port", str(port)], capture_output=True, text=True,
+                              timeout=120)
+    assert proc.returncode != 0 and proc.stdout == ""
+    line = one_error_line(proc.stderr)
+    assert f"cannot listen on 127.0.0.1:{port}" in line and "in use" in line and "another --port" in line, line
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+

@@ -318,9 +318,13 @@ def _fail_spec(items: list[str]) -> dict[str, list]:
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     faults = Faults(hang=a.hang, slow_s=a.slow_s, slow_on=a.slow_on, fail=_fail_spec(a.fail), die_on=a.die_on)
-    server = FakeVllmServer(a.host, a.port, version=a.vllm_version, dev_mode=not a.no_dev_mode, model=a.model,
-                            sleep_in_flight=a.sleep_in_flight, token_s=a.token_s, fail_wake_up=a.fail_wake_up, faults=faults,
-                            max_num_seqs=a.max_num_seqs, knee=a.knee)
+    try:
+        server = FakeVllmServer(a.host, a.port, version=a.vllm_version, dev_mode=not a.no_dev_mode, model=a.model,
+                                sleep_in_flight=a.sleep_in_flight, token_s=a.token_s, fail_wake_up=a.fail_wake_up,
+                                faults=faults, max_num_seqs=a.max_num_seqs, knee=a.knee)
+    except OSError as exc:  # the port is taken, the address is not this machine's: one line, as a server says it
+        raise SystemExit(f"stand-in vLLM: cannot listen on {a.host}:{a.port}: {exc.strerror or exc}; give another "
+                         "--port (or stop what holds this one)") from None
     if a.asleep:
         server.engine.sleeping = server.engine.paused = server.engine.frozen = True
     if a.engine_child:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -241,6 +242,10 @@ def tenant_run(gpu: str, max_restarts: int, backoff_max_s: float, start_timeout_
         cmd = TenantCommand.parse(list(command))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if shutil.which(cmd.argv[0]) is None:  # checked here: the supervisor would start it again and again
+        vllm = "install vLLM in this environment (pip install vllm) or " if "vllm" in cmd.argv[0] else ""
+        raise click.ClickException(f"tenant run: the server's command {cmd.argv[0]!r} is not found (not on PATH, or "
+                                   f"not an executable file): {vllm}give its full path after --")
     if max_restarts < 0 or not 0 < backoff_max_s <= 86400 or not 0 < start_timeout_s <= 86400:
         raise click.UsageError("--max-restarts must be >= 0; --backoff-max-s and --start-timeout-s in (0, 86400]")
     if register_url and not register_url.startswith(("http://", "https://")):
