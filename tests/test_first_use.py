@@ -132,3 +132,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# --------------------------------------------------------------------------- the batch service
+
+
+def test_batch_submit_with_no_agent_on_the_node_says_why_no_line_moves(tmp_path, procs, vllm):
+    pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
+    from batch_support import BatchServiceProc, write_requests
+
+    service = BatchServiceProc(tmp_path / "service", vllm.url, agent_socket=tmp_path / "no-agent.sock").start()
+    procs.append(service)
+    write_requests(tmp_path / "in.jsonl", 3)
+    shown = tmp_path / "submit.out"
+    with shown.open("w") as out:
+        submit = subprocess.Popen([*CLI, "batch", "submit", str(tmp_path / "in.jsonl"), "--url", service.url,
+                                   "--api-key", service.key], stdout=out, stderr=subprocess.DEVNULL)
+    try:
+        said = eventually(lambda: next((line for line in shown.read_text().splitlines() if "agent" in line), None),
+                          what="submit says why nothing moves")
+        assert said.startswith("no agent answers on this node") and "`timeslice-verl agent`" in said, said
+        submit.send_signal(signal.SIGINT)
+        assert submit.wait(60) == 0  # it stopped following; the batch goes on
+        assert shown.read_text().count("no agent answers") == 1, "said once, not at every poll"
+    finally:
+        terminate(submit)
+
+
