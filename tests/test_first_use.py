@@ -157,3 +157,26 @@ def test_batch_submit_with_no_agent_on_the_node_says_why_no_line_moves(tmp_path,
         terminate(submit)
 
 
+@pytest.mark.parametrize("engine", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)])
+def test_a_service_on_a_fresh_database_logs_one_line_for_its_schema(tmp_path, procs, engine):
+    pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
+    from batch_support import BatchServiceProc
+
+    env, extra = {}, ()
+    if engine == "postgresql":
+        from pg_support import Postgres, need_postgres
+
+        need_postgres()
+        server = Postgres().start()
+        procs.append(type("Server", (), {"stop": staticmethod(server.close)})())
+        env = {"TIMESLICE_BATCH_DSN": server.database(f"fresh_{os.getpid()}"), "TIMESLICE_BATCH_API_KEY": "k" * 32}
+        extra = ("timeslice.batch.store=postgresql",)
+    service = BatchServiceProc(tmp_path, "", command=("serve", "--api-only"), env=env, extra=extra).start()
+    procs.append(service)
+    service.stop()
+    said = [line for line in service.log().splitlines() if "schema" in line]
+    from timeslice_verl.batch.schema import SCHEMA_VERSION
+
+    assert len(said) == 1 and said[0].endswith(f": created schema v{SCHEMA_VERSION}"), said
+
+
