@@ -89,6 +89,19 @@ def test_a_second_demo_in_the_same_folder_moves_the_first_run_aside_whole(tmp_pa
     assert json.loads((out / "run.jsonl").read_text().splitlines()[0])  # this run's own timeline, beside it
 
 
+@pytest.mark.slow
+def test_demo_step_lines_name_their_figures_in_words_and_units(tmp_path):
+    out = tmp_path / "demo"
+    proc = subprocess.run([*CLI, "demo", "--out", str(out), "--steps", "2", "--rollout-s", "0.3", "--train-s", "0.05",
+                           "--device", "cpu", "--batch-lines", "40", "--finish-batch-s", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    steps = [line.split("timeslice.demo: ", 1)[1] for line in proc.stderr.splitlines() if "timeslice.demo: step " in line]
+    assert len(steps) == 2 and all("{" not in line and "timeslice/" not in line for line in steps), steps
+    assert all(" s (waited " in line and " · handoffs " in line and " · thaw " in line and " ms" in line
+               for line in steps), steps
+
+
 # --------------------------------------------------------------------------- the tenant
 
 

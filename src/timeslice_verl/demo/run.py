@@ -226,8 +226,26 @@ def _train(lc: Lifecycle, trainer: DemoTrainer, node: Node, rollout: DemoRollout
         metrics = {k: v for k, v in trainer.metrics.items() if k.startswith("timeslice/")}
         step_log.append({"step": step, "step_s": round(time.monotonic() - t0, 6), "wait_s": round(wait, 6),
                          "worker": done, **metrics})
-        log.info("step %d: %s %s", step, done, metrics)
+        log.info("%s", step_line(step_log[-1]))
     return step_log
+
+
+def step_line(record: dict[str, Any]) -> str:
+    """A step's record as a person reads it: its time, what it waited for, then the handoff's figures by name."""
+    ms = record["worker"].split()[-1] if record["worker"].startswith("done ") else "?"
+    figures = []
+    for key, value in record.items():
+        if not key.startswith("timeslice/"):
+            continue
+        name, number = key.removeprefix("timeslice/"), isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number and name.endswith("_gib"):
+            figures.append(f"{name.removesuffix('_gib').replace('_', ' ')} {value:.2f} GiB")
+        elif number and name.endswith("_s"):
+            figures.append(f"{name.removesuffix('_s').replace('_', ' ')} {value * 1e3:.1f} ms")
+        else:
+            figures.append(f"{name.replace('_', ' ')} {value}")
+    return (f"step {record['step']}: {record['step_s']:.3f} s (waited {record['wait_s']:.3f} s for its batch, "
+            f"trained {ms} ms)" + "".join(f" · {f}" for f in figures))
 
 
 def _sync_and_save(lc: Lifecycle, rollout: DemoRollout, *, save: bool, initial: bool = False) -> None:
