@@ -193,3 +193,21 @@ def test_a_service_on_a_fresh_database_logs_one_line_for_its_schema(tmp_path, pr
     assert len(said) == 1 and said[0].endswith(f": created schema v{SCHEMA_VERSION}"), said
 
 
+# --------------------------------------------------------------------------- doctor, status
+
+
+def test_doctor_fails_the_cuda_backend_where_libcuda_cannot_be_loaded(tmp_path):
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("libcuda.so.1 loads on this machine")
+    except OSError:
+        pass
+    proc = subprocess.run([*CLI, "doctor", f"timeslice.agent.socket={tmp_path}/nope.sock", "timeslice.agent.backend=cuda",
+                           "timeslice.tenant.url=http://127.0.0.1:9"], capture_output=True, text=True, timeout=120)
+    line = next(line for line in proc.stdout.splitlines() if "agent backend frees GPU memory" in line)
+    assert line.startswith("FAIL") and "libcuda.so.1" in line, line
+    assert proc.returncode == 1
+
+
