@@ -211,3 +211,15 @@ def test_doctor_fails_the_cuda_backend_where_libcuda_cannot_be_loaded(tmp_path):
     assert proc.returncode == 1
 
 
+def test_status_names_its_two_in_flight_figures_apart_and_says_why_lines_are_held():
+    """Lines a feeder claimed and requests open at the tenant differ (claimed lines wait for a seat): two names."""
+    from timeslice_verl.tools.status import render_batch
+
+    text = render_batch({"tenant": "http://t", "gate": {"open": False, "source": "agent", "why": "the GPU's owner: job:a"},
+                         "lines": {"queued": 5, "inflight": 3, "done": 90, "retried": 0, "failed": 0},
+                         "tenants": [{"tenant": "http://t", "limit": 256, "inflight": 2, "sent": 92, "answered": 90}]})
+    assert "in flight" not in text, text
+    assert "claimed by a feeder 3" in text and "2 requests open at the tenant" in text
+    assert "holding (following the agent: the GPU's owner: job:a)" in text
+
+
