@@ -223,3 +223,23 @@ def test_status_names_its_two_in_flight_figures_apart_and_says_why_lines_are_hel
     assert "holding (following the agent: the GPU's owner: job:a)" in text
 
 
+def test_batch_status_shows_lines_a_cancel_ended_apart_from_failed_ones(tmp_path, procs, vllm):
+    pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
+    from click.testing import CliRunner
+
+    from batch_support import BatchServiceProc, create_batch, write_requests
+    from timeslice_verl.tools.cli import main
+
+    # no agent answers: the gate holds every line, so a cancel ends all of them unsent
+    service = BatchServiceProc(tmp_path / "service", vllm.url, agent_socket=tmp_path / "no-agent.sock").start()
+    procs.append(service)
+    write_requests(tmp_path / "in.jsonl", 3)
+    with service.http() as http:
+        bid = create_batch(http, tmp_path / "in.jsonl")
+        http.post(f"/v1/batches/{bid}/cancel").raise_for_status()
+        eventually(lambda: http.get(f"/v1/batches/{bid}").json()["status"] == "cancelled", what="the batch cancelled")
+    shown = CliRunner().invoke(main, ["batch", "status", bid, "--url", service.url, "--api-key", service.key])
+    assert shown.exit_code == 0, shown.output
+    assert "0/3 done, 0 failed, 3 not sent (cancelled)" in shown.output, shown.output
+
+

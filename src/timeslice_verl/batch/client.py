@@ -146,11 +146,25 @@ def _waiting_for(client: BatchClient) -> str:
     return f"the lines wait: {why}"
 
 
-def describe(batch: dict[str, Any]) -> str:
+NOT_SENT = ("batch_cancelled", "batch_expired")
+"""Error codes of lines a cancel or the window ended before they were sent: not failures of the tenant."""
+
+
+def not_sent(client: BatchClient, batch: dict[str, Any]) -> int:
+    """Lines of ``batch`` its cancel (or its window) ended before they were sent (0 for a batch never cancelled)."""
+    if batch["status"] not in ("cancelling", "cancelled", "expired"):
+        return 0
+    failed = client.figures(batch["id"]).get("failed") or {}
+    return sum(int(failed.get(code, 0)) for code in NOT_SENT)
+
+
+def describe(batch: dict[str, Any], unsent: int = 0) -> str:
+    """One line for a batch; ``unsent``: of its failed lines, those never sent (cancelled, expired), shown apart."""
     c = batch["request_counts"]
     files = "  ".join(f"{k}={batch[k]}" for k in ("output_file_id", "error_file_id") if batch.get(k))
-    return (f"{batch['id']}  {batch['status']:11}  {c['completed']}/{c['total']} done, {c['failed']} failed  "
-            f"{batch['endpoint']}  {files}").rstrip()
+    apart = f", {unsent} not sent ({'expired' if batch['status'] == 'expired' else 'cancelled'})" if unsent else ""
+    return (f"{batch['id']}  {batch['status']:11}  {c['completed']}/{c['total']} done, {c['failed'] - unsent} failed"
+            f"{apart}  {batch['endpoint']}  {files}").rstrip()
 
 
-__all__ = ["BatchClient", "BatchClientError", "describe", "endpoint_of", "follow", "served_model"]
+__all__ = ["NOT_SENT", "BatchClient", "BatchClientError", "describe", "endpoint_of", "follow", "not_sent", "served_model"]
