@@ -243,3 +243,29 @@ def test_batch_status_shows_lines_a_cancel_ended_apart_from_failed_ones(tmp_path
     assert "0/3 done, 0 failed, 3 not sent (cancelled)" in shown.output, shown.output
 
 
+def test_the_stand_in_counts_a_request_whose_client_left_before_its_answer_as_cancelled_not_completed():
+    """Its ``completed`` counts answered requests: a line the batch service gave up on (and sent again) is not one."""
+    import httpx
+
+    from timeslice_verl.testing.fake_vllm import FakeVllmServer
+
+    server = FakeVllmServer(token_s=0.001).start()
+    try:
+        httpx.post(f"{server.url}/_fake/fault", json={"late_on": "v1/completions"}).raise_for_status()
+        host, port = server.httpd.server_address[:2]
+        body = json.dumps({"model": "m", "prompt": "p", "max_tokens": 3}).encode()
+        client = socket.create_connection((host, port))
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        stats = lambda: httpx.get(f"{server.url}/_fake/stats").json()  # noqa: E731
+        eventually(lambda: stats()["generated"] == 3 and stats()["running"] == 0, what="the request generated")
+        client.close()  # the client leaves before the answer
+        httpx.post(f"{server.url}/_fake/answer").raise_for_status()
+        eventually(lambda: stats()["cancelled"] == 1, what="the request counted as cancelled")
+        assert stats()["completed"] == 0
+        assert httpx.post(f"{server.url}/v1/completions", json={"model": "m", "prompt": "q", "max_tokens": 1}).is_success
+        assert stats()["completed"] == 1
+    finally:
+        server.stop()
+
+

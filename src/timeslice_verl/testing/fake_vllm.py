@@ -203,10 +203,20 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, {"object": "error", "message": "bad request", "type": "BadRequestError", "code": 400})
             return
         answer = self.engine.answer(path, body, self._client_gone)
-        if answer[1].get("choices", [{}])[0].get("finish_reason") == "cancelled":
+        reason = answer[1].get("choices", [{}])[0].get("finish_reason")
+        if reason == "cancelled":
             self.close_connection = True  # nobody to answer
             return
-        self._send(*answer)
+        if self.engine.faults.late_on in Faults.names(path, {}):  # generated, answered later
+            self.engine.late_answer.wait()
+        try:
+            if self._client_gone():
+                raise ConnectionResetError("the client went away before its answer")
+            self._send(*answer)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+            if reason in ("length", "stop"):
+                self.engine.undelivered()  # generated, never answered: not a completed request
 
     def _client_gone(self) -> bool:
         """The client closed the connection while its request runs (nothing else is read on it meanwhile): vLLM
