@@ -327,7 +327,7 @@ def test_status_shows_the_supervisor_the_ladder_and_the_batch_without_control_ch
                           "open_batches": [{"id": "batch_x", "status": "in_progress", "total": 100, "completed": 90,
                                             "failed": 1}]})
     assert "completed 90, retried 3, failed 1; 512 tokens/s" in batch and "batch_x  in_progress 91/100 (91 %)" in batch
-    assert "2 in flight of a limit of 256 (it follows vLLM); 99 sent, 90 answered, 7 shed when the limit fell" in batch
+    assert "2 requests open at the tenant, of a limit of 256 (it follows vLLM); 99 sent, 90 answered, 7 shed when the limit fell" in batch
     assert "\x1b" not in batch
 
 

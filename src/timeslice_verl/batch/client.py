@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import httpx
 
-from timeslice_verl.batch.status import ENDED
+from timeslice_verl.batch.status import AGENT_SILENT, ENDED
 from timeslice_verl.log import get_logger
 from timeslice_verl.names import TenantRole
 
@@ -105,27 +105,66 @@ def endpoint_of(path: Path) -> str:
 
 
 def follow(client: BatchClient, batch: dict[str, Any], *, poll_s: float = 1.0, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Show a batch's progress (lines done, rate, ETA) until it ends; its last state."""
+    """Show a batch's progress (lines done, rate, ETA) until it ends; its last state. While no line moves, why not
+    (once per reason): the service's gate says what its lines wait for."""
     from tqdm import tqdm
 
-    total = batch["request_counts"]["total"]
+    total, said, done = batch["request_counts"]["total"], set(), -1
     with tqdm(total=total, unit="line", desc=batch["id"][:18], dynamic_ncols=True) as bar:
         while True:
             counts = batch["request_counts"]
-            bar.n = counts["completed"] + counts["failed"]
+            now_done = counts["completed"] + counts["failed"]
+            bar.n = now_done
             bar.set_postfix(failed=counts["failed"], status=batch["status"], refresh=False)
             bar.refresh()
             if batch["status"] in ENDED:
                 return batch
+            why = _waiting_for(client) if now_done == done else ""
+            if why and why not in said:
+                said.add(why)
+                with bar.external_write_mode():
+                    echo(why)
+            done = now_done
             time.sleep(poll_s)
             batch = client.get(batch["id"])
 
 
-def describe(batch: dict[str, Any]) -> str:
+def _waiting_for(client: BatchClient) -> str:
+    """What the service's lines wait for, from its gate; "" when they are sent (or the service does not say)."""
+    try:
+        gate = client.summary().get("gate") or {}
+    except (BatchClientError, ValueError):
+        return ""
+    source, why = str(gate.get("source", "")), str(gate.get("why", ""))
+    if gate.get("open") or not why:
+        return ""
+    if source.startswith("agent") and why == AGENT_SILENT:
+        return ("no agent answers on this node: the lines wait until the agent lends the GPU to the tenant; start "
+                "`timeslice-verl agent` (or serve with timeslice.batch.follow_agent=false where no trainer shares the GPU)")
+    if source == "agent":
+        return f"the lines wait while the trainer holds the GPU ({why}); they go to the tenant in its idle valleys"
+    return f"the lines wait: {why}"
+
+
+NOT_SENT = ("batch_cancelled", "batch_expired")
+"""Error codes of lines a cancel or the window ended before they were sent: not failures of the tenant."""
+
+
+def not_sent(client: BatchClient, batch: dict[str, Any]) -> int:
+    """Lines of ``batch`` its cancel (or its window) ended before they were sent (0 for a batch never cancelled)."""
+    if batch["status"] not in ("cancelling", "cancelled", "expired"):
+        return 0
+    failed = client.figures(batch["id"]).get("failed") or {}
+    return sum(int(failed.get(code, 0)) for code in NOT_SENT)
+
+
+def describe(batch: dict[str, Any], unsent: int = 0) -> str:
+    """One line for a batch; ``unsent``: of its failed lines, those never sent (cancelled, expired), shown apart."""
     c = batch["request_counts"]
     files = "  ".join(f"{k}={batch[k]}" for k in ("output_file_id", "error_file_id") if batch.get(k))
-    return (f"{batch['id']}  {batch['status']:11}  {c['completed']}/{c['total']} done, {c['failed']} failed  "
-            f"{batch['endpoint']}  {files}").rstrip()
+    apart = f", {unsent} not sent ({'expired' if batch['status'] == 'expired' else 'cancelled'})" if unsent else ""
+    return (f"{batch['id']}  {batch['status']:11}  {c['completed']}/{c['total']} done, {c['failed'] - unsent} failed"
+            f"{apart}  {batch['endpoint']}  {files}").rstrip()
 
 
-__all__ = ["BatchClient", "BatchClientError", "describe", "endpoint_of", "follow", "served_model"]
+__all__ = ["NOT_SENT", "BatchClient", "BatchClientError", "describe", "endpoint_of", "follow", "not_sent", "served_model"]

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from timeslice_verl.agent.client import AgentClient, AgentError
+from timeslice_verl.batch.status import AGENT_SILENT
 from timeslice_verl.log import get_logger
 
 log = get_logger("batch")
@@ -48,6 +49,8 @@ class Gate:
         self.source = "agent" if agent_socket else "tenant health"
         self.unreachable = ""
         """Why the tenant was found gone; until its ``/health`` answers again, no line goes out."""
+        self.why = ""
+        """Why the gate is as it is, as last found ("" before the first look)."""
         self._since = 0.0
         self._owner = ""
         self._watch = True
@@ -59,6 +62,7 @@ class Gate:
         return self.open_s + (time.monotonic() - self._since if self.open else 0.0)
 
     def _set(self, value: bool, why: str) -> None:
+        self.why = why
         if value == self.open:
             return
         now = time.monotonic()
@@ -119,7 +123,7 @@ class Gate:
             if self.source == "agent":
                 log.warning("batch: the agent does not answer (%s): holding lines until it does", exc)
             self.source = "agent (not answering)"
-            return False, "the agent does not answer"
+            return False, AGENT_SILENT
         self.source = "agent"
         self._owner = str(answer.get("owner", ""))
         return self._owner == "tenant", f"the GPU's owner: {self._owner}"

@@ -122,6 +122,7 @@ def migrate_sqlite(db: sqlite3.Connection, where: str) -> None:
         problem = db.execute("PRAGMA quick_check").fetchone()[0]
         if problem != "ok":
             raise SchemaError(f"is damaged (quick_check: {problem}); restore it from a copy or move it away")
+    fresh = version == 0
     while version < SCHEMA_VERSION:
         version += 1
         db.execute("BEGIN IMMEDIATE")
@@ -134,12 +135,16 @@ def migrate_sqlite(db: sqlite3.Connection, where: str) -> None:
                 db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
-        if version > 1:
+        if not fresh:
             log.info("batch: %s brought to schema %d", where, version)
+    if fresh:
+        log.info("batch: %s: created schema v%d", where, SCHEMA_VERSION)
 
 
 def migrate_postgresql(conn: Any, where: str) -> None:
     """Bring a PostgreSQL database to :data:`SCHEMA_VERSION`, each step in a transaction under the advisory lock."""
+    found: int | None = None  # the version this process found first
+    made = 0  # the steps this process made (a replica starting beside it may make some)
     while True:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK,))
@@ -147,14 +152,19 @@ def migrate_postgresql(conn: Any, where: str) -> None:
             row = conn.execute("SELECT version FROM timeslice_schema").fetchone()
             version = int(row["version"]) if row else 0
             _check_version(version)
+            found = version if found is None else found
             if version == SCHEMA_VERSION:
+                if found == 0 and made == SCHEMA_VERSION:
+                    log.info("batch: %s: created schema v%d", where, SCHEMA_VERSION)
                 return
             version += 1
             for statement in statements(version):
                 conn.execute(for_postgresql(statement))
             conn.execute("DELETE FROM timeslice_schema")
             conn.execute("INSERT INTO timeslice_schema (version) VALUES (%s)", (version,))
-        log.info("batch: %s brought to schema %d", where, version)
+        made += 1
+        if found:
+            log.info("batch: %s brought to schema %d", where, version)
 
 
 __all__ = ["SCHEMA_VERSION", "SchemaError", "for_postgresql", "migrate_postgresql", "migrate_sqlite", "statements"]

@@ -187,7 +187,7 @@ class Service:
                       problem="; ".join(f.problem for f in self.feeders if f.problem))
         return {"tenant": self.url, "tenants": each, "role": self.role.value,
                 "gate": {"open": any(g.open for g in self.gates), "source": self.gates[0].source if self.gates else "-",
-                         "open_s": round(open_s, 3)},
+                         "why": "; ".join(dict.fromkeys(g.why for g in self.gates if g.why)), "open_s": round(open_s, 3)},
                 "feeder": feeder, "lines": totals, "open_batches": batches,
                 "tokens_per_s_open": round(totals["tokens"] / open_s, 3) if open_s > 0 else None}
 

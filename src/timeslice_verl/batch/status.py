@@ -28,4 +28,7 @@ OPEN = ("validating", "in_progress", "finalizing", "cancelling")
 ENDED = ("completed", "failed", "expired", "cancelled")
 """Statuses of a batch that never change again (its output and error files are whole)."""
 
-__all__ = ["BatchStatus", "ENDED", "OPEN"]
+AGENT_SILENT = "the agent does not answer"
+"""Why the service's gate holds its lines when the node's agent does not answer (its summary's ``gate.why``)."""
+
+__all__ = ["AGENT_SILENT", "BatchStatus", "ENDED", "OPEN"]

@@ -31,6 +31,7 @@ from timeslice_verl.agent.gpu import gpu_count
 from timeslice_verl.config.overrides import compose
 from timeslice_verl.demo import validation
 from timeslice_verl.demo.batch import DemoBatch
+from timeslice_verl.demo.earlier import set_aside
 from timeslice_verl.demo.faults import TenantStop
 from timeslice_verl.demo.procs import (JOB, Spawned, Worker, free_port, start_agent, start_batch_service, start_tenant,
                                        wait_tenant_warm)
@@ -225,8 +226,26 @@ def _train(lc: Lifecycle, trainer: DemoTrainer, node: Node, rollout: DemoRollout
         metrics = {k: v for k, v in trainer.metrics.items() if k.startswith("timeslice/")}
         step_log.append({"step": step, "step_s": round(time.monotonic() - t0, 6), "wait_s": round(wait, 6),
                          "worker": done, **metrics})
-        log.info("step %d: %s %s", step, done, metrics)
+        log.info("%s", step_line(step_log[-1]))
     return step_log
+
+
+def step_line(record: dict[str, Any]) -> str:
+    """A step's record as a person reads it: its time, what it waited for, then the handoff's figures by name."""
+    ms = record["worker"].split()[-1] if record["worker"].startswith("done ") else "?"
+    figures = []
+    for key, value in record.items():
+        if not key.startswith("timeslice/"):
+            continue
+        name, number = key.removeprefix("timeslice/"), isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number and name.endswith("_gib"):
+            figures.append(f"{name.removesuffix('_gib').replace('_', ' ')} {value:.2f} GiB")
+        elif number and name.endswith("_s"):
+            figures.append(f"{name.removesuffix('_s').replace('_', ' ')} {value * 1e3:.1f} ms")
+        else:
+            figures.append(f"{name.replace('_', ' ')} {value}")
+    return (f"step {record['step']}: {record['step_s']:.3f} s (waited {record['wait_s']:.3f} s for its batch, "
+            f"trained {ms} ms)" + "".join(f" · {f}" for f in figures))
 
 
 def _sync_and_save(lc: Lifecycle, rollout: DemoRollout, *, save: bool, initial: bool = False) -> None:
@@ -285,9 +304,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     (out / "run").mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(out / "run", 0o700)
     timeline = out / "run.jsonl"
-    for stale in (timeline, *out.glob("batch.sqlite*")):  # this run's own files, from a run before it
-        stale.unlink(missing_ok=True)
     compose("interleave", list(opts.overrides))  # a refused override fails here, before anything starts
+    earlier = set_aside(out)  # the run before this one, kept whole
     gpu = opts.device == "cuda" or (opts.device == "auto" and gpu_available())
     rollout = _rollout(opts)
     node = Node()
@@ -308,6 +326,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     for name in ("agent.log", "tenant.log", "batch.log"):
         if (out / name).exists():
             summary["files"][name.replace(".", "_")] = str(out / name)
+    if earlier is not None:
+        summary["files"]["earlier"] = str(earlier)
     summary["options"] = {k: str(v) for k, v in asdict(opts).items()}
     return summary
 

@@ -110,7 +110,8 @@ class Supervisor:
     proc: subprocess.Popen | None = None
 
     def run(self) -> int:
-        """Run and bring back the server until stopped (0), out of restarts (1), or its port is another's (2)."""
+        """Run and bring back the server until stopped (0), out of restarts (1), its port is another's or its
+        command cannot be started (2)."""
         try:
             lock = process.hold_lock(self.lock_path) if self.lock_path else None
         except process.Taken as exc:
@@ -144,7 +145,11 @@ class Supervisor:
             if self.wait_for_memory and not self._room(gpu):
                 return 0
             started = time.monotonic()
-            self.proc = self._start(gpu)
+            try:
+                self.proc = self._start(gpu)
+            except OSError as exc:  # not found, not executable: no restart would bring it
+                log.error("tenant: cannot start %r: %s", self.command.argv[0], exc.strerror or exc)
+                return 2
             why = self._healthy(self.proc)
             if not why:
                 self._register(self.proc, time.monotonic() - started)

@@ -154,6 +154,13 @@ class FakeVllm:
             self.cond.notify_all()
         return tokens, reason
 
+    def undelivered(self) -> None:
+        """A generation that ended but whose answer never reached its client (it went away): counted as
+        ``cancelled``, so ``completed`` counts only requests answered."""
+        with self.cond:
+            self.completed -= 1
+            self.cancelled += 1
+
     def _abort_all(self) -> None:
         self.aborting |= self.running
         self.cond.notify_all()

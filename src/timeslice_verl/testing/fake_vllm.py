@@ -203,10 +203,20 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, {"object": "error", "message": "bad request", "type": "BadRequestError", "code": 400})
             return
         answer = self.engine.answer(path, body, self._client_gone)
-        if answer[1].get("choices", [{}])[0].get("finish_reason") == "cancelled":
+        reason = answer[1].get("choices", [{}])[0].get("finish_reason")
+        if reason == "cancelled":
             self.close_connection = True  # nobody to answer
             return
-        self._send(*answer)
+        if self.engine.faults.late_on in Faults.names(path, {}):  # generated, answered later
+            self.engine.late_answer.wait()
+        try:
+            if self._client_gone():
+                raise ConnectionResetError("the client went away before its answer")
+            self._send(*answer)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+            if reason in ("length", "stop"):
+                self.engine.undelivered()  # generated, never answered: not a completed request
 
     def _client_gone(self) -> bool:
         """The client closed the connection while its request runs (nothing else is read on it meanwhile): vLLM
@@ -318,9 +328,13 @@ def _fail_spec(items: list[str]) -> dict[str, list]:
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     faults = Faults(hang=a.hang, slow_s=a.slow_s, slow_on=a.slow_on, fail=_fail_spec(a.fail), die_on=a.die_on)
-    server = FakeVllmServer(a.host, a.port, version=a.vllm_version, dev_mode=not a.no_dev_mode, model=a.model,
-                            sleep_in_flight=a.sleep_in_flight, token_s=a.token_s, fail_wake_up=a.fail_wake_up, faults=faults,
-                            max_num_seqs=a.max_num_seqs, knee=a.knee)
+    try:
+        server = FakeVllmServer(a.host, a.port, version=a.vllm_version, dev_mode=not a.no_dev_mode, model=a.model,
+                                sleep_in_flight=a.sleep_in_flight, token_s=a.token_s, fail_wake_up=a.fail_wake_up,
+                                faults=faults, max_num_seqs=a.max_num_seqs, knee=a.knee)
+    except OSError as exc:  # the port is taken, the address is not this machine's: one line, as a server says it
+        raise SystemExit(f"stand-in vLLM: cannot listen on {a.host}:{a.port}: {exc.strerror or exc}; give another "
+                         "--port (or stop what holds this one)") from None
     if a.asleep:
         server.engine.sleeping = server.engine.paused = server.engine.frozen = True
     if a.engine_child:

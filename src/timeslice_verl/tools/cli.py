@@ -277,6 +277,9 @@ def demo_cmd(out: str, overrides: tuple[str, ...], **kw: Any) -> None:
         raise click.UsageError(str(exc)) from None
     except RuntimeError as exc:  # a part that did not start (the tenant, the batch service): its log is named
         raise click.ClickException(str(exc)) from None
+    except ImportError as exc:  # what the checks above did not foresee: everything started is stopped by now
+        raise click.ClickException(f"the demo needs {exc.name or exc}, which is not installed here: pip install "
+                                   "'.[verl]' in a clone of timeslice-verl") from None
     _echo_demo(summary, kw["solo"])
 
 
@@ -297,6 +300,11 @@ def _check_demo(kw: dict[str, Any], overrides: tuple[str, ...]) -> None:
                                "need --validate-every")
     if kw["policy_model"] and not kw["policy_url"]:
         raise click.UsageError("--policy-model is the model --policy-url serves: name the running vLLM too")
+    if kw["validate_every"]:
+        missing = _missing(*VALIDATION_MODULES, *(("transformers",) if kw["policy_model"] else ()))
+        if missing:
+            raise click.ClickException(f"--validate-every needs the 'verl' extra (missing: {', '.join(missing)}): "
+                                       "pip install '.[verl]' in a clone of timeslice-verl, or leave --validate-every off")
     if kw["burst_every"] and kw["profile"] != "even":
         raise click.UsageError("--burst-every shapes the even schedule; a --profile has its own arrivals")
     if kw["wedge_at"] and (kw["vllm_url"] or not 1 <= kw["wedge_at"] <= kw["steps"]):
@@ -309,6 +317,23 @@ def _check_demo(kw: dict[str, Any], overrides: tuple[str, ...]) -> None:
         except ImportError:
             raise click.UsageError("the demo submits its batch work to the batch service, which needs the 'batch' extra: "
                                    "pip install 'timeslice-verl[batch]' (or run --solo)") from None
+
+
+VALIDATION_MODULES = ("verl", "torch", "pandas", "pyarrow")
+"""What the demo's validation imports: verl's reward function, the trainer's model, the validation set's parquet."""
+
+
+def _missing(*modules: str) -> list[str]:
+    """The ``modules`` that cannot be imported here (looked up, not imported: verl takes seconds to import)."""
+    import importlib.util
+
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):
+            return True
+
+    return [m for m in modules if absent(m)]
 
 
 def _echo_demo(summary: dict[str, Any], solo: bool) -> None:

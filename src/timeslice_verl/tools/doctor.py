@@ -139,6 +139,14 @@ def check_backend(settings: TimesliceSettings) -> Check:
     if settings.agent.backend == "sigstop":
         return Check(name, False, "timeslice.agent.backend=sigstop is the CPU test backend: it pauses the trainer "
                      "but frees no GPU memory", "use timeslice.agent.backend=cuda (or cuda-cli)")
+    from timeslice_verl.agent.freeze import BackendUnavailable, make_backend
+
+    try:  # loads what the agent would: libcuda.so.1 and its cuCheckpointProcess* (cuda), or the binary (cuda-cli)
+        make_backend(settings.agent.backend, probe=None, driver_timeout_s=1.0,
+                     cuda_checkpoint_bin=settings.agent.cuda_checkpoint_bin)
+    except (BackendUnavailable, ValueError) as exc:
+        return Check(name, False, f"timeslice.agent.backend={settings.agent.backend} cannot be used here: {exc}",
+                     "run on the GPU node with NVIDIA driver r570+ (libcuda.so.1), or install cuda-checkpoint for cuda-cli")
     return Check(name, True, f"timeslice.agent.backend={settings.agent.backend}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -113,14 +114,15 @@ def _run_service(overrides: tuple[str, ...], role: str) -> None:
 @SET
 def submit_cmd(path: Path, endpoint: str, no_wait: bool, url: str, api_key: str, overrides: tuple[str, ...]) -> None:
     """Upload a JSONL file of requests and create a batch; then show its progress (lines done, rate, ETA)."""
-    from timeslice_verl.batch.client import BatchClientError, describe, endpoint_of, follow
+    from timeslice_verl.batch.client import BatchClientError, describe, endpoint_of, follow, not_sent
 
     client = _client(url, overrides, api_key)
     try:
         batch = client.create(client.upload(path)["id"], endpoint or endpoint_of(path))
         click.echo(batch["id"])
         if not no_wait:
-            click.echo(describe(follow(client, batch, echo=click.echo)))
+            batch = follow(client, batch, echo=click.echo)
+            click.echo(describe(batch, not_sent(client, batch)))
     except BatchClientError as exc:
         raise _fail(exc) from None
     except KeyboardInterrupt:
@@ -135,16 +137,17 @@ def submit_cmd(path: Path, endpoint: str, no_wait: bool, url: str, api_key: str,
 @SET
 def status_cmd(batch_id: str | None, as_json: bool, url: str, api_key: str, overrides: tuple[str, ...]) -> None:
     """One batch, or the latest ones."""
-    from timeslice_verl.batch.client import BatchClientError, describe
+    from timeslice_verl.batch.client import BatchClientError, describe, not_sent
 
     if batch_id and batch_id.startswith("timeslice.") and "=" in batch_id:  # a setting, not a batch
         batch_id, overrides = None, (batch_id, *overrides)
     client = _client(url, overrides, api_key)
     try:
         batches = [client.get(batch_id)] if batch_id else client.list()
+        shown = "\n".join(describe(b, not_sent(client, b)) for b in batches) if not as_json else ""
     except BatchClientError as exc:
         raise _fail(exc) from None
-    click.echo(json.dumps(batches, indent=1) if as_json else "\n".join(describe(b) for b in batches) or "no batch")
+    click.echo(json.dumps(batches, indent=1) if as_json else shown or "no batch")
 
 
 @batch_group.command("results")
@@ -182,10 +185,12 @@ def results_cmd(batch_id: str, output: Path | None, errors: Path | None, url: st
 @SET
 def cancel_cmd(batch_id: str, url: str, api_key: str, overrides: tuple[str, ...]) -> None:
     """Cancel a batch: what was not sent yet goes to its error file as cancelled."""
-    from timeslice_verl.batch.client import BatchClientError, describe
+    from timeslice_verl.batch.client import BatchClientError, describe, not_sent
 
     try:
-        click.echo(describe(_client(url, overrides, api_key).cancel(batch_id)))
+        client = _client(url, overrides, api_key)
+        batch = client.cancel(batch_id)
+        click.echo(describe(batch, not_sent(client, batch)))
     except BatchClientError as exc:
         raise _fail(exc) from None
 
@@ -241,6 +246,10 @@ def tenant_run(gpu: str, max_restarts: int, backoff_max_s: float, start_timeout_
         cmd = TenantCommand.parse(list(command))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if shutil.which(cmd.argv[0]) is None:  # checked here: the supervisor would start it again and again
+        vllm = "install vLLM in this environment (pip install vllm) or " if "vllm" in cmd.argv[0] else ""
+        raise click.ClickException(f"tenant run: the server's command {cmd.argv[0]!r} is not found (not on PATH, or "
+                                   f"not an executable file): {vllm}give its full path after --")
     if max_restarts < 0 or not 0 < backoff_max_s <= 86400 or not 0 < start_timeout_s <= 86400:
         raise click.UsageError("--max-restarts must be >= 0; --backoff-max-s and --start-timeout-s in (0, 86400]")
     if register_url and not register_url.startswith(("http://", "https://")):

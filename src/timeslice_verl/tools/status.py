@@ -81,12 +81,14 @@ def render_batch(summary: dict[str, Any]) -> str:
     lines, gate = summary.get("lines") or {}, summary.get("gate") or {}
     rate = summary.get("tokens_per_s_open")
     out = [f"batch service: feeding {clean(summary.get('tenant', '?'))} — "
-           f"{'sending' if gate.get('open') else 'holding'} (following the {gate.get('source', '?')}); "
-           f"lines queued {lines.get('queued', 0)}, in flight {lines.get('inflight', 0)}, completed {lines.get('done', 0)}, "
+           f"{'sending' if gate.get('open') else 'holding'} (following the {gate.get('source', '?')}"
+           + (f": {clean(gate['why'])}" if gate.get("why") and not gate.get("open") else "") + "); "
+           f"lines queued {lines.get('queued', 0)}, claimed by a feeder {lines.get('inflight', 0)}, "
+           f"completed {lines.get('done', 0)}, "
            f"retried {lines.get('retried', 0)}, failed {lines.get('failed', 0)}"
            + (f"; {rate:.0f} tokens/s while the tenant had the GPU" if rate else "")]
     for t in summary.get("tenants") or []:
-        out.append(f"  to {clean(t.get('tenant', '?'))}: {t.get('inflight', 0)} in flight of a limit of {t.get('limit', 0)} "
+        out.append(f"  to {clean(t.get('tenant', '?'))}: {t.get('inflight', 0)} requests open at the tenant, of a limit of {t.get('limit', 0)} "
                    f"(it follows vLLM); {t.get('sent', 0)} sent, {t.get('answered', 0)} answered"
                    + (f", {t['shed']} shed when the limit fell" if t.get("shed") else ""))
     if summary.get("key_file"):
