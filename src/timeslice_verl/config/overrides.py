@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf.errors import OmegaConfBaseException
 
+from timeslice_verl.config.suggest import suggest_key, suggest_value
 from timeslice_verl.config.schema import SECTION, ConfigError, TimesliceSettings, _full_key, load_settings
 
 SCHEMA_GROUP = "timeslice_schema"
@@ -84,14 +85,31 @@ def compose(option: str = "interleave", overrides: list[str] | None = None) -> T
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = hydra_compose(config_name=PRIMARY, overrides=given)
     except OmegaConfBaseException as exc:
-        raise ConfigError(_full_key(getattr(exc, "full_key", "")), str(exc).splitlines()[0]) from None
+        raise _typo(given) or ConfigError(_full_key(getattr(exc, "full_key", "")), str(exc).splitlines()[0]) from None
     except Exception as exc:  # Hydra's own override / composition errors: its words, as verl prints them
         if not type(exc).__module__.startswith("hydra"):
             raise
-        raise _hydra_error(exc) from None
+        raise _typo(given) or _hydra_error(exc) from None
     if SECTION not in cfg:  # ~timeslice
         raise ConfigError(SECTION, "no section left to show (an override removed it)")
-    return load_settings(cfg.get(SECTION))
+    try:
+        return load_settings(cfg.get(SECTION))
+    except ConfigError as exc:  # an appended key (+timeslice.…) the schema lacks surfaces here
+        raise _typo(given) or exc from None
+
+
+def _typo(given: list[str]) -> ConfigError | None:
+    """The first override whose key the schema lacks but nearly has, or whose value nearly is one of its
+    choices: named, with what it meant (Hydra would advise "+key" for the key, which adds a wrong one)."""
+    for item in given:
+        key, _, value = item.partition("=")
+        meant = suggest_key(TimesliceSettings, SECTION, key)
+        if meant is not None:
+            return ConfigError(key.lstrip("+~"), f"no such setting; did you mean {meant}?")
+        close = suggest_value(TimesliceSettings, SECTION, key, value)
+        if close is not None:
+            return ConfigError(key.lstrip("+~"), f"{value!r} is not one of its choices; did you mean {close!r}?")
+    return None
 
 
 def _hydra_error(exc: Exception) -> ConfigError:

@@ -43,6 +43,15 @@ BUNDLED: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class HookError:
+    """An exception a plugin's hook implementation raised (gating: it also propagated; observing: it was logged)."""
+
+    plugin: str
+    hook: str
+    error: BaseException
+
+
 class PluginLoadError(RuntimeError):
     """A plugin could not be imported, built or validated. The message names the plugin."""
 
@@ -105,6 +114,8 @@ class TimesliceManager:
         self._sources: dict[str, str] = {}
         self._by_id: dict[int, str] = {}
         self._disabled: list[str] = []
+        self.hook_errors: list[HookError] = []
+        """Every error a plugin raised in a hook, in order: what the test kit's strict mode fails a test on."""
 
     @property
     def hook(self) -> pluggy.HookRelay:
@@ -119,7 +130,7 @@ class TimesliceManager:
         plugin = _instantiate(plugin, name or _default_name(plugin))
         if id(plugin) in self._by_id:
             raise PluginLoadError(f"plugin {name or plugin!r}: already registered as {self._by_id[id(plugin)]!r}")
-        guarded = _Guarded(plugin, name or _default_name(plugin), self.pm)
+        guarded = _Guarded(plugin, name or _default_name(plugin), self.pm, self.hook_errors.append)
         try:
             registered = self.pm.register_guarded(guarded, name or _default_name(plugin))
         except pluggy.PluginValidationError as exc:
@@ -257,7 +268,8 @@ class _Guarded:
     """What pluggy registers for a plugin: its hook implementations, each under its hook's error policy
     (wrappers as they are: they see the other implementations' outcome and decide themselves)."""
 
-    def __init__(self, plugin: Any, name: str, pm: pluggy.PluginManager) -> None:
+    def __init__(self, plugin: Any, name: str, pm: pluggy.PluginManager,
+                 sink: Callable[[HookError], None] = lambda error: None) -> None:
         self.plugin = plugin
         known = set(hookspecs.hook_names())
         for attr in dir(plugin):
@@ -267,7 +279,7 @@ class _Guarded:
             function = getattr(plugin, attr)
             hook = opts.get("specname") or attr
             wrapper = opts.get("wrapper") or opts.get("hookwrapper")
-            setattr(self, attr, function if wrapper or hook not in known else _guard(function, name, hook))
+            setattr(self, attr, function if wrapper or hook not in known else _guard(function, name, hook, sink))
 
     def __repr__(self) -> str:
         return repr(self.plugin)
@@ -277,7 +289,8 @@ def _default_name(plugin: Any) -> str:
     return str(getattr(plugin, "__name__", None) or id(plugin))
 
 
-def _guard(function: Callable[..., Any], plugin: str, hook: str) -> Callable[..., Any]:
+def _guard(function: Callable[..., Any], plugin: str, hook: str,
+           sink: Callable[[HookError], None]) -> Callable[..., Any]:
     """The hook's error policy, applied to one plugin's implementation: in a gating hook the error
     propagates (named), in an observing hook it is logged and the other plugins still run."""
     gating = hookspecs.hook_kind(hook) == hookspecs.GATING
@@ -289,6 +302,7 @@ def _guard(function: Callable[..., Any], plugin: str, hook: str) -> Callable[...
             return function(*args, **kwargs)
         except Exception as exc:
             dt = (time.perf_counter() - t0) * 1e3
+            sink(HookError(plugin, hook, exc))
             if gating:
                 log.error("plugin %s failed in gating hook %s after %.1f ms: %r", plugin, hook, dt, exc)
                 raise
