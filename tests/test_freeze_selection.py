@@ -45,6 +45,8 @@ def C(pid: int, title: str = RANK, **kw) -> Candidate:
         ([C(1, registered=True, client=True), C(2, owner_ok=False), C(3, registered=True, tagged=False)], [3],
          {1: Left.CLIENT, 2: Left.OTHER_USER}),
         ([C(2, owner_ok=False), C(4)], [4], {2: Left.OTHER_USER}),
+        # an SPMD rank registered itself and is a client the backend leaves running: its tag finds the GPU work
+        ([C(1, registered=True, client=True), C(2), C(3, ENGINE)], [2], {1: Left.CLIENT, 3: Left.ROLLOUT}),
         ([], [], {}),
     ],
 )

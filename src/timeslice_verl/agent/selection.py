@@ -4,10 +4,11 @@
 (``ray::WorkerDict``), but also verl's rollouter, its vLLM server and engine processes and the rollout side's
 ``ray::CheckpointEngineWorker``. Where trainer and rollouter share a GPU, freezing the tag would stop the rollout
 with the trainer. The trainer's driver registers its ranks' pids with the agent (``register_pids``, at the
-handoff's start, before its first release); once a job has registered ranks, only those are frozen and every
-other tagged process is left running. A job that registered none (an SPMD job found by its tag alone, or a
-driver whose registration failed) has its tagged processes frozen, except those whose process title names
-the rollout side, so a lost registration never stops a rollouter sharing the GPU.
+handoff's start, before its first release); once a job has registered ranks the agent may freeze, only those
+are frozen and every other tagged process is left running. A job that registered none (one found by its tag
+alone, a driver whose registration failed, or an SPMD rank that registered itself, a client the agent's CPU
+backend must not stop) has its tagged processes frozen, except those whose process title names the rollout
+side, so a lost registration never stops a rollouter sharing the GPU.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class Selection:
 def select(candidates: Iterable[Candidate]) -> Selection:
     """The pids to freeze and, for every other candidate, why it is left running."""
     candidates = sorted(candidates, key=lambda c: c.pid)
-    ranks_known = any(c.registered for c in candidates)
+    ranks_known = any(c.registered and not c.client for c in candidates)
     freeze: list[int] = []
     left: list[tuple[Candidate, Left]] = []
     for c in candidates:
