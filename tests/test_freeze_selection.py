@@ -138,13 +138,33 @@ def test_without_a_registration_the_rollout_side_is_still_never_frozen(tmp_path,
         assert all(running(w.pid) for w in workers.values())
 
 
-def test_the_cpu_backend_freezes_and_thaws_the_rank_alone(one_gpu_job):
-    """The freeze backend itself, without the daemon: discovery, SIGSTOP and SIGCONT on real processes."""
+class GpuView:
+    """NVML as the agent would see it: ``placed`` pids on its GPU, a GiB each."""
+
+    def __init__(self, placed: set[int]) -> None:
+        self.placed = placed
+
+    def process_memory(self) -> dict[int, int]:
+        return {pid: 2**30 for pid in self.placed}
+
+    def used_by(self, pids: list[int]) -> int:
+        return sum(self.process_memory().get(p, 0) for p in pids)
+
+
+@pytest.mark.parametrize("view", ["none", "one shared GPU", "rollouter on another GPU"])
+def test_the_cpu_backend_freezes_and_thaws_the_rank_alone(one_gpu_job, view):
+    """The freeze backend itself, without the daemon: discovery, SIGSTOP and SIGCONT on real processes, with no GPU
+    view, with every process on the agent's one GPU, and with the rollout side on another GPU."""
     from timeslice_verl.agent.freeze.sigstop import SigstopPrimitives
+
+    class GpuSigstop(SigstopPrimitives):
+        frees_gpu_memory = True  # so the agent filters by its GPU view, as the CUDA backends do
 
     job, workers = one_gpu_job
     rank = workers[RANK].pid
-    backend = FreezeBackend(SigstopPrimitives(), probe=None, driver_timeout_s=30)
+    everyone = {w.pid for w in workers.values()}
+    probe = {"none": None, "one shared GPU": GpuView(everyone), "rollouter on another GPU": GpuView({rank})}[view]
+    backend = FreezeBackend(GpuSigstop() if probe else SigstopPrimitives(), probe=probe, driver_timeout_s=30)
     try:
         pids = backend.discover(job, [rank])
         assert pids == [rank]
