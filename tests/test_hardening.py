@@ -376,9 +376,11 @@ def test_processes_off_the_agents_gpus_are_not_frozen(tmp_path):
     other = spawn_worker(None)
     try:  # spawn_worker returns once each tag is readable
         backend = FreezeBackend(ScriptedPrimitives(), probe=_Probe({on.pid, other.pid}), driver_timeout_s=5)
-        assert backend.discover("gpu-job", [off.pid]) == [on.pid]
+        assert backend.discover("gpu-job", []) == [on.pid]
+        assert backend.discover("gpu-job", [on.pid, off.pid]) == [on.pid]  # a registered rank elsewhere too
         backend.only_on_gpus = False  # timeslice.agent.freeze_off_gpu=true
-        assert backend.discover("gpu-job", [off.pid]) == sorted([on.pid, off.pid])
+        assert backend.discover("gpu-job", []) == sorted([on.pid, off.pid])
+        assert backend.discover("gpu-job", [off.pid]) == [off.pid]  # registered ranks only: the tag alone is no rank
     finally:
         for p in (on, off, other):
             p.kill()

@@ -148,3 +148,60 @@ def test_a_swap_mode_is_one_type_that_says_what_it_does_and_compares_as_its_name
     assert (m.parks, m.locks_only) == (parks, locks_only)
     assert m == mode and str(m) == f"{m}" == mode and json.dumps({"swap": m}) == json.dumps({"swap": mode})
     assert mode in SWAP_MODES
+
+
+def shared(live_gib: float, used_gib: float, others_gib: float, available_gib: float = 128) -> dict:
+    """A rank whose GPU also holds the job's rollouter and its vLLM (``device_others``): they stay, never frozen."""
+    return {**rank("n1", live_gib, available_gib, used_gib), "device_others": int(others_gib * GiB)}
+
+
+OTHERS = "of the job's other processes, which stay"
+
+
+@pytest.mark.parametrize(
+    ("reports", "swap", "why"),
+    [
+        # 19 GiB of trainer and 30 of rollouter stay beside a 50 GiB tenant on an H200 (room 84)
+        ([shared(18, 19, 30)], "resident", f"resident fits: pid 7 keeps 19.0 GiB (+ 30.0 GiB {OTHERS}), room 84.0 GiB "
+                                           "beside a 50.0 GiB tenant"),
+        # 40 GiB fits alone, not with the rollouter's 50: park, which leaves 1 GiB of context beside the 50
+        ([shared(39, 40, 50)], "park", f"resident does not fit: pid 7 keeps 40.0 GiB (+ 50.0 GiB {OTHERS}), room 84.0 "
+                                       "GiB beside a 50.0 GiB tenant; park: n1 pins 39.0 GiB of 128.0 GiB available"),
+        # what a parked rank keeps (9 GiB) plus the rollouter's 80 leave the tenant no room: checkpoint
+        ([shared(10, 19, 80)], "checkpoint",
+         f"resident does not fit: pid 7 keeps 19.0 GiB (+ 80.0 GiB {OTHERS}), room 84.0 GiB beside a 50.0 GiB tenant; "
+         f"park leaves the tenant no room: pid 7 keeps 9.0 GiB parked (+ 80.0 GiB {OTHERS}), room 84.0 GiB beside a "
+         "50.0 GiB tenant"),
+        # the rollouter alone leaves no room: checkpoint, and the reason says lending wakes nothing
+        ([shared(18, 19, 90)], "checkpoint",
+         f"resident does not fit: pid 7 keeps 19.0 GiB (+ 90.0 GiB {OTHERS}), room 84.0 GiB beside a 50.0 GiB tenant; "
+         f"park leaves the tenant no room: pid 7 keeps 1.0 GiB parked (+ 90.0 GiB {OTHERS}), room 84.0 GiB beside a "
+         "50.0 GiB tenant; even a checkpoint leaves the tenant no room (pid 7's GPU: 90.0 GiB of the job's other "
+         "processes, room 84.0 GiB beside a 50.0 GiB tenant): lower the rollout's gpu_memory_utilization or the "
+         "tenant's"),
+        # the rollouter on other GPUs (nothing of the job beside the rank): as before
+        ([shared(39, 40, 0)], "resident", "resident fits: pid 7 keeps 40.0 GiB, room 84.0 GiB beside a 50.0 GiB tenant"),
+    ],
+)
+def test_the_jobs_other_processes_on_the_gpu_count_as_staying(reports, swap, why):
+    assert choose(reports, TENANT_50) == (swap, why)
+
+
+def test_the_jobs_other_processes_are_told_by_their_tag():
+    from timeslice_verl.ranks.worker import job_others
+
+    tags = {1: "job-a", 2: "job-a", 3: None, 4: "job-b"}  # me, the rollouter's vLLM, the tenant, another job
+    usage = [(1, 10 * GiB), (2, 30 * GiB), (3, 50 * GiB), (4, 7 * GiB), (5, GiB)]  # 5: gone meanwhile
+    assert job_others(usage, 1, "job-a", tags.get) == 30 * GiB
+    assert job_others(usage, 1, None, tags.get) == 0  # an untagged rank cannot tell its job's processes
+
+
+def test_a_processs_tag_is_read_from_its_environment(procs):
+    from agent_support import spawn_worker
+    from timeslice_verl.ranks.worker import job_tag
+
+    tagged, untagged = spawn_worker("rollout-job"), spawn_worker(None)
+    procs.extend([tagged, untagged])
+    assert job_tag(tagged.pid) == "rollout-job"
+    assert job_tag(untagged.pid) is None
+    assert job_tag(2**22 + 1) is None  # no such process

@@ -51,6 +51,18 @@ def has_registry(module: ModuleType) -> bool:
     return callable(getattr(module, "register_trainer", None))
 
 
+def missing_hooks(module: ModuleType) -> list[str]:
+    """What verl's fully-async trainer ``module`` lacks for this adapter (its trainer registry, then the
+    trainer's ``on_*`` methods); [] where it has everything."""
+    if not has_registry(module):
+        return ["register_trainer"]
+    trainer = getattr(module, "FullyAsyncTrainer", None)
+    if trainer is None:
+        return ["FullyAsyncTrainer"]
+    base = getattr(trainer, "__ray_actor_class__", trainer)
+    return [m for m in HOOK_METHODS if not callable(getattr(base, m, None))]
+
+
 def install(module: ModuleType) -> type | None:
     """Register the ``timeslice`` trainer in ``module``'s registry; None when it has no registry."""
     if not has_registry(module):
@@ -59,7 +71,7 @@ def install(module: ModuleType) -> type | None:
     if existing is not None:
         return existing
     base = getattr(module.FullyAsyncTrainer, "__ray_actor_class__", module.FullyAsyncTrainer)
-    missing = [m for m in HOOK_METHODS if not callable(getattr(base, m, None))]
+    missing = missing_hooks(module)
     if missing:
         log.warning(
             "verl's trainer registry exists but FullyAsyncTrainer lacks %s: hooked adapter not installed",

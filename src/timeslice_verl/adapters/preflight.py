@@ -7,6 +7,9 @@ serve fails in the user's terminal instead of inside a Ray actor minutes later.
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+from types import ModuleType
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -23,6 +26,10 @@ GPU_USE_WHILE_RELEASED = {
     "async_training.use_trainer_do_validate": "validation on the trainer's GPUs",
     "async_training.use_dynamic_resource_scheduling": "verl's own rollout on the trainer's GPUs while it waits",
 }
+
+
+PROFILER_STEPS = "global_profiler.steps"
+"""verl profiles its workers on these steps: with time-slicing the profiler would run while the GPU is lent."""
 
 
 def _select(config: Any, key: str) -> Any:
@@ -56,6 +63,28 @@ def check_v1(config: Any, settings: TimesliceSettings) -> None:
         )
 
 
+def check_hooked(settings: TimesliceSettings, module: ModuleType | None = None) -> None:
+    """``timeslice.adapter=hooked`` needs a verl build whose fully-async trainer has lifecycle hooks and a trainer
+    registry: on stock verl no event would ever fire (``module``: verl's trainer module; default: imported here)."""
+    if str(settings.adapter) not in ("hooked", "fork"):
+        return
+    from timeslice_verl.adapters import TRAINER_MODULE
+    from timeslice_verl.adapters.hooked import missing_hooks
+
+    missing = missing_hooks(module if module is not None else importlib.import_module(TRAINER_MODULE))
+    if missing:
+        raise ConfigError("timeslice.adapter", f"is 'hooked', but the installed verl ({_verl_version()}) has no "
+                          f"fully-async lifecycle hooks ({TRAINER_MODULE} lacks {', '.join(missing)}): the hooked "
+                          "adapter needs a verl build with them. Use timeslice.adapter=auto (or stock) with this verl")
+
+
+def _verl_version() -> str:
+    try:
+        return f"verl {importlib.metadata.version('verl')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "verl, version unknown"
+
+
 def _is_v1_runner(runner: Any) -> bool:
     cls = getattr(runner, "__ray_actor_class__", runner)
     return getattr(cls, "__name__", "") == "TaskRunnerV1"
@@ -72,8 +101,16 @@ def preflight(config: Any, *, v1: bool = False) -> None:
     elif settings.adapter == "v1":
         raise ConfigError("timeslice.adapter", "is 'v1' but this is not verl's v1 trainer (python -m "
                           "verl.trainer.main_ppo trainer.use_v1=True trainer.v1.trainer_mode=separate_async)")
+    else:
+        check_hooked(settings)
     if BUNDLED_AGENT in settings.plugins.disabled:
         return  # observe-only: the GPU is never handed over
+    steps = _select(config, PROFILER_STEPS)
+    if steps:
+        raise ConfigError(PROFILER_STEPS, f"is {_plain(steps)}: verl profiles the trainer's workers on those steps, "
+                          "while time-slicing may have lent their GPU to the batch tenant (the workers frozen). Set "
+                          f"{PROFILER_STEPS}=null with time-slicing, or use +timeslice=observe to only record the "
+                          "timeline")
     tag = _select(config, JOB_TAG_KEY)
     if tag is not None and str(tag) != settings.job:
         raise ConfigError("timeslice.job", f"is {settings.job!r} but {JOB_TAG_KEY} is {tag!r}: the agent finds the "
@@ -86,6 +123,14 @@ def preflight(config: Any, *, v1: bool = False) -> None:
                 f"is true: {what} uses the GPU after the trainer released it to the batch tenant. Turn it off "
                 "with time-slicing, or use +timeslice=observe to only record the timeline",
             )
+
+
+def _plain(value: Any) -> Any:
+    """A config value as the user wrote it (a list, not a ListConfig)."""
+    try:
+        return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    except Exception:
+        return value
 
 
 def wrap_run_ppo(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:

@@ -50,7 +50,8 @@ class Executor:
             job.busy = False
 
     async def _freeze(self, job: Job) -> None:
-        pids = await asyncio.to_thread(self.backend.discover, job.name, job.pids(), self.client_pids(job), job.owner_uid)
+        ranks = [p.pid for p in job.registered]  # not job.procs: what a tag found last time is no rank
+        pids = await asyncio.to_thread(self.backend.discover, job.name, ranks, self.client_pids(job), job.owner_uid)
         if not self.still_known(job) or job.ending or job.holding:  # forgotten, ended or back during the scan
             log.info("freeze of job %s dropped: the job %s meanwhile", job.name,
                      "was forgotten" if not self.still_known(job) else "ended" if job.ending else "asked again")

@@ -101,6 +101,16 @@ def job_tag(pid: int) -> str | None:
     return None
 
 
+def title(pid: int) -> str:
+    """The process's command line as ``ps`` shows it (Ray and vLLM write their titles there: ``ray::WorkerDict``,
+    ``VLLM::EngineCore``), or "" (gone or not readable by us)."""
+    try:
+        raw = (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
 def environ(pid: int) -> dict[str, str] | None:
     """The process's initial environment, or None (gone or not readable by us)."""
     try:

@@ -55,6 +55,9 @@ def register_pids(h: Handoff) -> None:
         h.client.register_ranks(h.job, h.ranks)  # type: ignore[union-attr]
         return
     pids = h.ranks.local_pids()
+    if not pids and h.client is not None:
+        log.warning("[timeslice] job=%s the ranks' pids are unknown: the agent freezes the job's tagged processes, "
+                    "the rollout side's (its process titles) excepted", h.job)
     if pids and h.client is not None:
         try:
             h.client.register_pids(h.job, pids)

@@ -2,12 +2,15 @@
 
 * ``resident`` moves nothing: the trainer's tensors stay on the GPU beside the awake tenant, so the way back is the
   tenant's yield alone. It fits where every rank's footprint once its caches are freed (NVML, the rank's own
-  process), plus the tenant's awake footprint on that GPU (what the agent measured), plus a margin, is within
-  the GPU's memory.
+  process), plus what the job's other processes hold on that GPU (``device_others``: verl's rollouter and its
+  vLLM where they share the trainer's GPU; the agent never freezes them), plus the tenant's awake footprint on
+  that GPU (what the agent measured), plus a margin, is within the GPU's memory.
 * ``park`` copies the ranks' tensors to pinned host RAM at copy-engine speed (tens of GB/s) but pins as much host
   RAM as they hold on the GPU, for the whole run: it is chosen where every host has that, with a quarter and
-  4 GiB to spare (the kernel's ``MemAvailable``, read on each rank's host).
-* ``checkpoint`` needs neither: the CUDA driver moves each process whole (a few GB/s).
+  4 GiB to spare (the kernel's ``MemAvailable``, read on each rank's host), and, where other processes of the job
+  share a rank's GPU, the awake tenant fits beside them and what the parked rank keeps there (its context).
+* ``checkpoint`` needs neither: the CUDA driver moves each process whole (a few GB/s). Where even that leaves the
+  tenant no room beside the job's other processes, the reason says so: lending that GPU wakes nothing.
 
 :func:`round_trip_estimate` says what a handoff of the chosen mode should take before any was measured (bytes to
 move over this node's bandwidth, plus the tenant's yield and wake), so the first valleys are lent only when they
@@ -68,21 +71,34 @@ def agent_figures(status: dict[str, Any]) -> dict[str, Any]:
 
 def choose(reports: list[dict[str, Any]] | None, agent: dict[str, Any] | None = None) -> tuple[SwapMode, str]:
     """(swap, why) from one ``release_caches`` report per rank (``host``, ``live_after``, ``device_used``,
-    ``device_total``, ``host_available``) and the agent's figures; ``reports`` None: the ranks cannot move their
-    own tensors."""
+    ``device_others``, ``device_total``, ``host_available``) and the agent's figures; ``reports`` None: the ranks
+    cannot move their own tensors."""
     if reports is None:
         return SwapMode.checkpoint, "the ranks cannot park"
     if not reports:
         return SwapMode.checkpoint, "no rank reported its memory"
     if not any(int(r.get("live_after", 0)) for r in reports):
         return SwapMode.checkpoint, "the ranks hold no GPU memory (no CUDA here?)"
-    resident, why = _resident_fits(reports, agent or {})
+    agent = agent or {}
+    resident, why = _resident_fits(reports, agent)
     if resident:
         return SwapMode.resident, why
     park, why_park = _park_fits(reports)
     if park:
+        park, why_park = _parked_room(reports, agent, why_park)
+    if park:
         return SwapMode.park, f"{why}; {why_park}"
-    return SwapMode.checkpoint, f"{why}; {why_park}; set timeslice.handoff.swap=park to force it"
+    force = "" if why_park.startswith("park leaves") else "; set timeslice.handoff.swap=park to force it"
+    return SwapMode.checkpoint, f"{why}; {why_park}{force}{_no_room_at_all(reports, agent)}"
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
+
+
+def _others(r: dict[str, Any]) -> str:
+    others = int(r.get("device_others", 0))
+    return f" (+ {_gib(others)} of the job's other processes, which stay)" if others else ""
 
 
 def _resident_fits(reports: list[dict[str, Any]], agent: dict[str, Any]) -> tuple[bool, str]:
@@ -95,11 +111,42 @@ def _resident_fits(reports: list[dict[str, Any]], agent: dict[str, Any]) -> tupl
         if not used or not total:
             return False, f"resident: pid {r.get('pid')} did not report its GPU footprint (no NVML?)"
         room = resident_room(total, tenant)
-        (fits if used <= room else short).append(f"pid {r.get('pid')} keeps {used / 2**30:.1f} GiB, room "
-                                                 f"{room / 2**30:.1f} GiB beside a {tenant / 2**30:.1f} GiB tenant")
+        stays = used + int(r.get("device_others", 0))
+        (fits if stays <= room else short).append(f"pid {r.get('pid')} keeps {_gib(used)}{_others(r)}, room "
+                                                  f"{_gib(room)} beside a {_gib(tenant)} tenant")
     if short:
         return False, "resident does not fit: " + "; ".join(short)
     return True, "resident fits: " + "; ".join(fits)
+
+
+def _parked_room(reports: list[dict[str, Any]], agent: dict[str, Any], why_park: str) -> tuple[bool, str]:
+    """Where the job's other processes share a rank's GPU: the awake tenant must fit beside them and what the parked
+    rank keeps there (its footprint less its tensors), or a park frees the GPU for a tenant that cannot wake."""
+    tenant = int(agent.get("tenant_bytes", 0))
+    short = []
+    for r in reports:
+        others, total = int(r.get("device_others", 0)), int(r.get("device_total", 0))
+        if not tenant or not others or not total:
+            continue
+        kept = max(0, int(r.get("device_used", 0)) - int(r.get("live_after", 0)))
+        room = resident_room(total, tenant)
+        if kept + others > room:
+            short.append(f"pid {r.get('pid')} keeps {_gib(kept)} parked{_others(r)}, room {_gib(room)} beside a "
+                         f"{_gib(tenant)} tenant")
+    if short:
+        return False, "park leaves the tenant no room: " + "; ".join(short)
+    return True, why_park
+
+
+def _no_room_at_all(reports: list[dict[str, Any]], agent: dict[str, Any]) -> str:
+    """A warning where the job's other processes alone leave the awake tenant no room on a rank's GPU."""
+    tenant = int(agent.get("tenant_bytes", 0))
+    full = [f"pid {r.get('pid')}'s GPU: {_gib(int(r.get('device_others', 0)))} of the job's other processes, room "
+            f"{_gib(resident_room(int(r.get('device_total', 0)), tenant))} beside a {_gib(tenant)} tenant"
+            for r in reports if tenant and int(r.get("device_total", 0))
+            and int(r.get("device_others", 0)) > resident_room(int(r.get("device_total", 0)), tenant)]
+    return ("; even a checkpoint leaves the tenant no room (" + "; ".join(full) + "): lower the rollout's "
+            "gpu_memory_utilization or the tenant's") if full else ""
 
 
 def _park_fits(reports: list[dict[str, Any]]) -> tuple[bool, str]:

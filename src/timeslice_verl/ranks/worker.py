@@ -15,9 +15,10 @@ import os
 import socket
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from timeslice_verl.log import get_logger
+from timeslice_verl.names import JOB_TAG_ENV
 from timeslice_verl.ranks.policy import METHODS as POLICY_METHODS
 
 log = get_logger("ranks")
@@ -100,8 +101,9 @@ def release_caches_here() -> dict[str, Any]:
 
 
 def device_footprint(index: int) -> dict[str, int]:
-    """What NVML says this process uses on its GPU (context and libraries included) and the GPU's memory:
-    what ``swap=auto`` weighs against the tenant's footprint for ``resident``. Empty without NVML."""
+    """What NVML says this process uses on its GPU (context and libraries included), what the job's other processes
+    there use (``device_others``) and the GPU's memory: what ``swap=auto`` weighs against the tenant's footprint.
+    Empty without NVML."""
     try:
         import pynvml
 
@@ -111,12 +113,34 @@ def device_footprint(index: int) -> dict[str, int]:
             uuid = _uuid(index)
             handle = _NVML_HANDLES[index] = (pynvml.nvmlDeviceGetHandleByUUID(uuid) if uuid else
                                              pynvml.nvmlDeviceGetHandleByIndex(index))
-        used = sum(int(p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                   if p.pid == os.getpid() and isinstance(p.usedGpuMemory, int))
-        return {"device_used": used, "device_total": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)}
+        usage = [(int(p.pid), int(p.usedGpuMemory)) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                 if isinstance(p.usedGpuMemory, int)]
+        return {"device_used": sum(used for pid, used in usage if pid == os.getpid()),
+                "device_others": job_others(usage, os.getpid(), os.environ.get(JOB_TAG_ENV), job_tag),
+                "device_total": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)}
     except Exception as exc:  # no NVML, another container's PID namespace…: auto does not choose resident
         log.debug("NVML footprint unknown: %s", exc)
         return {}
+
+
+def job_others(usage: Iterable[tuple[int, int]], me: int, job: str | None, tag_of: Callable[[int], str | None]) -> int:
+    """Bytes the job's other processes hold on this GPU (``usage``: NVML's pid and bytes there): verl's rollouter, its
+    vLLM, the rollout side's CheckpointEngineWorker — tagged with the job, never frozen (the agent freezes the trainer's
+    ranks), so they stay beside the tenant whatever the swap. 0 for an untagged process (nothing to tell them by)."""
+    if not job:
+        return 0
+    return sum(used for pid, used in usage if pid != me and tag_of(pid) == job)
+
+
+def job_tag(pid: int) -> str | None:
+    """``TIMESLICE_JOB`` in ``pid``'s environment, or None (untagged, gone, or not ours to read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+    except OSError:
+        return None
+    prefix = JOB_TAG_ENV.encode() + b"="
+    return next((e[len(prefix):].decode(errors="replace") for e in entries if e.startswith(prefix)), None)
 
 
 def _uuid(index: int) -> str:

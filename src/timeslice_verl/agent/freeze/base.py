@@ -21,6 +21,7 @@ from typing import Callable, Protocol
 
 from timeslice_verl.agent import procfs
 from timeslice_verl.agent.gpu import NvmlProbe
+from timeslice_verl.agent.selection import Candidate, Left, select
 from timeslice_verl.log import get_logger
 
 log = get_logger("agent.freeze")
@@ -134,6 +135,8 @@ class FreezeBackend:
         self.only_on_gpus = True
         """Freeze only processes NVML places on the agent's GPUs (``timeslice.agent.freeze_off_gpu`` clears it)."""
         self._ident: dict[int, int | None] = {}
+        self._told: set[tuple[int, int | None, Left]] = set()
+        """Processes left running that were logged (pid, start time, why): each is logged once."""
 
     @property
     def name(self) -> str:
@@ -150,24 +153,39 @@ class FreezeBackend:
     # ------------------------------------------------------------------ discovery
 
     def discover(self, job: str, registered: list[int], exclude: set[int] = frozenset(), uid: int | None = None) -> list[int]:
-        """The job's processes to freeze: tagged GPU processes plus registered ones, leaders only.
+        """The job's processes to freeze (:func:`~timeslice_verl.agent.selection.select`): its registered trainer
+        ranks, or without any its tagged processes, leaders only, on the agent's GPUs.
 
         Tagged processes count only when owned by ``uid`` (the job's client; default: the agent's own
-        user): as root, the agent never freezes another user's process that happens to carry the tag."""
+        user): as root, the agent never freezes another user's process that happens to carry the tag.
+        Each process left running is logged once (debug), with why."""
         owner = os.getuid() if uid is None else uid
-        tagged = [p for p in procfs.tagged_processes(job) if procfs.uid_of(p) == owner]
-        registered = [p for p in registered if procfs.identify(p) is not None and procfs.is_thread_group_leader(p)]
-        if self.probe is not None and self.primitives.frees_gpu_memory and self.only_on_gpus:
-            gpu_pids = set(self.probe.process_memory())
-            visible = {p for p in gpu_pids if procfs.identify(p) is not None}
-            if gpu_pids and not visible:
-                if not self._warned_namespace:
-                    self._warned_namespace = True
-                    log.warning("NVML reports PIDs this agent cannot see (PID namespace?): using tagged processes")
-            else:  # a tagged or registered process elsewhere (the rollouter's, say) is not ours to freeze
-                tagged = [p for p in tagged if p in gpu_pids]
-                registered = [p for p in registered if p in gpu_pids]
-        return sorted((set(tagged) | set(registered)) - set(exclude))
+        tagged = set(procfs.tagged_processes(job))
+        ranks = {p for p in registered if procfs.identify(p) is not None and procfs.is_thread_group_leader(p)}
+        gpu_pids = self._gpu_pids()
+        chosen = select(Candidate(pid, title=procfs.title(pid), registered=pid in ranks, tagged=pid in tagged,
+                                  owner_ok=pid in ranks or procfs.uid_of(pid) == owner,
+                                  on_gpu=gpu_pids is None or pid in gpu_pids, client=pid in exclude)
+                        for pid in tagged | ranks)
+        for c, why in chosen.left:
+            told = (c.pid, procfs.start_time(c.pid), why)
+            if told not in self._told:
+                self._told.add(told)
+                log.debug("job %s: pid %d (%s) is not frozen: %s", job, c.pid, c.title or "?", why)
+        return list(chosen.freeze)
+
+    def _gpu_pids(self) -> set[int] | None:
+        """The pids NVML places on the agent's GPUs, or None where no GPU filter applies (no NVML, a backend that
+        frees no GPU memory, ``freeze_off_gpu``, or NVML's pids are not this agent's to see)."""
+        if self.probe is None or not self.primitives.frees_gpu_memory or not self.only_on_gpus:
+            return None
+        gpu_pids = set(self.probe.process_memory())
+        if gpu_pids and not any(procfs.identify(p) is not None for p in gpu_pids):
+            if not self._warned_namespace:
+                self._warned_namespace = True
+                log.warning("NVML reports PIDs this agent cannot see (PID namespace?): using tagged processes")
+            return None
+        return gpu_pids
 
     # ------------------------------------------------------------------ the sequences
 
