@@ -84,7 +84,7 @@ def _line(cid: str, model: str = "m") -> str:
 
 
 def _upload(client: TestClient, key: str) -> str:
-    content = f"{_line('a')}\n{_line('b', model='zz')}\n".encode()  # one to run, one for the error file
+    content = f"{_line('a')}\n{_line('b')}\n".encode()
     resp = client.post("/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": "batch"}, headers=_as(key))
     assert resp.status_code == 200, resp.text
     return resp.json()["id"]

@@ -159,11 +159,11 @@ def not_sent(client: BatchClient, batch: dict[str, Any]) -> int:
 
 
 def describe(batch: dict[str, Any], unsent: int = 0) -> str:
-    """One line for a batch; ``unsent``: of its failed lines, those never sent (cancelled, expired), shown apart."""
+    """One line for a batch; ``unsent``: its lines never sent (cancelled, expired), counted neither done nor failed."""
     c = batch["request_counts"]
     files = "  ".join(f"{k}={batch[k]}" for k in ("output_file_id", "error_file_id") if batch.get(k))
     apart = f", {unsent} not sent ({'expired' if batch['status'] == 'expired' else 'cancelled'})" if unsent else ""
-    return (f"{batch['id']}  {batch['status']:11}  {c['completed']}/{c['total']} done, {c['failed'] - unsent} failed"
+    return (f"{batch['id']}  {batch['status']:11}  {c['completed']}/{c['total']} done, {c['failed']} failed"
             f"{apart}  {batch['endpoint']}  {files}").rstrip()
 
 

@@ -89,9 +89,8 @@ class AgentSettings:
     """On SIGTERM, how long the agent waits for each step of its shutdown (a transition under way, the tenant's
     wake-up, its connections) before it goes on."""
     freeze_off_gpu: bool = False
-    """Also freeze tagged or registered processes that NVML does not place on ``gpus`` (off: a job's
-    processes on other GPUs are never touched). verl's rollouter and its vLLM are never frozen either way, on
-    ``gpus`` or not, once the trainer registered its ranks."""
+    """Also freeze tagged or registered processes NVML does not place on ``gpus``. The rollouter and its vLLM
+    are never frozen, on ``gpus`` or not, once the trainer registered its ranks."""
     park_overhead_gib: float = 3.0
     """After a worker parked (``handoff.swap=park``), how much GPU memory it may still show beyond what it
     reported keeping (CUDA context, NCCL, cuBLAS workspaces) before the agent refuses to lend the GPU."""
