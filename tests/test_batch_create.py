@@ -245,3 +245,14 @@ def test_a_creation_cancelled_meanwhile_whose_creator_stopped_ends_cancelled_onc
     ended = store.batch(stuck["id"])
     assert ended["status"] == "cancelled" and ended["cancelled_at"] is not None and ended["total"] == 0
     assert json.loads(ended["errors"])["data"][0]["code"] == "interrupted" and store.claim(10, now=1e12) == []
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/v1/files/file-%00"), ("GET", "/v1/files/file-%00/content"), ("DELETE", "/v1/files/file-%00"),
+    ("GET", "/v1/batches/batch_%00"), ("POST", "/v1/batches/batch_%00/cancel"), ("GET", "/v1/batches?after=batch_%00"),
+])
+def test_a_nul_in_the_path_or_query_is_a_400_naming_it(api, method, path):
+    client, store, _ = api
+    resp = client.request(method, path)
+    assert resp.status_code == 400 and "NUL" in resp.json()["error"]["message"], resp.text
+    assert client.get("/v1/files").status_code == 200  # the service goes on

@@ -82,6 +82,14 @@ def make_app(store: Store, *, models: Callable[[TenantRole], set[str] | None], k
         _files(app, store, files, max_file_bytes, chunk_bytes)
         _batches(app, store, files, models, kick)
 
+    @app.middleware("http")
+    async def no_nul(request: Request, call_next: Callable[[Request], Any]) -> Any:
+        """A NUL in the path or query (``%00``) is in no id, and PostgreSQL's text cannot even hold it: refused here."""
+        query = (part for pair in request.query_params.multi_items() for part in pair)
+        if "\x00" in request.scope["path"] or any("\x00" in part for part in query):
+            return refuse(400, "the request's path or query holds a NUL character (%00), which no id or value has")
+        return await call_next(request)
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = (exc.errors() or [{}])[0]
