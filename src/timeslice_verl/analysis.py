@@ -260,6 +260,11 @@ def _job(records: list[dict[str, Any]]) -> str:
     return next((r["job"] for r in records if r.get("job") and r.get("hook") != "transition"), "")
 
 
+
+def _counts(counts: dict[str, int]) -> str:
+    """``acquire 13, release 9`` — a tally for people, the zeros left out."""
+    return ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "none"
+
 def render_summary(s: dict[str, Any]) -> str:
     w = s["trainer_wait_ms"]
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
@@ -272,7 +277,7 @@ def render_summary(s: dict[str, Any]) -> str:
         f"  trainer wait ms        p50 {fmt(w['p50'])}  p90 {fmt(w['p90'])}  p99 {fmt(w['p99'])}  max {fmt(w['max'])}",
         f"  thaw ms p50 {fmt(s['thaw_ms']['p50'])} · freeze ms p50 {fmt(s['freeze_ms']['p50'])} · "
         f"frozen up to {s['frozen_gib_max']:.2f} GiB" + (f" · parked up to {s['parked_gib_max']:.2f} GiB" if s.get("parked_gib_max") else ""),
-        f"  handoffs {s['handoffs']} · transitions {s['transitions']} · failed {s['failed_transitions']}",
+        f"  handoffs {_counts(s['handoffs'])} · transitions {_counts(s['transitions'])} · failed {s['failed_transitions']}",
         *([f"  way back: {f['prepared']} prepared · early {f['early_ms'].get('n', '')}× ms p50 {fmt(f['early_ms']['p50'])} "
            f"p90 {fmt(f['early_ms'].get('p90'))} max {fmt(f['early_ms']['max'])} · late {f['late_ms'].get('n', '')}× ms p50 "
            f"{fmt(f['late_ms']['p50'])} p90 {fmt(f['late_ms'].get('p90'))} max {fmt(f['late_ms']['max'])}"]
