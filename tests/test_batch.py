@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from timeslice_verl.batch.app import make_app  # noqa: E402
 from timeslice_verl.batch.feeder import classify  # noqa: E402
 from timeslice_verl.batch.lines import BatchRefused, RequestLine, parse  # noqa: E402
-from timeslice_verl.batch.store import SCHEMA_VERSION, Store, StoreError  # noqa: E402
+from timeslice_verl.batch.store import Store, StoreError  # noqa: E402
 from timeslice_verl.tenant.supervisor import TenantCommand  # noqa: E402
 
 CHAT = "/v1/chat/completions"
@@ -108,16 +108,6 @@ def test_a_cancelled_batch_fails_what_was_not_sent_and_waits_for_what_was(tmp_pa
     errors = [json.loads(r["error"])["code"] for r in store.results(bid, "failed")]
     assert errors == ["batch_cancelled", "batch_cancelled"]
     assert store.counts(bid)["failed"] == 0, "lines never sent are in the error file, not counted as failed (OpenAI)"
-
-
-def test_a_state_file_of_another_schema_is_refused_not_overwritten(tmp_path):
-    import sqlite3
-
-    db = sqlite3.connect(tmp_path / "b.sqlite")
-    db.execute("PRAGMA user_version=7")
-    db.close()
-    with pytest.raises(StoreError, match=f"has schema 7; this version reads {SCHEMA_VERSION}"):
-        Store(tmp_path / "b.sqlite")
 
 
 # --------------------------------------------------------------------------- the API's answers to bad input

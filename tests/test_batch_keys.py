@@ -22,7 +22,6 @@ from timeslice_verl.batch.app import make_app  # noqa: E402
 from timeslice_verl.batch.auth import KEY_ENV, NoKey, RequireKey, api_keys, client_key  # noqa: E402
 from timeslice_verl.batch.keys import (  # noqa: E402
     ApiKey, KeyLineError, KeyRole, Priorities, owner_of, parse_keys, parse_line)
-from timeslice_verl.batch.schema import for_postgresql, statements  # noqa: E402
 from timeslice_verl.batch.store import Store  # noqa: E402
 
 CHAT = "/v1/chat/completions"
@@ -219,57 +218,6 @@ def test_a_priority_outside_the_keys_is_refused_naming_the_allowed_ones(api, key
     assert f"priority {priority} is not allowed" in error["message"] and f"priorities {allowed}" in error["message"]
     assert api.get("/v1/batches", headers=_as(ADMIN)).json()["data"] == []
     assert _create(api, key, fid).status_code == 200  # the file still there: nothing lost
-
-
-# --------------------------------------------------------------------------- files from before files had owners
-
-
-def _old_database(engine: str, where, server_dsn: str | None) -> None:
-    """A database of schema 5 (files without an owner) holding one file."""
-    insert = "INSERT INTO files (id, purpose, filename, bytes, created_at, content) VALUES ('file_old', 'batch', " \
-             "'old.jsonl', 3, 1, {abc})"
-    if engine == "sqlite":
-        import sqlite3
-
-        db = sqlite3.connect(where)
-        for version in range(1, 6):
-            for statement in statements(version):
-                db.execute(statement)
-        db.execute(insert.format(abc="X'616263'"))
-        db.execute("PRAGMA user_version=5")
-        db.commit()
-        db.close()
-        return
-    import psycopg
-
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        for version in range(1, 6):
-            for statement in statements(version):
-                conn.execute(for_postgresql(statement))
-        conn.execute(insert.format(abc="convert_to('abc', 'UTF8')"))
-        conn.execute("CREATE TABLE timeslice_schema (version BIGINT NOT NULL)")
-        conn.execute("INSERT INTO timeslice_schema (version) VALUES (5)")
-
-
-@pytest.mark.parametrize("engine", _engines())
-def test_a_file_from_before_files_had_owners_is_the_admins_alone(request, tmp_path, engine):
-    dsn = _fresh_pg(request.getfixturevalue("server"), "old") if engine == "postgresql" else None
-    _old_database(engine, tmp_path / "old.sqlite", dsn)
-    if engine == "sqlite":
-        store = Store(tmp_path / "old.sqlite")
-    else:
-        from timeslice_verl.batch.pg import PostgresEngine
-
-        store = Store(PostgresEngine(dsn))
-    try:
-        app = make_app(store, models=lambda role: {"m"}, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
-                       max_file_bytes=1 << 20)
-        with TestClient(RequireKey(app, parse_keys(KEY_FILE.splitlines(), "keys"))) as client:
-            assert _ids(client, A, "/v1/files") == set() and _ids(client, ADMIN, "/v1/files") == {"file_old"}
-            assert client.get("/v1/files/file_old/content", headers=_as(A)).status_code == 404
-            assert client.get("/v1/files/file_old/content", headers=_as(ADMIN)).text == "abc"
-    finally:
-        store.close()
 
 
 # --------------------------------------------------------------------------- the key file

@@ -130,14 +130,6 @@ def test_a_creation_whose_creator_stopped_is_failed_once_its_lease_runs_out(stor
     assert json.loads(store.batch(stuck[0]["id"])["errors"])["data"][0]["code"] == "interrupted"
 
 
-def test_the_schema_is_one_for_both_engines():
-    from timeslice_verl.batch.schema import SCHEMA_VERSION, for_postgresql, statements
-
-    every = [s for v in range(1, SCHEMA_VERSION + 1) for s in statements(v)]
-    assert all("BLOB" not in for_postgresql(s) and " REAL" not in for_postgresql(s) for s in every)
-    assert for_postgresql("bytes INTEGER NOT NULL, seq INTEGER") == "bytes BIGINT NOT NULL, seq BIGINT"
-
-
 def test_a_dsn_never_comes_from_the_command_line_and_its_file_must_be_private(tmp_path, monkeypatch):
     from timeslice_verl.batch.engine import StoreError
     from timeslice_verl.batch.pg import DSN_ENV, read_dsn, shown

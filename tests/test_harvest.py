@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,6 @@ import textwrap
 import pytest
 
 from timeslice_verl.batch.lines import parse
-from timeslice_verl.batch.schema import SCHEMA_VERSION, V1
 from timeslice_verl.batch.store import Outcome, Store
 
 CHAT = "/v1/chat/completions"
@@ -85,23 +83,6 @@ def test_a_kill_between_the_answers_and_their_grouped_commit_sends_those_lines_a
     assert sorted(r["custom_id"] for r in rows) == sorted(f"c{i}" for i in range(40))
     assert not any("lost" in r["response"] for r in rows)
     assert store.batch(bid)["status"] == "completed" and store.figures(bid)["retried"] == 20
-
-
-def test_a_version_1_database_is_brought_forward_with_its_counters(tmp_path):
-    db = sqlite3.connect(tmp_path / "b.sqlite")
-    db.executescript(V1 + ";")
-    db.execute("INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
-               "total) VALUES ('batch_a', ?, 'f', '24h', 'in_progress', 0, 9999999999, 4)", (CHAT,))
-    for idx, state, attempts in ((0, "done", 1), (1, "failed", 3), (2, "inflight", 1), (3, "queued", 0)):
-        db.execute("INSERT INTO lines (batch_id, idx, custom_id, body, state, attempts, tokens) VALUES "
-                   "('batch_a', ?, ?, '{}', ?, ?, 5)", (idx, f"c{idx}", state, attempts))
-    db.execute("PRAGMA user_version=1")
-    db.commit()
-    db.close()
-    store = Store(tmp_path / "b.sqlite")
-    assert store.counts("batch_a") == {"queued": 1, "inflight": 1, "completed": 1, "failed": 1}
-    assert store.batch("batch_a")["retried"] == 2 and store.query("PRAGMA user_version")[0][0] == SCHEMA_VERSION
-    assert store.recover() == 1 and [ln.custom_id for ln in store.claim(5, now=1e12)] == ["c2", "c3"]
 
 
 def test_lines_go_out_oldest_batch_first_in_input_order_also_within_one_second(tmp_path):

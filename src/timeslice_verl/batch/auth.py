@@ -9,8 +9,7 @@ priorities it may ask for (:mod:`~timeslice_verl.batch.keys` says the format and
 
 * a key reaches its owner's files and batches alone; another owner's answer 404 exactly as a missing one does (the
   same status and body: no way to learn that an id exists), and the lists show only its owner's; an ``admin`` key
-  reaches everyone's. Files uploaded before files had owners (schema 6), and batches made before batches had
-  (schema 4), belong to nobody: only an ``admin`` key reaches them.
+  reaches everyone's.
 * a batch asking for a priority outside its key's is refused (403, ``priority_not_allowed``, naming the allowed
   ones): a plain key asks for at most the users' normal priority 0, the service's own key (the file's first, if
   plain, or ``TIMESLICE_BATCH_API_KEY``) for any, so validation runs (priority 100) keep working.

@@ -5,7 +5,6 @@ upload, a download nor a batch's creation holds a whole file (OpenAI takes 200 M
 A file's chunks are written each in its own short transaction (the feeder's writes never wait on an upload) and the
 file's row last: a file exists once it is whole. Chunks a killed upload left without a row are swept at start, and
 while the service runs once no chunk of that upload was written for ``timeslice.batch.upload_idle_s``.
-Files of a schema-2 database keep their content in their row and are read from it.
 """
 
 from __future__ import annotations
@@ -44,12 +43,8 @@ class Files:
         """The file's content, a chunk at a time (each read under the store's lock, none held between); None: no
         such file. A file deleted while it is read raises :class:`FileGone` once that shows (a chunk missing, fewer
         bytes than the file has), so no reader takes a part of a file for the whole of it."""
-        rows = self.store.query("SELECT bytes, length(content) AS n FROM files WHERE id = ?", (fid,))
-        if not rows:
-            return None
-        if rows[0]["n"]:  # a schema-2 file: its content in its row
-            return iter([bytes(self.store.query("SELECT content FROM files WHERE id = ?", (fid,))[0]["content"])])
-        return self._chunks(fid, rows[0]["bytes"])
+        rows = self.store.query("SELECT bytes FROM files WHERE id = ?", (fid,))
+        return self._chunks(fid, rows[0]["bytes"]) if rows else None
 
     def _chunks(self, fid: str, size: int) -> Iterator[bytes]:
         seq = got = 0
@@ -92,9 +87,8 @@ class Upload:
     def finish(self, purpose: str, filename: str, owner: str = "") -> dict[str, Any]:
         """The file, whole, recorded under ``owner`` (its uploader's key's)."""
         with self.store.transaction() as db:
-            db.execute("INSERT INTO files (id, purpose, filename, bytes, created_at, content, owner) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (self.fid, purpose, filename, self.size, int(time.time()), b"", owner))
+            db.execute("INSERT INTO files (id, purpose, filename, bytes, created_at, owner) VALUES (?, ?, ?, ?, ?, ?)",
+                       (self.fid, purpose, filename, self.size, int(time.time()), owner))
         return self.store.file(self.fid)  # type: ignore[return-value]
 
     def abandon(self) -> None:

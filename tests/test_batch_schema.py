@@ -1,0 +1,121 @@
+"""The batch store's one schema, on SQLite and on a real PostgreSQL server: a new database gets it, a database a
+development version made (before the first release) is refused with what to do and left as it was, one from a newer
+release is refused too."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+
+import pytest
+
+from pg_support import Postgres, need_postgres
+from timeslice_verl.batch.engine import StoreError
+from timeslice_verl.batch.schema import SCHEMA_VERSION, for_postgresql, statements
+from timeslice_verl.batch.store import Store
+
+DEVELOPMENT_FILES = """CREATE TABLE files (id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL,
+  bytes INTEGER NOT NULL, created_at INTEGER NOT NULL, content BLOB NOT NULL)"""
+"""The files table as development versions made it (the content in the row)."""
+DEVELOPMENT_VERSION = 5
+
+
+def _engines() -> list:
+    return ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)]
+
+
+@pytest.fixture(scope="module")
+def server():
+    need_postgres()
+    pg = Postgres().start()
+    yield pg
+    pg.close()
+
+
+class Database:
+    """One database of either engine, reached without the store (to make and read it as another version would)."""
+
+    def __init__(self, engine: str, request: pytest.FixtureRequest, tmp_path) -> None:
+        self.engine, self.path, self.dsn = engine, tmp_path / "batch.sqlite", ""
+        if engine == "postgresql":
+            server: Postgres = request.getfixturevalue("server")
+            self.dsn = server.database(f"schema_{os.getpid()}_{time.monotonic_ns()}")
+
+    def execute(self, *sql: str) -> list[tuple]:
+        if self.engine == "sqlite":
+            db = sqlite3.connect(self.path)
+            try:
+                rows = [db.execute(s).fetchall() for s in sql]
+                db.commit()
+            finally:
+                db.close()
+            return rows[-1]
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            rows = [conn.execute(for_postgresql(s)) for s in sql]
+            return rows[-1].fetchall() if rows[-1].description else []
+
+    def mark(self, version: int) -> str:
+        if self.engine == "sqlite":
+            return f"PRAGMA user_version={version}"
+        return f"INSERT INTO timeslice_schema (version) VALUES ({version})"
+
+    def version(self) -> int:
+        if self.engine == "sqlite":
+            return self.execute("PRAGMA user_version")[0][0]
+        return self.execute("SELECT version FROM timeslice_schema")[0][0]
+
+    def store(self) -> Store:
+        if self.engine == "sqlite":
+            return Store(self.path)
+        from timeslice_verl.batch.pg import PostgresEngine
+
+        return Store(PostgresEngine(self.dsn))
+
+    def make_development(self, version: int) -> None:
+        marker = [] if self.engine == "sqlite" else ["CREATE TABLE timeslice_schema (version INTEGER NOT NULL)"]
+        self.execute(DEVELOPMENT_FILES, *marker, "INSERT INTO files VALUES ('file_old', 'batch', 'old.jsonl', 3, 1, "
+                     + ("X'616263'" if self.engine == "sqlite" else "convert_to('abc', 'UTF8')") + ")", self.mark(version))
+
+
+@pytest.mark.parametrize("engine", _engines())
+def test_a_new_database_gets_the_one_schema_and_opens_again(request, tmp_path, engine):
+    db = Database(engine, request, tmp_path)
+    db.store().close()
+    assert db.version() == SCHEMA_VERSION
+    store = db.store()  # the second start finds the schema and keeps it
+    try:
+        assert store.files() == [] and db.version() == SCHEMA_VERSION
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("engine", _engines())
+def test_a_development_database_is_refused_with_what_to_do_and_left_as_it_was(request, tmp_path, engine):
+    db = Database(engine, request, tmp_path)
+    db.make_development(DEVELOPMENT_VERSION)
+    with pytest.raises(StoreError) as refused:
+        db.store()
+    said = str(refused.value)
+    assert f"development version of timeslice-verl (schema {DEVELOPMENT_VERSION}" in said
+    assert f"reads schema {SCHEMA_VERSION} only" in said and "timeslice-verl batch results" in said
+    remedy = "move" if engine == "sqlite" else "TIMESLICE_BATCH_DSN a new database"
+    assert remedy in said and "a new one is created at start" in said
+    assert db.version() == DEVELOPMENT_VERSION  # nothing lost: its file is there, untouched
+    assert db.execute("SELECT id, bytes FROM files") == [("file_old", 3)]
+
+
+@pytest.mark.parametrize("engine", _engines())
+def test_a_newer_releases_database_is_refused(request, tmp_path, engine):
+    db = Database(engine, request, tmp_path)
+    db.make_development(SCHEMA_VERSION + 1)
+    with pytest.raises(StoreError, match=f"has schema {SCHEMA_VERSION + 1}; this version reads {SCHEMA_VERSION}"):
+        db.store()
+    assert db.version() == SCHEMA_VERSION + 1
+
+
+def test_the_schema_speaks_postgresqls_type_names():
+    assert all("BLOB" not in for_postgresql(s) and " REAL" not in for_postgresql(s) for s in statements())
+    assert for_postgresql("bytes INTEGER NOT NULL, seq INTEGER") == "bytes BIGINT NOT NULL, seq BIGINT"
