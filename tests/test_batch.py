@@ -21,7 +21,7 @@ from timeslice_verl.batch.app import make_app  # noqa: E402
 from timeslice_verl.batch.feeder import classify  # noqa: E402
 from timeslice_verl.batch.lines import BatchRefused, RequestLine, parse  # noqa: E402
 from timeslice_verl.batch.store import Store, StoreError  # noqa: E402
-from timeslice_verl.tenant.supervisor import TenantCommand  # noqa: E402
+from timeslice_verl.supervisor.supervisor import TenantCommand  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 

@@ -119,7 +119,7 @@ def test_tenant_run_of_a_command_that_is_not_installed_says_so_and_leaves_nothin
 
 def test_the_supervisor_gives_up_on_a_command_it_cannot_start(tmp_path):
     """Not executable (or gone between two starts): no restart would bring it, so the supervisor ends (2)."""
-    from timeslice_verl.tenant.supervisor import Supervisor, TenantCommand
+    from timeslice_verl.supervisor.supervisor import Supervisor, TenantCommand
 
     script = tmp_path / "server"
     script.write_text("#!/bin/sh\n")  # not executable

@@ -236,7 +236,7 @@ def standin_cmd(args: tuple[str, ...]) -> None:
 def tenant_run(gpu: str, max_restarts: int, backoff_max_s: float, start_timeout_s: float, no_wait_for_memory: bool, register_url: str,
                overrides: tuple[str, ...], command: tuple[str, ...]) -> None:
     """Start the tenant (after --: vllm serve MODEL …) and bring it back when it dies; the agent takes it back."""
-    from timeslice_verl.tenant.supervisor import Supervisor, TenantCommand
+    from timeslice_verl.supervisor.supervisor import Supervisor, TenantCommand
 
     lead = 0
     while lead < len(command) and command[lead].startswith("timeslice.") and "=" in command[lead]:

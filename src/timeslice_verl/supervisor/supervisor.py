@@ -8,7 +8,7 @@ while the trainer holds the GPU does not fail vLLM's check and crash-loop. Once 
 registers it with the node's agent, saying how often it was restarted and why, which ``timeslice-verl status``
 shows. A server that exits — a crash, the ladder's kill — is started again after a backoff (1 s doubling, at most
 ``--backoff-max-s``; a run that lasted 10 minutes resets it), and so is one that does not answer within
-``--start-timeout-s``. The tenant's processes are one unit (:mod:`timeslice_verl.tenant.process`): stopped together
+``--start-timeout-s``. The tenant's processes are one unit (:mod:`timeslice_verl.supervisor.process`): stopped together
 when the server exits or the supervisor gets SIGTERM, bound to the supervisor's life, and any an earlier,
 killed supervisor left behind are stopped before the first start; a port another process serves is refused.
 
@@ -29,7 +29,7 @@ from typing import Any
 
 from timeslice_verl.backoff import Backoff
 from timeslice_verl.log import get_logger
-from timeslice_verl.tenant import process
+from timeslice_verl.supervisor import process
 
 log = get_logger("tenant")
 
@@ -276,7 +276,7 @@ class Supervisor:
 
     def _room(self, gpu: str) -> bool:
         """Wait until the GPU has what vLLM will ask for; True then (False: stopped while waiting). Without NVML at once."""
-        from timeslice_verl.tenant.memory import free_and_total
+        from timeslice_verl.supervisor.memory import free_and_total
 
         said = 0.0
         while not self.stopping.is_set():
