@@ -5,18 +5,37 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from timeslice_verl.agent.client import AgentError
 from timeslice_verl.handoff import swap_choice
-from timeslice_verl.handoff.ranks import RankLost
+from timeslice_verl.handoff.forecast import ValleyForecast
+from timeslice_verl.handoff.ranks import RankLost, Ranks
 from timeslice_verl.log import get_logger
 from timeslice_verl.names import SwapMode
 
-Handoff = Any
-"""A :class:`~timeslice_verl.handoff.sequence.Handoff` (which imports this module: named here by role only)."""
-
 log = get_logger("handoff")
+
+
+class Handoff(Protocol):
+    """What the start reads and sets of a :class:`~timeslice_verl.handoff.sequence.Handoff` (which calls it: a
+    protocol keeps the import one way)."""
+
+    job: str
+    client: Any
+    """The agent's client (one node's, or a cluster's with ``register_ranks``); None on ranks that only follow."""
+    ranks: Ranks | None
+    swap: SwapMode | None
+    """None: ``auto``, chosen here."""
+    forecast: ValleyForecast
+
+
+def _agreed(h: Handoff, value: Any) -> Any:
+    """``value`` as every rank agrees on it (the first rank's), where the ranks share values."""
+    shared = getattr(h.ranks, "shared", None)
+    return shared(value) if shared is not None else value
+
+
 def begin(h: Handoff) -> list[dict[str, Any]]:
     """The start (see the module); the pin reports, one per rank."""
     if h.ranks is None:
@@ -24,7 +43,7 @@ def begin(h: Handoff) -> list[dict[str, Any]]:
     reports = release_caches_reports(h)
     agent = swap_choice.agent_figures(agent_status(h))
     if h.swap is None:  # auto
-        h.swap = h._shared(pick_swap(h, reports, agent))
+        h.swap = _agreed(h, pick_swap(h, reports, agent))
     h.swap = SwapMode(h.swap)
     if h.swap.parks and not can_park(h.ranks):
         log.error("[timeslice] job=%s swap=%s but the ranks have no park method (is timeslice-verl installed where "
@@ -52,7 +71,7 @@ def can_park(ranks: Any) -> bool:
 def register_pids(h: Handoff) -> None:
     assert h.ranks is not None
     if hasattr(h.client, "register_ranks"):  # across nodes: each node's agent gets its own ranks' pids
-        h.client.register_ranks(h.job, h.ranks)  # type: ignore[union-attr]
+        h.client.register_ranks(h.job, h.ranks)
         return
     pids = h.ranks.local_pids()
     if not pids and h.client is not None:
