@@ -19,7 +19,7 @@ from timeslice_verl.agent.options import AgentOptions, TenantOptions
 from timeslice_verl.agent.freeze import make_backend
 from timeslice_verl.agent.gpu import GpuMemory
 from timeslice_verl.agent.tenant.hold import HoldPolicy, decide, tight
-from timeslice_verl.agent.policy import ASLEEP, FROZEN, RUNNING, JobView, Move, World, next_move
+from timeslice_verl.agent.policy import ASLEEP, FROZEN, RUNNING, JobView, Move, MoveKind, World, next_move
 from timeslice_verl.agent.state import StateStore
 from timeslice_verl.names import YieldBy
 from timeslice_verl.tools.status import render_status
@@ -57,10 +57,10 @@ PARKED = JobView("j", FROZEN, queued=True, needs_room=True)
 
 @pytest.mark.parametrize("world, move", [
     (World(jobs=(HOLDER,), tenant=ASLEEP, tenant_held=True), None),                          # held beside the trainer
-    (World(jobs=(HOLDER,), tenant=ASLEEP, tenant_held=True, tenant_tight=True), Move("tenant_sleep")),
-    (World(jobs=(PARKED,), queue_head="j", tenant=ASLEEP, tenant_held=True), Move("tenant_sleep")),  # unpark needs it
-    (World(jobs=(PARKED,), queue_head="j", tenant=ASLEEP), Move("thaw", "j", waiting=True)),
-    (World(jobs=(JobView("j", FROZEN),), tenant=ASLEEP, tenant_held=True), Move("tenant_reclaim")),  # a valley
+    (World(jobs=(HOLDER,), tenant=ASLEEP, tenant_held=True, tenant_tight=True), Move(MoveKind.tenant_sleep)),
+    (World(jobs=(PARKED,), queue_head="j", tenant=ASLEEP, tenant_held=True), Move(MoveKind.tenant_sleep)),  # unpark needs it
+    (World(jobs=(PARKED,), queue_head="j", tenant=ASLEEP), Move(MoveKind.thaw, "j", waiting=True)),
+    (World(jobs=(JobView("j", FROZEN),), tenant=ASLEEP, tenant_held=True), Move(MoveKind.tenant_reclaim)),  # a valley
 ])
 def test_the_policy_sleeps_a_held_tenant_only_when_memory_is_needed(world, move):
     assert next_move(world) == move

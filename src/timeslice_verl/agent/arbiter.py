@@ -26,7 +26,7 @@ from timeslice_verl.agent.options import MAX_PREPARE_TTL_S, AgentOptions, Tenant
 from timeslice_verl.agent.jobs import JobBook
 from timeslice_verl.agent.journal import Journal
 from timeslice_verl.agent.tenant.peaks import Peaks
-from timeslice_verl.agent.policy import FAULTED, FROZEN, TENANT_FAULTED, JobView, World, desired, next_move
+from timeslice_verl.agent.policy import FAULTED, FROZEN, TENANT_FAULTED, JobView, MoveKind, World, desired, next_move
 from timeslice_verl.agent.client.protocol import ErrorCode, ProtocolError
 from timeslice_verl.agent.recovery import Parts, Recovery, Tasks
 from timeslice_verl.agent.state import RUNNING, Job, StateStore
@@ -269,10 +269,10 @@ class Arbiter:
         if move is None:
             return False
         job = self.book.jobs.get(move.job) if move.job else None
-        if move.kind in ("forget", "thaw_ended") and job is not None:
-            return await self._end(job, thaw=move.kind == "thaw_ended")
+        if move.kind in (MoveKind.forget, MoveKind.thaw_ended) and job is not None:
+            return await self._end(job, thaw=move.kind is MoveKind.thaw_ended)
         free = self._free if self.probe else None
-        if move.kind == "tenant_yield":
+        if move.kind is MoveKind.tenant_yield:
             target = desired(world)
             fit = self.peaks.fit(self.book.jobs.get(target.name) if target is not None else None)
             needs_room = target is not None and target.needs_room and target.state in (FROZEN, FAULTED)
@@ -280,23 +280,23 @@ class Arbiter:
                 await self._tenant(YIELDING, self.tenancy.pause_behind(free, fit.why))
             else:
                 await self._tenant(YIELDING, self.tenancy.yield_gpu(free, sleep=True, why=fit.why))
-        elif move.kind == "tenant_sleep":
+        elif move.kind is MoveKind.tenant_sleep:
             why = self.peaks.why if world.tenant_tight else "a thaw brings the trainer's memory back"
             await self._tenant("tenant sleep", self.tenancy.sleep_held(free, why))
-        elif move.kind == "tenant_warm_up":
+        elif move.kind is MoveKind.tenant_warm_up:
             await self._tenant("tenant warm-up", warm_up(self.tenancy, self._free if self.probe else None))
-        elif move.kind == "tenant_reclaim":
+        elif move.kind is MoveKind.tenant_reclaim:
             await self._tenant("tenant reclaim", self.tenancy.reclaim(check_memory=False))
-        elif move.kind == "freeze" and job is not None:
+        elif move.kind is MoveKind.freeze and job is not None:
             await self.executor.freeze(job)
-        elif move.kind == "thaw" and job is not None:
+        elif move.kind is MoveKind.thaw and job is not None:
             await self._thaw_for(job, move.waiting)
-        elif move.kind == "recover" and job is not None:
+        elif move.kind is MoveKind.recover and job is not None:
             if not await self.executor.running_again(job):
                 if not move.waiting:
                     return False
                 await self._thaw_for(job, move.waiting)
-        elif move.kind == "grant" and job is not None:
+        elif move.kind is MoveKind.grant and job is not None:
             self.book.grant(job)
         else:  # pragma: no cover - the policy names a job that is gone
             return False

@@ -19,6 +19,7 @@ so requests that arrive mid-transition are honoured at the next step.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 RUNNING, TRANSITIONING, FROZEN, FAULTED = "RUNNING", "TRANSITIONING", "FROZEN", "FAULTED"
@@ -60,11 +61,35 @@ class World:
     """While it is held awake, the trainer ate into the margin beside it (:mod:`~timeslice_verl.agent.tenant.hold`)."""
 
 
+class MoveKind(str, enum.Enum):
+    """What a move does (a ``str``: it compares, formats and serialises as its value)."""
+
+    forget = "forget"
+    """An ended job that holds nothing is dropped."""
+    thaw_ended = "thaw_ended"
+    """An ended job still frozen is thawed (then forgotten)."""
+    tenant_yield = "tenant_yield"
+    """The tenant gives the GPU up (a pause alone where memory allows, else sleep)."""
+    tenant_sleep = "tenant_sleep"
+    """A tenant held awake is put to sleep (the trainer needs its memory)."""
+    tenant_warm_up = "tenant_warm_up"
+    """A tenant just registered is put to sleep and woken once, while nobody asks."""
+    tenant_reclaim = "tenant_reclaim"
+    """A sleeping or faulted tenant is woken: the GPU is its."""
+    freeze = "freeze"
+    thaw = "thaw"
+    recover = "recover"
+    """A faulted job is brought back to running."""
+    grant = "grant"
+    """A waiting running job is told it owns the GPU."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Move:
-    kind: str
-    """``forget``, ``thaw_ended``, ``tenant_yield``, ``tenant_sleep``, ``freeze``, ``thaw``, ``recover``, ``grant``,
-    ``tenant_warm_up`` or ``tenant_reclaim``."""
+    kind: MoveKind
     job: str = ""
     waiting: bool = False
     """For ``thaw``/``recover``: the job is at the head of the queue (an acquire waits on it)."""
@@ -90,31 +115,31 @@ def next_move(world: World) -> Move | None:
     for job in world.jobs:
         if job.ending and not job.holding and not job.queued:
             frozen = job.state in (FROZEN, FAULTED) and job.has_pids
-            return Move("thaw_ended" if frozen else "forget", job.name)
+            return Move(MoveKind.thaw_ended if frozen else MoveKind.forget, job.name)
     target = desired(world)
     if target is not None:
         if world.tenant == AWAKE:  # a faulted or dead tenant never makes the trainer wait
-            return Move("tenant_yield")
+            return Move(MoveKind.tenant_yield)
         if world.tenant_held and (world.tenant_tight or (target.needs_room and target.state in (FROZEN, FAULTED))):
-            return Move("tenant_sleep")
+            return Move(MoveKind.tenant_sleep)
         for other in world.jobs:
             if other.name != target.name and _idle_running(other):
-                return Move("freeze", other.name)
+                return Move(MoveKind.freeze, other.name)
         waiting = world.queue_head == target.name
         if target.state == FROZEN:
-            return Move("thaw", target.name, waiting=waiting)
+            return Move(MoveKind.thaw, target.name, waiting=waiting)
         if target.state == FAULTED:
-            return Move("recover", target.name, waiting=waiting)
+            return Move(MoveKind.recover, target.name, waiting=waiting)
         if target.state == RUNNING and waiting:
-            return Move("grant", target.name)
+            return Move(MoveKind.grant, target.name)
         return None
     for job in world.jobs:
         if _idle_running(job):
-            return Move("freeze", job.name)
+            return Move(MoveKind.freeze, job.name)
     if any(job.refused and job.state == RUNNING for job in world.jobs):
         return None  # a job that could not be frozen is still on the GPU
     if world.tenant == AWAKE and world.tenant_warm_up:
-        return Move("tenant_warm_up")
+        return Move(MoveKind.tenant_warm_up)
     if world.tenant in (ASLEEP, TENANT_FAULTED) and world.room_for_tenant and world.now >= world.tenant_retry_at:
-        return Move("tenant_reclaim")
+        return Move(MoveKind.tenant_reclaim)
     return None
