@@ -67,7 +67,7 @@ def main() -> int:
         with real() as tx:
             yield Stopping(tx, marker, armed)
 
-    store.transaction = transaction  # type: ignore[method-assign]
+    store.queue.transaction = transaction  # type: ignore[method-assign]  # the queue claims and records
     lines, failed = again(store.claim, n, time.time(), holder)
     recorded, failed_record = again(store.record, [Outcome(ln, "done", response=json.dumps({"by": holder}), tokens=1)
                                                    for ln in lines])

@@ -58,7 +58,8 @@ _KILLED_MID_COMMIT = textwrap.dedent("""
     store = Store(Path(sys.argv[1]))
     lines = store.claim(40, now=1e12)
     store.record([Outcome(ln, "done", response='{"first": true}', tokens=1) for ln in lines[:20]])  # committed
-    store._settle = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # dies inside the next grouped write
+    import timeslice_verl.batch.claims as claims
+    claims.settle = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # dies inside the next grouped write
     store.record([Outcome(ln, "done", response='{"lost": true}', tokens=1) for ln in lines[20:]])
 """)
 

@@ -1,6 +1,6 @@
 """The batch store's lines in motion: claimed under a lease, renewed, answered once, put back when their holder is
 gone. Kept apart from :mod:`~timeslice_verl.batch.store` (files, batches, their ends); :class:`LineQueue` is the part
-of :class:`~timeslice_verl.batch.store.Store` that the feeders use.
+the :class:`~timeslice_verl.batch.store.Store` holds for the feeders.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Literal
 
-from timeslice_verl.batch.engine import Dialect, Tx
+from timeslice_verl.batch.engine import Engine
+from timeslice_verl.batch.settle import lock_batches, settle
 from timeslice_verl.batch.share import Waiting, plan
 from timeslice_verl.names import TenantRole
 
@@ -50,19 +51,11 @@ _INTERRUPTED = json.dumps({"object": "list", "data": [{
 
 
 class LineQueue:
-    """Claims, renewals, results and recovery (the store provides ``transaction``, ``query``, ``dialect``,
-    ``_lock_batches`` and ``_settle``)."""
+    """Claims, renewals, results and recovery of the lines in one engine's database."""
 
-    dialect: Dialect
-
-    def transaction(self) -> Any: ...  # provided by the store
-
-    def query(self, sql: str, args: tuple = ()) -> list[Any]: ...
-
-    def _lock_batches(self, db: Tx, ids: Any) -> None: ...
-
-    @staticmethod
-    def _settle(db: Tx, bid: str, now: int) -> None: ...
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.dialect = engine, engine.dialect
+        self.transaction, self.query = engine.transaction, engine.query
 
     def recover(self, *, everything: bool = True) -> int:
         """Lines in flight back to the queue, creations that will not finish failed, saying so (their lines were never
@@ -76,7 +69,7 @@ class LineQueue:
         being_created = "status IN ('validating', 'cancelling') AND in_progress_at IS NULL"
         for row in self.query(f"SELECT id FROM batches WHERE {being_created}" + creating + " ORDER BY id", late):
             with self.transaction() as db:
-                self._lock_batches(db, [row["id"]])
+                lock_batches(db, self.dialect, [row["id"]])
                 if db.execute("UPDATE batches SET status = CASE status WHEN 'validating' THEN 'failed' ELSE 'cancelled' END, "
                               "failed_at = CASE status WHEN 'validating' THEN ? END, cancelled_at = CASE status WHEN "
                               "'validating' THEN NULL ELSE ? END, errors = ?, total = 0, queued = 0, failed = 0 WHERE id = ? "
@@ -85,7 +78,7 @@ class LineQueue:
                     db.execute("DELETE FROM lines WHERE batch_id = ?", (row["id"],))
         for row in self.query("SELECT id FROM batches WHERE inflight > 0 ORDER BY id"):
             with self.transaction() as db:
-                self._lock_batches(db, [row["id"]])
+                lock_batches(db, self.dialect, [row["id"]])
                 moved = db.execute("UPDATE lines SET state = 'queued', next_at = 0, holder = NULL WHERE batch_id = ? AND "
                                    "idx IN (SELECT idx FROM lines WHERE batch_id = ? AND state = 'inflight'" + lease +
                                    " ORDER BY idx" + self.dialect.lock + ") AND state = 'inflight'", (row["id"], row["id"])).rowcount
@@ -158,7 +151,7 @@ class LineQueue:
         """Lines claimed and never sent go back to the queue, their try not counted."""
         moved: dict[str, int] = {}
         with self.transaction() as db:
-            self._lock_batches(db, [ln.batch_id for ln in lines])
+            lock_batches(db, self.dialect, [ln.batch_id for ln in lines])
             for ln in sorted(lines, key=lambda x: (x.batch_id, x.idx)):  # lines too in id order
                 if db.execute("UPDATE lines SET state = 'queued', attempts = attempts - 1, holder = NULL WHERE batch_id = ? "
                               "AND idx = ? AND state = 'inflight' AND token = ?", (ln.batch_id, ln.idx, ln.token)).rowcount:
@@ -167,7 +160,7 @@ class LineQueue:
                 again = sum(1 for ln in lines if ln.batch_id == bid and ln.attempts > 1)
                 db.execute("UPDATE batches SET inflight = inflight - ?, queued = queued + ?, retried = retried - ? "
                            "WHERE id = ?", (k, k, again, bid))
-                self._settle(db, bid, int(time.time()))
+                settle(db, bid, int(time.time()))
         return sum(moved.values())
 
     def record(self, outcomes: list[Outcome]) -> int:
@@ -177,7 +170,7 @@ class LineQueue:
         moved: dict[str, dict[str, int]] = {}
         now = time.time()
         with self.transaction() as db:
-            self._lock_batches(db, [o.line.batch_id for o in outcomes])
+            lock_batches(db, self.dialect, [o.line.batch_id for o in outcomes])
             for o in sorted(outcomes, key=lambda x: (x.line.batch_id, x.line.idx)):  # lines too in id order
                 ln, held = o.line, (o.line.batch_id, o.line.idx, o.line.token)
                 if o.state == "done":
@@ -200,7 +193,7 @@ class LineQueue:
                 db.execute("UPDATE batches SET inflight = inflight - ?, queued = queued + ?, done = done + ?, "
                            "failed = failed + ?, tokens = tokens + ? WHERE id = ?",
                            (c["n"], c["queued"], c["done"], c["failed"], c["tokens"], bid))
-                self._settle(db, bid, int(now))
+                settle(db, bid, int(now))
         return sum(c["n"] for c in moved.values())
 
     def done(self, line: Line, response: dict[str, Any], tokens: int) -> None:

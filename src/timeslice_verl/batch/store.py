@@ -33,10 +33,11 @@ import json
 import secrets
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from timeslice_verl.batch.claims import LEASE_S, Line, LineQueue, Outcome
 from timeslice_verl.batch.engine import Engine, SqliteEngine, StoreError, StoreUnavailable, Tx
+from timeslice_verl.batch.settle import lock_batches, settle
 from timeslice_verl.batch.lines import RequestLine
 from timeslice_verl.names import TenantRole
 from timeslice_verl.batch.schema import SCHEMA_VERSION
@@ -55,13 +56,15 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
-class Store(LineQueue):
-    """The batch queue over one engine (a path: SQLite there)."""
+class Store:
+    """The batch queue over one engine (a path: SQLite there): files and batches here, the lines in motion in
+    :attr:`queue` (a :class:`~timeslice_verl.batch.claims.LineQueue`), whose calls the store passes on."""
 
     def __init__(self, where: Path | Engine) -> None:
         self.engine: Engine = SqliteEngine(where) if isinstance(where, Path) else where
         self.dialect, self.path = self.engine.dialect, self.engine.where
         self.engine.migrate()
+        self.queue = LineQueue(self.engine)
 
     @property
     def db(self) -> Any:
@@ -77,11 +80,35 @@ class Store(LineQueue):
     def close(self) -> None:
         self.engine.close()
 
-    def _lock_batches(self, db: Tx, ids: Iterable[str]) -> None:
-        """Hold these batches' rows until the commit, in id order (PostgreSQL; SQLite holds the whole file)."""
-        if self.dialect.lock:
-            for bid in sorted(set(ids)):
-                db.execute("SELECT id FROM batches WHERE id = ?" + self.dialect.lock, (bid,))
+    # ------------------------------------------------------------------ lines in motion: the queue's
+
+    def recover(self, *, everything: bool = True) -> int:
+        return self.queue.recover(everything=everything)
+
+    def claim(self, n: int, now: float, holder: str = "", lease_s: float = LEASE_S,
+              role: TenantRole = TenantRole.batch) -> list[Line]:
+        return self.queue.claim(n, now, holder, lease_s, role)
+
+    def renew(self, holder: str, lease_s: float = LEASE_S) -> set[tuple[str, int, int]]:
+        return self.queue.renew(holder, lease_s)
+
+    def release(self, lines: list[Line]) -> int:
+        return self.queue.release(lines)
+
+    def record(self, outcomes: list[Outcome]) -> int:
+        return self.queue.record(outcomes)
+
+    def done(self, line: Line, response: dict[str, Any], tokens: int) -> None:
+        self.queue.done(line, response, tokens)
+
+    def again(self, line: Line, delay_s: float) -> None:
+        self.queue.again(line, delay_s)
+
+    def failed(self, line: Line, error: dict[str, Any], response: dict[str, Any] | None = None) -> None:
+        self.queue.failed(line, error, response)
+
+    def results(self, bid: str, state: str) -> Iterator[Any]:
+        return self.queue.results(bid, state)
 
     # ------------------------------------------------------------------ files
 
@@ -131,12 +158,12 @@ class Store(LineQueue):
                 db.execute("DELETE FROM batches WHERE id = ?", (bid,))
             raise
         with self.transaction() as db:
-            self._lock_batches(db, [bid])
+            lock_batches(db, self.dialect, [bid])
             now = int(time.time())
             db.execute("UPDATE batches SET total = ?, queued = ?, in_progress_at = CASE status WHEN 'validating' THEN ? "
                        "END, status = CASE status WHEN 'validating' THEN 'in_progress' ELSE status END WHERE id = ?",
                        (total, total, now, bid))
-            self._settle(db, bid, now, created=True)
+            settle(db, bid, now, created=True)
         return bid
 
     def _insert(self, bid: str, chunk: list[tuple]) -> None:
@@ -169,10 +196,10 @@ class Store(LineQueue):
     def cancel(self, bid: str) -> bool:
         now = int(time.time())
         with self.transaction() as db:
-            self._lock_batches(db, [bid])
+            lock_batches(db, self.dialect, [bid])
             moved = db.execute("UPDATE batches SET status = 'cancelling', cancelling_at = ? WHERE id = ? AND status IN "
                                "('validating', 'in_progress')", (now, bid)).rowcount
-            self._settle(db, bid, now)
+            settle(db, bid, now)
         return moved > 0
 
     def settle_open(self) -> None:
@@ -183,38 +210,8 @@ class Store(LineQueue):
             self.recover(everything=False)
         for row in self.query("SELECT id FROM batches WHERE status IN ('in_progress', 'cancelling') ORDER BY id"):
             with self.transaction() as db:
-                self._lock_batches(db, [row["id"]])
-                self._settle(db, row["id"], int(now))
-
-    @staticmethod
-    def _settle(db: Tx, bid: str, now: int, *, created: bool = False) -> None:
-        """End the batch when nothing of it waits or runs: completed; or cancelled, or expired past its window, with
-        the lines never sent failed as such (each ``custom_id`` still appears once in the error file; as in OpenAI's
-        counts, they are neither completed nor failed). O(1) but for those lines. A batch cancelled while it is
-        created (no ``in_progress_at``) ends when its creation does (``created``), with its whole total. The caller
-        holds the batch's row."""
-        row = db.execute("SELECT status, expires_at, expired_at, in_progress_at, queued, inflight FROM batches WHERE id = ?",
-                         (bid,)).fetchone()
-        if row is None or row["status"] in ENDED or (row["in_progress_at"] is None and not created):
-            return
-        status, expired, queued = row["status"], row["expired_at"] is not None, row["queued"]
-        if status == "in_progress" and now >= row["expires_at"]:
-            db.execute("UPDATE batches SET status = 'cancelling', expired_at = ? WHERE id = ?", (now, bid))
-            status, expired = "cancelling", True
-        what = "expired" if expired else "cancelled"
-        if status == "cancelling" and queued:
-            err = json.dumps({"code": f"batch_{what}", "message": f"the batch was {what} before this request was sent"})
-            moved = db.execute("UPDATE lines SET state = 'failed', error = ? WHERE batch_id = ? AND state = 'queued'",
-                               (err, bid)).rowcount
-            db.execute("UPDATE batches SET queued = queued - ? WHERE id = ?", (moved, bid))
-            queued -= moved
-        if queued or row["inflight"]:
-            return
-        if status == "cancelling":
-            db.execute(f"UPDATE batches SET status = ?, {what}_at = ? WHERE id = ?", (what, now, bid))
-        else:
-            db.execute("UPDATE batches SET status = 'completed', finalizing_at = ?, completed_at = ? WHERE id = ?",
-                       (now, now, bid))
+                lock_batches(db, self.dialect, [row["id"]])
+                settle(db, row["id"], int(now))
 
     def figures(self, bid: str) -> dict[str, Any]:
         """One batch's lines by fate: completed, failed by error code, the tries beyond each line's first, tokens."""
