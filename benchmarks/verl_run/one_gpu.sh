@@ -11,10 +11,10 @@
 #                                           batch tenant under load, validation in the valleys), both runs' table
 # Each call prints a short table last and leaves at most 4 files in $OUT. Both runs: RESPONSE_LEN=512, TEST_FREQ=2,
 # ROLLOUT_STEPS (48: 12 trainer steps), the reward of reward.py, seed 1; verl killed at what the call has left.
-# env: CALL_BUDGET_S (560), ROLLOUT_STEPS, MODE (step 3), plus run.sh's (ROLLOUT_KV_GB, TENANT_KV_GB, POLICY_KV_GB...)
+# env: CALL_BUDGET_S (560), ROLLOUT_STEPS, MODE and SWAP (step 3: validate, resident), plus run.sh's (ROLLOUT_KV_GB, TENANT_KV_GB, POLICY_KV_GB...)
 set -uo pipefail
 STEP=${1:?step 0, 1, 2 or 3}; shift
-START=$(date +%s); BUDGET=${CALL_BUDGET_S:-560}; TAIL_S=60
+START=$(date +%s); BUDGET=${CALL_BUDGET_S:-560}; TAIL_S=75
 # BASE and SITE move what the device keeps in /root and /tmp (a dry run elsewhere)
 BASE=${BASE:-/root}; SITE=${SITE:-/tmp}; TSV=$SITE/tsv
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" "$BASE/parts" "$BASE/runs"
@@ -67,7 +67,7 @@ run_one() {  # MODE [overrides]: one run.sh run, killed at what this call has le
   grep -aE "Traceback|Error|error:|refused" "$run/verl.log" 2>/dev/null | grep -v "^\s*'" | head -15 | cut -c1-300
   leftovers
   tar -C $BASE/runs --exclude='*.sqlite*' --exclude='*input.jsonl' -cf - "$mode" | xz -6 -T8 > "$OUT/$mode.tar.xz"
-  tar -C /tmp/ray/session_latest -cf - logs 2>/dev/null | xz -6 -T8 > "$OUT/$mode-raylogs.tar.xz"
+  tar -C /tmp/ray/session_latest -cf - logs 2>/dev/null | xz -3 -T8 > "$OUT/$mode-raylogs.tar.xz"
   [ "$(stat -c %s "$OUT/$mode-raylogs.tar.xz")" -gt 16000000 ] && { echo "Ray's logs over 16 MB: left out"; rm -f "$OUT/$mode-raylogs.tar.xz"; }
 }
 
@@ -126,7 +126,8 @@ print('import ok: verl', verl.__version__, 'vllm', vllm.__version__)" 2>&1 | gre
   3)
     environment
     leftovers
-    run_one "${MODE:-validate}" "$@"
+    # resident: everything fits the GPU side by side (run.sh's sizes), so the trainer's tensors stay and it is only locked
+    run_one "${MODE:-validate}" timeslice.handoff.swap="${SWAP:-resident}" "$@"
     runs=(); for r in solo "${MODE:-validate}"; do [ -f "$BASE/runs/$r/run.json" ] && runs+=("$BASE/runs/$r"); done
     python3 benchmarks/verl_run/summarize.py "${runs[@]}" --brief | tee "$OUT/table.md"
     ;;

@@ -151,7 +151,9 @@ echo "{\"mode\": \"$MODE\", \"trainer\": \"${TRAINER:-fully_async}\", \"gpus\": 
   "\"start\": $t0, \"utc_offset\": \"$(date +%z)\", \"stats_interval_s\": $VLLM_LOG_STATS_INTERVAL}" > "$OUT/run.json"
 touch "$OUT/stop-gpumem"
 if [ "$MODE" = interleave ] || [ "$MODE" = validate ]; then
-  touch "$OUT/stop-load"; wait "$load_pid"
+  touch "$OUT/stop-load"
+  for _ in $(seq 1 45); do kill -0 "$load_pid" 2>/dev/null || break; sleep 1; done   # its figures, or on after 45 s
+  kill -0 "$load_pid" 2>/dev/null && { echo "load.py still finishing its batch after 45 s: stopped" >&2; kill -TERM "$load_pid"; }
   "$PY" -m timeslice_verl status timeslice.agent.socket="$SOCK" --json > "$OUT/status.json" 2>&1
 fi
 "$PY" -m ray.scripts.scripts stop --force > /dev/null 2>&1   # verl's Ray cluster, vLLM rollout included
