@@ -1,6 +1,6 @@
-"""Reliability round 3: what an adversarial pass found on main, each reproduced and checked fixed.
-
-The numbers are the items of the round (tests/reliability/README.md lists them with the figures).
+"""The agent under an adversary: a tenant that never answers, broken state files, impossible figures, clients that
+vanish or half-close, few file descriptors. Each test reproduces one failure and checks it stays fixed; the numbers in
+the section comments are the rows of tests/reliability/README.md's table for this file.
 """
 
 from __future__ import annotations

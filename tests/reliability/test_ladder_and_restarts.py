@@ -1,6 +1,5 @@
-"""Reliability round 4: the ladder, the way back and agent restarts under an adversary (tests/reliability/README.md).
-
-Each test reproduces one item of the round (its number in the section comment) and checks it stays fixed.
+"""The ladder, the way back and agent restarts under an adversary. Each test reproduces one failure and checks it
+stays fixed; the numbers in the section comments are the rows of tests/reliability/README.md's table for this file.
 """
 
 from __future__ import annotations
@@ -185,7 +184,7 @@ def test_a_call_is_never_kept_waiting_behind_the_clients_own_reconnect(tmp_path,
     client.close()
 
 
-# --------------------------------------------------------------------------- issue 30: a hung tenant seen ahead
+# --------------------------------------------------------------------------- a hung tenant seen ahead
 
 
 def test_a_tenant_that_stops_answering_while_lent_is_seen_wedged_and_reclaimed_by_the_kill_alone(tmp_path, procs):

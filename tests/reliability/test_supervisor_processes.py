@@ -1,4 +1,4 @@
-"""Round 5 (issue 35), the tenant supervisor under an adversary: its server and the server's engine child are one
+"""The tenant supervisor under an adversary: its server and the server's engine child are one
 unit — stopped together on SIGTERM, never left behind by a SIGKILLed supervisor, never mistaken for another's."""
 
 from __future__ import annotations

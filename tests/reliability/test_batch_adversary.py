@@ -1,4 +1,5 @@
-"""Round 5 (issue 35), the batch service under an adversary: a key on every call, its files its user's alone."""
+"""The batch service under an adversary: a key on every call, its files its user's alone; a full or damaged database,
+lines no server could read and the agent down each lose nothing; what OpenAI refuses refused in its error shape."""
 
 from __future__ import annotations
 
@@ -119,7 +120,7 @@ def test_a_database_another_user_made_is_refused(tmp_path):
         Store(planted)
 
 
-# --------------------------------------------------------------------------- items 4-8
+# --------------------------------------------------------------------------- 4-8. a full or damaged database, bad lines, no agent
 
 
 def test_a_full_database_is_a_json_error_naming_the_cause_and_the_feeder_holds_then_resumes(tmp_path):
@@ -266,7 +267,7 @@ def test_batch_commands_take_bare_settings_like_agent_and_status(tmp_path, procs
     assert wrong.exit_code == 2 and "timeslice.batch.nope" in wrong.output
 
 
-# --------------------------------------------------------------------------- OpenAI conformance (the round's low items)
+# --------------------------------------------------------------------------- OpenAI conformance (the low-severity rows)
 
 
 @pytest.mark.parametrize("call, status, param", [
