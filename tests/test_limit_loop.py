@@ -1,6 +1,6 @@
 """The in-flight limit in a closed loop: the feeder's own loop (:class:`Follower`, :func:`next_limit`,
 :func:`shed_to`) against a model of the tenant built from the capacity curves the H200 measured on 2026-12-02
-(`benchmarks/results/2026-12-02-h200-harvest-session6/`), with the window-to-window noise those runs showed. Seeded:
+(under `benchmarks/results/` at commit a0e5a83), with the window-to-window noise those runs showed. Seeded:
 what is asserted is where the limit settles, not a speed. A guard on the loop, not a replay of those runs: their
 noise was not only random (answers in waves, an API server that lags its queue), and this model lets 9a415b0's
 bars pass too; with no bars at all (``fail`` and ``down_gain`` 0) the limit overshoots and a 512-most curve gets
