@@ -2,7 +2,7 @@
 is known (``--max-num-seqs`` requests at a time, ``--token-s`` a token): lines per second against the tenants'
 capacity, and CPU per line of the feeders, the API and the database, measured side by side in one run.
 
-    python benchmarks/cluster_queue.py --out benchmarks/results/DATE-cpu-cluster-queue
+    python benchmarks/cluster_queue.py --out benchmarks/results/cluster-queue/DATE-cpu
 
 Each step: a fresh database on one throwaway server (:mod:`timeslice_verl.testing.postgres`), an API replica
 (``batch serve --api-only``) and N feeders (``batch feed``, no agent: ``follow_agent=false``), one batch of

@@ -33,7 +33,7 @@ vLLM's ``num_requests_running`` / ``waiting`` and inter-token latency totals (it
 row is written as ``row-<mix>-<profile>.json`` with the keys the issue names; ``harvest.json`` holds everything; the
 table is printed last.
 
-    python benchmarks/harvest.py --out benchmarks/results/DATE-h200-harvest --vllm-url http://127.0.0.1:8000 \
+    python benchmarks/harvest.py --out benchmarks/results/harvest/DATE-h200 --vllm-url http://127.0.0.1:8000 \
         --gib 18 --steps 12 --rollout-s 4 --train-s 1.0     # a GPU machine with a vLLM tenant up
     python benchmarks/harvest.py --out /tmp/harvest --lines 2000 --steps 4 --mixes 24   # CPU, the stand-in
 """

@@ -6,7 +6,7 @@ the CPU per line of a batch's first tenth and last tenth; the service's peak mem
 stand-in, one after the other, for a side-by-side ratio. Raw samples go to ``--out`` as JSONL, a table is printed
 last and written as ``table.md``.
 
-    python benchmarks/harvest_cpu.py --out benchmarks/results/DATE-cpu-harvest [--baseline-src ../old/src]
+    python benchmarks/harvest_cpu.py --out benchmarks/results/harvest/DATE-cpu [--baseline-src ../old/src]
 """
 
 from __future__ import annotations

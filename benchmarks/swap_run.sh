@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The swap benchmark with real vLLM tenants and the node's agent, on a GPU node with vLLM and timeslice-verl.
 #   one   GPU 0: a vLLM tenant, the agent, the single-process stand-in trainer (25 s valleys, every swap mode,
-#         with and without prepare) — what produced benchmarks/results/2026-11-30-h200-swap/
+#         with and without prepare) — what produced benchmarks/results/swap/2026-11-30-h200/
 #   two   GPUs 0 and 1: a vLLM per GPU, one agent for both (tenant.urls), the 2-rank FSDP2 stand-in under
 #         torchrun, 20 handoffs per swap mode, bit-identity checked — what produced
-#         benchmarks/results/2026-11-30-h200x2-multigpu/
+#         benchmarks/results/swap/2026-11-30-h200x2/
 # usage: MODEL=dir OUT=dir bash benchmarks/swap_run.sh one|two
 # env: PYTHON (python3), TENANT_UTIL (0.35); for two: VALLEY (1.0 s), MODES (checkpoint,park,park+checkpoint)
 set -uo pipefail

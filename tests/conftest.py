@@ -108,7 +108,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The suite must leave the checkout as it found it (issue: tests wrote timeslice-handoffs.csv)."""
+    """The suite must leave the checkout as it found it (tests once wrote timeslice-handoffs.csv into it)."""
     session.config._timeslice_session = session  # type: ignore[attr-defined]
     before = getattr(session.config, "_timeslice_git_status", None)
     after = _git_status()

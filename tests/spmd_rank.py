@@ -55,5 +55,5 @@ if __name__ == "__main__":
     sys.stdout.flush()
     # The rank's result is its code; the interpreter's teardown is skipped: on a loaded 2-core machine gloo's own
     # threads can abort it after destroy_process_group ("terminate called without an active exception", seen in
-    # CI on 2026-12-01, once in four runs), which says nothing about the handoffs this job exercises.
+    # CI about once in four runs), which says nothing about the handoffs this job exercises.
     os._exit(code)

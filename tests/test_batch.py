@@ -1,4 +1,4 @@
-"""The batch service (issue 29): its input-file rules, its store's exactly-once bookkeeping, its HTTP API's answers
+"""The batch service: its input-file rules, its store's exactly-once bookkeeping, its HTTP API's answers
 to bad input, the OpenAI Python client against it, and the tenant supervisor bringing a killed server back."""
 
 from __future__ import annotations

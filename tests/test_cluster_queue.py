@@ -1,4 +1,4 @@
-"""Issue 38: one batch queue for a cluster. The store's contract on both engines (SQLite for one node, a real
+"""One batch queue for a cluster. The store's contract on both engines (SQLite for one node, a real
 PostgreSQL server for many), the claim's share between priorities and owners, and one 20 000-line batch consumed by
 three nodes while a feeder is killed, an API replica is killed and the database restarts."""
 
@@ -173,7 +173,7 @@ def _answers(http, bid: str) -> list[str]:
 @pytest.mark.postgresql
 def test_three_nodes_consume_one_batch_through_a_killed_feeder_a_killed_api_and_a_restarted_database(tmp_path, procs,
                                                                                                       server):
-    """Must-show 1 of issue 38: every ``custom_id`` once, none lost."""
+    """Every ``custom_id`` once, none lost: what a cluster queue owes its users first."""
     from agent_support import AgentProc, FakeVllmProc, eventually
     from batch_support import BatchServiceProc, write_requests
 

@@ -1,4 +1,4 @@
-"""The in-flight limit (issue 36): the policy (:func:`next_limit`, :func:`shed_to`) table-tested on synthetic vLLM
+"""The in-flight limit: the policy (:func:`next_limit`, :func:`shed_to`) table-tested on synthetic vLLM
 ``/metrics`` samples, and the feeder's loop (:class:`Follower`) sample by sample. Pure: no server, no clock."""
 
 from __future__ import annotations
@@ -99,10 +99,10 @@ def test_growing_stops_where_it_buys_no_more_tokens(limit, rate, climb, now, exp
 
 
 def test_a_failed_probe_past_a_limit_climbed_to_goes_straight_back_to_it():
-    """Run 25 (H200, 2026-12-02, 512-token answers): 256 gave 26 000 tokens/s, 384 gave 40 000, 768 gave 17 000; the
-    limit then looked at 256 again (5.7-10.4 s a row, wall clock, at 0.72 of the rate), which the climb had
-    already measured on its way up. A start's own limit, reached from nothing below, is still looked below — after
-    a second failed probe from it (runs 27 and 28 of 2026-12-03 looked below 256 after one and read 0.61–0.66)."""
+    """A vLLM with 512-token answers: 256 gave 26 000 tokens/s, 384 gave 40 000, 768 gave 17 000; the limit then
+    looked at 256 again (seconds of every row at 0.72 of the rate), which the climb had already measured on its way
+    up. A start's own limit, reached from nothing below, is still looked below — after a second failed probe from it
+    (looks below 256 after one read 0.61–0.66 of the reference)."""
     limit, climb = next_limit(384, 384, Sample(384, 0), P, 40_000.0, Climb(26_000.0, 256), 5.0)
     assert (limit, climb) == (768, Climb(40_000.0, 384, looked_down=True))
     assert next_limit(768, 768, Sample(768, 0), P, 17_000.0, climb, 9.0) == \
@@ -117,7 +117,7 @@ def test_a_failed_probe_past_a_limit_climbed_to_goes_straight_back_to_it():
 
 
 def test_a_limit_that_cost_tokens_steps_back_though_not_all_of_it_is_in_flight():
-    """Run 12 (H200, 512-token answers): 576 in flight gave 15 000 tokens/s where 384 gave 26 000, and the limit
+    """A vLLM with 512-token answers: 576 in flight gave 15 000 tokens/s where 384 gave 26 000, and the limit
     stayed three valleys: the step back waited for the limit to be used, which a valley's edges rarely show."""
     got = next_limit(576, 500, Sample(500, 0), P, 15_000.0, Climb(26_000.0, 384, looked_down=True), 10.0)
     assert got == (384, Climb(26_000.0, 384, 40.0, 1, looked_down=True))
@@ -206,8 +206,8 @@ def test_the_follower_judges_a_limit_on_open_intervals_past_the_ramp_and_a_drain
 
 def test_the_follower_counts_no_interval_where_its_limit_was_not_in_use():
     """The batch runs dry or its last lines are cancelled: fewer in flight than the limit uses, and the rate falls
-    for want of lines, not because of the limit (run 28 of 2026-12-03 read 512 at half of 480 as the row's lines were
-    cancelled, and looked below). Such intervals stay out of the window, and with nothing in flight nothing is judged."""
+    for want of lines, not because of the limit (a row read 512 at half of 480 as its lines were cancelled,
+    and looked below). Such intervals stay out of the window, and with nothing in flight nothing is judged."""
     f, gen, answered = Follower(P), 0.0, 0
     f.climb = Climb(1000.0, 48)
     f.step(0.0, Sample(64, 0, None, gen), 64, 64, answered)  # the ramp

@@ -101,6 +101,16 @@ def test_options_ship_with_the_package():
         compose("interleave", ["trainer.total_epochs=3"])  # refused: the command could not apply it
 
 
+def test_the_one_gpu_option_alone_has_no_section_and_says_how_to_combine_it():
+    from timeslice_verl.config.overrides import compose
+
+    with pytest.raises(ConfigError, match=r"^timeslice: the option chosen sets only verl's keys .*\+timeslice=\[one_gpu,interleave\]"):
+        compose("one_gpu")
+    assert compose("interleave", ["+timeslice=[one_gpu,interleave]"]) == compose("interleave")
+    with pytest.raises(ConfigError, match="an override removed it"):
+        compose("interleave", ["+timeslice=interleave", "~timeslice"])
+
+
 def test_one_tenant_per_gpu_replaces_the_options_single_url():
     from timeslice_verl.config.overrides import compose
 

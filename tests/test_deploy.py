@@ -296,7 +296,7 @@ def test_an_agent_told_every_gpu_of_a_node_without_nvml_refuses_to_start_saying_
     assert "timeslice.agent.gpus=[] means every GPU of the node, but NVML is unavailable" in result.output
 
 
-# --------------------------------------------------------------------------- the cluster queue (issue 38)
+# --------------------------------------------------------------------------- the cluster queue
 
 CLUSTER = K8S / "cluster"
 

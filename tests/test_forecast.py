@@ -248,7 +248,7 @@ def test_a_checkpoint_swap_never_gambles_a_valley_it_cannot_time():
     assert all(math.isfinite(v) for v in long.valleys)
 
 
-# --------------------------------------------------------------------------- round 5, item 10
+# --------------------------------------------------------------------------- the Erlang quantile at any size
 
 
 @pytest.mark.parametrize("k, rate, p, expected, within", [

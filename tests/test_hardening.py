@@ -1,4 +1,4 @@
-"""What a careful new user and a security review found: each item, checked (issue "Hardening")."""
+"""What a careful new user and a security review found: each item, checked."""
 
 from __future__ import annotations
 

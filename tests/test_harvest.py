@@ -1,4 +1,4 @@
-"""The batch service at a dedicated GPU's pace (issue 36): a store whose counters never drift and whose grouped
+"""The batch service at a dedicated GPU's pace: a store whose counters never drift and whose grouped
 writes keep every line exactly once through a ``kill -9`` between an answer and its commit; the stand-in's capacity
 bounded as a GPU's is. The in-flight limit's policy: ``test_concurrency.py``."""
 
@@ -111,7 +111,7 @@ def test_lines_claimed_ahead_and_never_sent_go_back_without_counting_a_try(tmp_p
 
 
 def test_one_batch_feeds_every_tenant_of_the_node_each_line_answered_once(tmp_path, procs):
-    """Issue 36, item 5: the service follows the node's tenant list (``tenant.urls``): one queue, a feeder per
+    """The service follows the node's tenant list (``tenant.urls``): one queue, a feeder per
     tenant; each stand-in runs at most 8 at a time, so neither could have taken the whole batch alone."""
     from agent_support import FakeVllmProc
     from batch_support import BatchServiceProc, completed, create_batch, output_lines, write_requests

@@ -1,4 +1,4 @@
-"""benchmarks/harvest.py's own parts (issue 36): each valley's tokens from vLLM's counter, the figures over a
+"""benchmarks/harvest.py's own parts: each valley's tokens from vLLM's counter, the figures over a
 bracketed capacity, the capacity client by lines or for a time."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_the_harvest_benchmark_counts_each_valleys_tokens_from_vllms_counter(tmp
 
 
 def test_the_capacity_client_keeps_its_requests_out_by_lines_or_for_a_time(procs):
-    """harvest.py's (a): by lines, every body once; by time (``--capacity-s``), the bodies sent round again until
+    """harvest.py's (a): by lines, every body once; by time (``--capacity-s``), the bodies sent again and again until
     the time is up. Either way its counts are its answers' (no figure of the stand-in's speed is asserted)."""
     import asyncio
 

@@ -1,4 +1,4 @@
-"""A yield that costs only a pause when memory allows (issue 36, item 4): the pure decision, the policy's moves, and
+"""A yield that costs only a pause when memory allows: the pure decision, the policy's moves, and
 the real agent with the stand-in vLLM — held requests keep their place, and the tenant sleeps the moment the
 trainer's peak grows into the margin."""
 

@@ -1,4 +1,4 @@
-"""Sends spread over an answer's time (``timeslice.batch.spread``, issue 36): the pacer's arithmetic on a given clock,
+"""Sends spread over an answer's time (``timeslice.batch.spread``): the pacer's arithmetic on a given clock,
 the answer time's running mean, and a real batch service with the setting on answering every line once."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""verl's ranks as the policy tenant's weight source (issue 39): every rank takes part in gathering a due version,
+"""verl's ranks as the policy tenant's weight source: every rank takes part in gathering a due version,
 rank 0 keeps it and answers with its update bodies, every rank drops it once pushed; the driver's source picks rank
 0's answer, and says clearly what is missing when it cannot."""
 

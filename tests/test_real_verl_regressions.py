@@ -1,4 +1,4 @@
-"""Regressions found by running verl 0.9.1's fully-async trainer on H200s (2026-11-30), on CPU.
+"""Regressions found by running verl 0.9.1's fully-async trainer on H200s, reproduced on CPU.
 
 * a process whose NCCL may hold peer-to-peer mappings is never checkpointed (its restore fails with
   error 304 and leaves it checkpointed for good): the freeze is refused, nothing is touched;

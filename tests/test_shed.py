@@ -1,4 +1,4 @@
-"""A falling in-flight limit takes effect at once (issue 36): the newest sends past it are cancelled, their lines
+"""A falling in-flight limit takes effect at once: the newest sends past it are cancelled, their lines
 queued again with the try not counted — also sends cancelled before they ever ran."""
 
 from __future__ import annotations

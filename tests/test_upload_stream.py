@@ -1,4 +1,4 @@
-"""Uploads and batch creation a chunk at a time (issue 36, item 1): a file is never held whole — split anywhere,
+"""Uploads and batch creation a chunk at a time: a file is never held whole — split anywhere,
 it reads the same; a file refused as a whole late leaves nothing behind; a service killed while it created a
 batch fails that batch, saying so, and sends none of its lines."""
 
@@ -111,7 +111,7 @@ def test_a_service_killed_while_it_created_a_batch_fails_that_batch_and_sends_no
 
 
 def test_a_file_of_more_requests_than_a_batch_takes_is_refused_as_it_is_read_and_leaves_nothing(tmp_path, monkeypatch):
-    """The 1 000 000-line file of round 5, scaled: refused at the first request past the bound, never read whole."""
+    """A 1 000 000-line file, scaled: refused at the first request past the bound, never read whole."""
     import timeslice_verl.batch.lines as lines_mod
     import timeslice_verl.batch.store as store_mod
 

@@ -1,6 +1,6 @@
 """The handoff's valleys: skipped releases, the way back ahead of need and what it hands the trainer's thread, and
-the bounds the trainer's calls keep whatever the backlog source or the agent does (reliability round 4, items 7–9
-and 11)."""
+the bounds the trainer's calls keep whatever the backlog source or the agent does (the items below are rows 7–9
+and 11 of the ladder table in tests/reliability/README.md)."""
 
 from __future__ import annotations
 

@@ -195,7 +195,7 @@ def test_the_option_composes_with_verls_fully_async_config_and_prepares_ray():
     ce = cfg.actor_rollout_ref.rollout.checkpoint_engine
     assert (ce.backend, ce.custom_backend_module) == (BACKEND, ENGINE_MODULE)
     check_keys(cfg)
-    assert cfg.timeslice.enabled is False  # time-slicing itself stays off
+    assert "timeslice" not in cfg  # only verl's keys: time-slicing itself stays off
     assert cfg.async_training.require_batches == 1  # verl's own keys untouched
     env: dict[str, str] = {"CUDA_VISIBLE_DEVICES": "2"}
     prepare_one_gpu(cfg, env)
@@ -204,6 +204,26 @@ def test_the_option_composes_with_verls_fully_async_config_and_prepares_ray():
     env = {}
     prepare_one_gpu(plain, env)  # another engine: nothing to do
     assert env == {} and plain.ray_kwargs.ray_init.num_cpus is None
+
+
+@pytest.mark.verl
+@pytest.mark.parametrize("option, agent", [("interleave", True), ("observe", False)])
+@pytest.mark.parametrize("order", [1, -1])
+def test_the_option_combines_with_time_slicing_as_a_list_and_the_preflight_prepares_ray(option, agent, order):
+    """One GPU and time-slicing together, as a user writes it: ``+timeslice=[one_gpu,interleave]`` (either order)."""
+    from timeslice_verl.adapters.preflight import preflight
+
+    cfg = compose_verl([f"+timeslice=[{','.join(['one_gpu', option][::order])}]"])
+    check_keys(cfg)
+    assert cfg.timeslice.enabled is True and ("agent" not in cfg.timeslice.plugins.disabled) is agent
+    assert cfg.actor_rollout_ref.rollout.checkpoint_engine.backend == BACKEND
+    if agent:  # interleave's own verl keys stay beside one_gpu's
+        assert cfg.async_training.trigger_parameter_sync_step == 1
+        assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.TIMESLICE_JOB == cfg.timeslice.job
+    env: dict[str, str] = {}
+    prepare_one_gpu(cfg, env)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,0"
+    preflight(cfg)  # the whole launcher check passes it
 
 
 @pytest.mark.verl

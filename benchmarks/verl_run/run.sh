@@ -8,13 +8,18 @@
 #   validate    interleave, plus validation in the valleys (issue 39): a policy tenant (vLLM with IPC weight transfer)
 #               on GPU 0 beside the batch tenant, the batch service, every TEST_FREQ (2) versions validated there
 #               (compare with `solo` at the same TEST_FREQ: verl's own, awaited validation by its rollouter)
+# GPUS=1: everything on ONE GPU (GPU, default 0): verl's trainer and rollout through the timeslice_ipc checkpoint engine
+#   (+timeslice=one_gpu, with time-slicing +timeslice=[one_gpu,interleave]), the tenants beside them; each vLLM gets a
+#   fixed KV cache (so vLLMs starting together do not size theirs from each other's memory) and needs only
+#   VLLM_START_UTIL of the GPU free when it starts. GiB env: ROLLOUT_KV_GB (4), TENANT_KV_GB (8), POLICY_KV_GB (4).
 # usage: MODEL=dir DATA=dir OUT=dir bash benchmarks/verl_run/run.sh MODE [extra hydra overrides...]
 # env: TRAINER (fully_async or v1), ROLLOUT_STEPS (fully_async: 32 = 8 trainer steps), STEPS (v1: 8),
 #      DEADLINE_S (480), TENANT_PORT (8001), TENANT_UTIL (0.35), LOAD_CLIENTS (8), PYTHON (python3),
 #      RESPONSE_LEN (128 response tokens), REWARD (a custom reward file, e.g. benchmarks/verl_run/reward.py,
 #      which a random model can earn; default: verl's gsm8k rule), TEST_FREQ (-1: no validation; validate: 2),
-#      POLICY_PORT (8002), POLICY_UTIL (0.15), SERVICE_PORT (8090).
-# Leaves in OUT: verl.log, timeline.jsonl, load.json, agent.log, tenant.log, status.json, run.json, row.json
+#      POLICY_PORT (8002), POLICY_UTIL (0.15), SERVICE_PORT (8090), GPUS (2; 1: see above), SEED (1: data order),
+#      STATS_INTERVAL_S (2: vLLM's throughput lines, the rollout's rate in and out of the tenant's windows).
+# Leaves in OUT: verl.log, timeline.jsonl, load.json, agent.log, tenant.log, status.json, run.json, gpumem.jsonl, row.json
 #      (the summary row: python3 benchmarks/verl_run/summarize.py OUT...)
 set -uo pipefail
 MODE=${1:?solo, observe or interleave}; shift
@@ -22,7 +27,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 MODEL=${MODEL:?model dir}; DATA=${DATA:?data dir}; OUT=${OUT:-verl-run-$MODE}
 PY=${PYTHON:-python3}; PORT=${TENANT_PORT:-8001}; SOCK=$(mktemp -d)/agent.sock   # a private directory
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
-rm -f "$OUT"/timeline.jsonl "$OUT"/stop-load
+rm -f "$OUT"/timeline.jsonl "$OUT"/stop-load "$OUT"/stop-gpumem "$OUT"/gpumem.jsonl
 pids=()
 cleanup() {
   touch "$OUT/stop-load"
@@ -32,17 +37,37 @@ cleanup() {
 }
 trap cleanup EXIT
 
-RESPONSE_LEN=${RESPONSE_LEN:-128}
+RESPONSE_LEN=${RESPONSE_LEN:-128}; GPUS=${GPUS:-2}; GPU=${GPU:-0}
+# vLLM's throughput line every STATS_INTERVAL_S, each one kept (Ray folds lines that differ only in numbers)
+export RAY_DEDUP_LOGS=0 VLLM_LOG_STATS_INTERVAL=${STATS_INTERVAL_S:-2}
 extra=()
+case "$GPUS" in
+  2) TGPU=0; tenant_mem=(--gpu-memory-utilization "${TENANT_UTIL:-0.35}"); policy_mem=(--gpu-memory-utilization "${POLICY_UTIL:-0.15}")
+     option=interleave; solo=()
+     extra+=(actor_rollout_ref.rollout.gpu_memory_utilization=0.4 actor_rollout_ref.rollout.checkpoint_engine.backend=nccl
+       actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512) ;;
+  1) TGPU=$GPU; START=${VLLM_START_UTIL:-0.05}; GIB=$((1 << 30))
+     tenant_mem=(--gpu-memory-utilization "$START" --kv-cache-memory-bytes $(( ${TENANT_KV_GB:-8} * GIB )))
+     policy_mem=(--gpu-memory-utilization "$START" --kv-cache-memory-bytes $(( ${POLICY_KV_GB:-4} * GIB )))
+     option="[one_gpu,interleave]"; solo=(+timeslice=one_gpu)
+     extra+=(actor_rollout_ref.rollout.gpu_memory_utilization="$START"
+       +actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=$(( ${ROLLOUT_KV_GB:-4} * GIB )))
+     echo "one GPU ($GPU), GiB: trainer ~16 B/param + activations + 1 (IPC buckets); rollout vLLM weights + ${ROLLOUT_KV_GB:-4} KV;" \
+       "tenant weights + ${TENANT_KV_GB:-8} KV; policy tenant (validate) weights + ${POLICY_KV_GB:-4} KV; each vLLM ~1-2 more" ;;
+  *) echo "GPUS is $GPUS: 2 (trainer and rollout on two GPUs) or 1 (both on one)" >&2; exit 2 ;;
+esac
+"$PY" "$HERE/gpumem.py" "$OUT/gpumem.jsonl" --stop-file "$OUT/stop-gpumem" > "$OUT/gpumem.log" 2>&1 &
+pids+=($!)
 if [ -n "${REWARD:-}" ]; then
   extra+=(reward.custom_reward_function.path="$(cd "$(dirname "$REWARD")" && pwd)/$(basename "$REWARD")")
 fi
 if [ "$MODE" = validate ]; then
   TEST_FREQ=${TEST_FREQ:-2}; PPORT=${POLICY_PORT:-8002}; SPORT=${SERVICE_PORT:-8090}
   URLS="[\"http://127.0.0.1:$PORT\",\"http://127.0.0.1:$PPORT\"]"
-  CUDA_VISIBLE_DEVICES=0 VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 TIMESLICE_TENANT=1 setsid "$PY" \
+  CUDA_VISIBLE_DEVICES=$TGPU VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_INSECURE_SERIALIZATION=1 TIMESLICE_TENANT=1 \
+    TIMESLICE_RUN_ROLE=policy setsid "$PY" \
     -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name policy --enable-sleep-mode \
-    --gpu-memory-utilization "${POLICY_UTIL:-0.15}" --max-model-len 1024 --enforce-eager --host 127.0.0.1 \
+    "${policy_mem[@]}" --max-model-len $(( 1024 > 256 + RESPONSE_LEN ? 1024 : 256 + RESPONSE_LEN )) --enforce-eager --host 127.0.0.1 \
     --port "$PPORT" --weight-transfer-config '{"backend": "ipc"}' > "$OUT/policy.log" 2>&1 &
   pids+=($!)
   setsid "$PY" -m timeslice_verl batch serve --set timeslice.batch.port="$SPORT" --set timeslice.batch.db="$OUT/batch/b.sqlite" \
@@ -55,21 +80,24 @@ if [ "$MODE" = validate ]; then
 fi
 if [ "$MODE" = interleave ] || [ "$MODE" = validate ]; then
   # the batch tenant: a vLLM with sleep mode on the trainer's GPU, and the node's agent arbitrating GPU 0
-  CUDA_VISIBLE_DEVICES=0 VLLM_SERVER_DEV_MODE=1 TIMESLICE_TENANT=1 setsid "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
-    --served-model-name tenant --enable-sleep-mode --gpu-memory-utilization "${TENANT_UTIL:-0.35}" --max-model-len 1024 \
+  CUDA_VISIBLE_DEVICES=$TGPU VLLM_SERVER_DEV_MODE=1 TIMESLICE_TENANT=1 TIMESLICE_RUN_ROLE=tenant setsid "$PY" \
+    -m vllm.entrypoints.openai.api_server --model "$MODEL" \
+    --served-model-name tenant --enable-sleep-mode "${tenant_mem[@]}" --max-model-len 1024 \
     --enforce-eager --host 127.0.0.1 --port "$PORT" > "$OUT/tenant.log" 2>&1 &
   pids+=($!)
-  setsid "$PY" -m timeslice_verl agent timeslice.agent.socket="$SOCK" timeslice.agent.gpus=[0] \
+  setsid "$PY" -m timeslice_verl agent timeslice.agent.socket="$SOCK" timeslice.agent.gpus="[$TGPU]" \
     timeslice.tenant.urls="${URLS:-[\"http://127.0.0.1:$PORT\"]}" > "$OUT/agent.log" 2>&1 &
   pids+=($!)
   setsid "$PY" "$HERE/load.py" "http://127.0.0.1:$PORT" "$OUT/load.json" --clients "${LOAD_CLIENTS:-8}" \
     --stop-file "$OUT/stop-load" > "$OUT/load.log" 2>&1 &
   load_pid=$!
-  extra+=(+timeslice=interleave timeslice.tenant.urls="${URLS:-[\"http://127.0.0.1:$PORT\"]}" timeslice.agent.socket="$SOCK"
+  extra+=(+timeslice="$option" timeslice.agent.gpus="[$TGPU]" timeslice.tenant.urls="${URLS:-[\"http://127.0.0.1:$PORT\"]}" timeslice.agent.socket="$SOCK"
          timeslice.timeline.path="$OUT/timeline.jsonl")
 elif [ "$MODE" = observe ]; then
-  extra+=(+timeslice=observe timeslice.timeline.path="$OUT/timeline.jsonl")
-elif [ "$MODE" != solo ]; then
+  extra+=(+timeslice="${option/interleave/observe}" timeslice.timeline.path="$OUT/timeline.jsonl")
+elif [ "$MODE" = solo ]; then
+  extra+=("${solo[@]}")
+else
   echo "unknown mode $MODE (solo, observe, interleave, validate)" >&2; exit 2
 fi
 
@@ -87,12 +115,10 @@ common=(
   algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False
   actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.n=4
   actor_rollout_ref.rollout.calculate_log_probs=True actor_rollout_ref.rollout.tensor_model_parallel_size=1
-  actor_rollout_ref.rollout.gpu_memory_utilization=0.4 actor_rollout_ref.rollout.enforce_eager=True
+  actor_rollout_ref.rollout.enforce_eager=True actor_rollout_ref.rollout.disable_log_stats=False data.seed="${SEED:-1}"
   actor_rollout_ref.rollout.max_model_len=$(( 512 > 256 + RESPONSE_LEN ? 512 : 256 + RESPONSE_LEN ))
   actor_rollout_ref.rollout.max_num_batched_tokens=$(( 4096 > 256 + RESPONSE_LEN ? 4096 : 256 + RESPONSE_LEN ))
   actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2
-  actor_rollout_ref.rollout.checkpoint_engine.backend=nccl
-  actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=512
   trainer.logger="['console']" trainer.project_name=timeslice-verl trainer.experiment_name="validated-$MODE"
   trainer.val_before_train=False trainer.test_freq="${TEST_FREQ:--1}" trainer.save_freq=-1 trainer.resume_mode=disable
   trainer.total_epochs=1 trainer.nnodes=1 trainer.n_gpus_per_node=1 trainer.default_local_dir="$OUT/ckpt"
@@ -115,12 +141,19 @@ case "${TRAINER:-fully_async}" in
 esac
 
 t0=$(date +%s)
+[ "$GPUS" = 1 ] && export CUDA_VISIBLE_DEVICES="$GPU,$GPU"   # Ray sees the one GPU twice (the preflight's value)
 timeout -k 10 "${DEADLINE_S:-480}" "$PY" -m "$entry" "${common[@]}" "${trainer[@]}" \
   "${extra[@]}" "$@" > "$OUT/verl.log" 2>&1
 rc=$?
-echo "{\"mode\": \"$MODE\", \"trainer\": \"${TRAINER:-fully_async}\", \"rc\": $rc, \"wall_s\": $(( $(date +%s) - t0 ))}" > "$OUT/run.json"
+unset CUDA_VISIBLE_DEVICES
+# utc_offset: vLLM's log times are local, the timeline's are epoch seconds
+echo "{\"mode\": \"$MODE\", \"trainer\": \"${TRAINER:-fully_async}\", \"gpus\": $GPUS, \"rc\": $rc, \"wall_s\": $(( $(date +%s) - t0 )),"\
+  "\"start\": $t0, \"utc_offset\": \"$(date +%z)\", \"stats_interval_s\": $VLLM_LOG_STATS_INTERVAL}" > "$OUT/run.json"
+touch "$OUT/stop-gpumem"
 if [ "$MODE" = interleave ] || [ "$MODE" = validate ]; then
-  touch "$OUT/stop-load"; wait "$load_pid"
+  touch "$OUT/stop-load"
+  for _ in $(seq 1 45); do kill -0 "$load_pid" 2>/dev/null || break; sleep 1; done   # its figures, or on after 45 s
+  kill -0 "$load_pid" 2>/dev/null && { echo "load.py still finishing its batch after 45 s: stopped" >&2; kill -TERM "$load_pid"; }
   "$PY" -m timeslice_verl status timeslice.agent.socket="$SOCK" --json > "$OUT/status.json" 2>&1
 fi
 "$PY" -m ray.scripts.scripts stop --force > /dev/null 2>&1   # verl's Ray cluster, vLLM rollout included

@@ -1,13 +1,16 @@
 """One row of the validated-run table from a run's folder, or the table of several.
 
-usage: python summarize.py OUT [OUT...] [--write]
-Reads verl.log (verl's console logger), timeline.jsonl (the timeline plugin), load.json (the batch
-client), run.json; ``--write`` also saves each row as OUT/row.json. Prints a Markdown table.
+usage: python summarize.py OUT [OUT...] [--write] [--brief]
+Reads verl.log (verl's console logger, and the rollout vLLM's throughput lines Ray forwards into it), timeline.jsonl
+(the timeline plugin), load.json (the batch client), gpumem.jsonl (gpumem.py: GPU memory by process), run.json;
+``--write`` also saves each row as OUT/row.json. Prints a Markdown table: every column, or with ``--brief`` the
+one-GPU run's figures, one row per figure and one column per run. Runs without the newer files read as before.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import re
 import statistics
@@ -15,11 +18,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import gpumem
+import rates
 from timeslice_verl.analysis import summary, trainer_waits
 
 STEP_RE = re.compile(r"step:(\d+) - (.*)")
 GLOBAL_STEP_RE = re.compile(r"global_steps: (\d+) local_trigger_step")
 SYNC_RE = re.compile(r"timing_s/param_sync: ([0-9.]+) seconds self.current_param_version: (\d+)")
+VAL_PREFIX = "val-core/"
 FINAL_KEYS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "response_length/mean", "critic/score/mean")
 
 
@@ -88,6 +94,33 @@ def timeline_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def validation(steps: dict[int, dict[str, float]]) -> list[list[float]]:
+    """``[step, score]`` for each step verl logged a validation at: its first ``val-core/…/mean@N`` key."""
+    seen = []
+    for n in sorted(steps):
+        keys = sorted(k for k in steps[n] if k.startswith(VAL_PREFIX) and "/mean@" in k)
+        if keys:
+            seen.append([n, round(steps[n][keys[0]], 4)])
+    return seen
+
+
+def one_gpu_figures(out: Path, run: dict[str, Any], log: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the one-GPU reading adds (any run): memory by role, the rollout's rate beside and without the tenant."""
+    start = float(run.get("start") or next((r["time"] for r in records if "time" in r), 0.0))
+    year = dt.datetime.fromtimestamp(start or 0, dt.timezone.utc).year if start else dt.date.today().year
+    lines = rates.stats_lines(log, year, rates.offset(run.get("utc_offset", "")))
+    awake = rates.awake_windows(records)
+    times = [r["time"] for r in records if "time" in r]
+    wakes = [r for r in records if r.get("hook") == "transition" and r.get("action") == "tenant_reclaim" and r.get("ok")]
+    return {
+        **rates.rollout_rates(lines, awake, float(run.get("stats_interval_s") or 10)),
+        "tenant_wakes": len(wakes) if records else None,
+        "tenant_awake_s": rates.awake_seconds(awake, min(times), max(times)) if times and awake else None,
+        "memory_gib": gpumem.by_role(out / "gpumem.jsonl") or None,
+        "gpu_peak_gib": gpumem.peak_used(out / "gpumem.jsonl"),
+    }
+
+
 def row(out: Path) -> dict[str, Any]:
     run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
     log = (out / "verl.log").read_text(errors="replace") if (out / "verl.log").exists() else ""
@@ -96,16 +129,22 @@ def row(out: Path) -> dict[str, Any]:
     last = trained[max(trained)] if trained else {}
     records = _records(out / "timeline.jsonl")
     load = json.loads((out / "load.json").read_text()) if (out / "load.json").exists() else {}
+    step_s = [f["timing_s/step"] for f in trained.values() if "timing_s/step" in f]
     return {
         "mode": run.get("mode", out.name) + (f" ({swap(records)})" if swap(records) else ""),
         "rc": run.get("rc"),
+        "gpus": run.get("gpus", 2),
         "steps": len(set(GLOBAL_STEP_RE.findall(log))),
-        "step_s_median": _med([f["timing_s/step"] for f in trained.values() if "timing_s/step" in f]),
+        "step_s_median": _med(step_s),
+        "step_s_mean": round(statistics.mean(step_s), 3) if step_s else None,
         "param_sync_s_median": _med([float(t) for t, version in SYNC_RE.findall(log) if int(version) > 0]),
         **timeline_figures(records),
         "batch_completed": load.get("completed"),
         "batch_failed": _failed(load),
         "batch_retried": load.get("retried") if load else None,
+        "tenant_tokens": load.get("tokens") if load else None,
+        "validation": validation(steps) or None,
+        **one_gpu_figures(out, run, log, records),
         "final": {k: last[k] for k in FINAL_KEYS if k in last},
     }
 
@@ -113,6 +152,10 @@ def row(out: Path) -> dict[str, Any]:
 def _cell(value: Any) -> str:
     if value is None:
         return "–"
+    if isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):  # memory by role
+        return ", ".join(f"{k} {v['peak_gib']}" for k, v in value.items())
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):  # [step, score] pairs
+        return ", ".join(f"{int(n)}: {v:.4g}" for n, v in value)
     if isinstance(value, dict):
         return ", ".join(f"{k.split('/')[-1] if k != 'critic/score/mean' else 'score'}={v:.4g}" for k, v in value.items()) or "–"
     if isinstance(value, list):
@@ -129,6 +172,25 @@ COLUMNS = [
     ("unpark_s_median", "unpark s"), ("reserved_gb_before_after", "reserved GB before → after"),
     ("batch_completed", "batch completions"), ("batch_failed", "failed/aborted"), ("final", "final metrics"),
 ]
+
+
+BRIEF = [
+    ("rc", "exit status"), ("steps", "trainer steps"), ("step_s_mean", "step s (mean)"), ("step_s_median", "step s (median)"),
+    ("rollout_tok_s_tenant_asleep", "rollout tokens/s, tenant asleep"), ("rollout_tok_s_tenant_awake", "rollout tokens/s, tenant awake"),
+    ("rollout_windows", "rollout windows asleep, awake"), ("tenant_tokens", "tenant tokens served"),
+    ("batch_completed", "tenant lines completed"), ("batch_failed", "tenant lines failed/lost"),
+    ("validation", "validation (step: score)"), ("memory_gib", "GPU GiB by process (peak)"), ("gpu_peak_gib", "GPU GiB used (peak)"),
+    ("tenant_wakes", "tenant wakes"), ("tenant_awake_s", "tenant awake s"), ("freezes", "trainer freezes"),
+    ("trainer_wait_s_median", "trainer wait s (median)"), ("trainer_wait_s_max", "trainer wait s (max)"),
+    ("param_sync_s_median", "weight sync s (median)"), ("failed_transitions", "failed transitions"), ("final", "final metrics"),
+]
+
+
+def brief(rows: list[dict[str, Any]]) -> str:
+    """One line per figure, one column per run: the table a one-GPU call prints last."""
+    lines = ["| figure | " + " | ".join(str(r.get("mode")) for r in rows) + " |", "|---|" + "---|" * len(rows)]
+    lines += ["| " + label + " | " + " | ".join(_cell(r.get(key)) for r in rows) + " |" for key, label in BRIEF]
+    return "\n".join(lines)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -150,6 +212,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("outs", nargs="+", type=Path)
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--brief", action="store_true")
     args = parser.parse_args()
     rows = []
     for out in args.outs:
@@ -157,7 +220,7 @@ def main() -> int:
         if args.write:
             (out / "row.json").write_text(json.dumps(r, indent=1))
         rows.append(r)
-    print(table(rows))
+    print(brief(rows) if args.brief else table(rows))
     return 0
 
 

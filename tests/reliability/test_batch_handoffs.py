@@ -1,4 +1,4 @@
-"""Batch work survives every handoff (issue 29): a batch of 5 000 lines fed to a supervised tenant through 20+
+"""Batch work survives every handoff: a batch of 5 000 lines fed to a supervised tenant through 20+
 handoffs of a real agent, with the four ways a line's request can be lost injected once each — the ladder's abort
 step, the ladder's kill of a wedged tenant, a crash of the tenant, a ``kill -9`` of the batch service itself.
 

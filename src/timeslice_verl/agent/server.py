@@ -148,7 +148,7 @@ def _warn_short_deadline(settings: TimesliceSettings) -> None:
     deadline = settings.tenant.reclaim_deadline_s
     if 0 < deadline < SHORT_DEADLINE_S:
         log.warning("timeslice.tenant.reclaim_deadline_s=%g leaves the polite yield %.1f s: a behaving vLLM's first "
-                    "/sleep pins its host backup (1.5-1.6 s on an H200), so the ladder may abort or kill it; %g s or more "
+                    "/sleep pins its host backup (over a second on a large GPU), so the ladder may abort or kill it; %g s or more "
                     "is safe", deadline, budgets(deadline).polite_s, SHORT_DEADLINE_S)
 
 

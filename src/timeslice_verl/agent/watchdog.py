@@ -84,7 +84,7 @@ class Watchdog:
         try:
             live_procs = [p for p in job.procs if procfs.alive(p)]
             live_reg = [p for p in job.registered if procfs.alive(p)]
-        except procfs.ProcUnreadable as exc:  # EMFILE and the like: learn nothing this round
+        except procfs.ProcUnreadable as exc:  # EMFILE and the like: learn nothing from this look
             log.warning("watchdog: %s; job %s is left as it is", exc, name)
             return False
         if len(live_procs) + len(live_reg) == len(known):

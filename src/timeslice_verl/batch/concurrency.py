@@ -12,28 +12,27 @@ batch), never more than the ceiling. Pure: vLLM's ``/metrics`` in, a number out;
   failed in a row doubling the next hold (up to ``max_hold_s``) and halving the next probe's step. A limit is judged
   once a turnover of what it holds has been answered (the feeder's *settled*); a probe up already ``loss`` below the
   best on a shorter window goes back at once (a probe past a steep knee is paid for every second it stays). A rate
-  about flat (from ``fail`` below to ``gain`` above) probes on in smaller steps: on an H200 with short completions
-  vLLM's API server, not the GPU, sets the pace, and more in flight keeps its running batch fuller between the waves
-  of answers (2 s windows at one limit read 9–25 % apart on an H200, run 16 of 2026-12-02: a bar of
-  ``gain`` below stopped the climb at 256 where 512 gave a fifth more).
+  about flat (from ``fail`` below to ``gain`` above) probes on in smaller steps: with short completions vLLM's API
+  server, not the GPU, can set the pace, and more in flight keeps its running batch fuller between the waves of
+  answers (short windows at one limit read up to a quarter apart, so a bar of ``gain`` below can stop the climb
+  well short of the limit that gives the most).
 * **A probe up that failed goes back and holds; a second in a row looks below once** — unless the climb reached that
   limit from a lower one it measured: the limit it started from may itself be past the knee (a start of 256 where 128
-  gives the most, as this H200's single API server with 512-token answers did): one step down; while a step down
+  gives the most, as a single API server with long answers can): one step down; while a step down
   raises the rate by ``down_gain`` it goes on down, else back to the best limit and hold. After the hold the search
   starts over from there, so both sides are looked at again, each time less often. Not after the first failure: one
-  probe read on valley windows is weak evidence (on an H200 with four API servers, 128 in flight never gave a tenth
-  more than 256 in 16 capacity passes, runs 25–28, yet the looks below a start of 256 after one failed probe read
-  0.61 and 0.66 of the reference for 8–11 s of rows of 34–43 s, runs 27 and 28). The bar below is higher than above:
-  near the knee neighbouring limits differ by less than a window's noise (on an H200 with 512-token answers, 2 s
-  windows at one limit read 9–25 % apart), and a walk down on noise gave up a third of the batch.
+  probe read on valley windows is weak evidence (a server whose lower limit never gave more in its capacity
+  passes ran a third below its reference for a quarter of a row on looks below made after one failed probe). The bar below is higher than
+  above: near the knee neighbouring limits differ by less than a window's noise, and a walk down on noise gave up a
+  third of the batch.
 * **What a fall cancels** (:func:`shed_to`): a probe up that cost tokens gives back its excess at once (the newest
   sends, which lost the least); a look below lets what is in flight drain — it is a question, not a loss, and
   cancelling 512-token answers half made throws their tokens away.
 * **A queue longer than wanted while the server is full**: shrink to what it runs plus the wanted queue. Full: its KV
   cache nearly so, or a long queue at two samples in a row with no more running at the second (``max_num_seqs``).
   A queue behind a running count still growing is admission, not a full server: lines sent at once when a wave of
-  answers ends, or the held requests re-admitted after a wake-up, wait a step or two for their prefill (on an H200
-  with 512-token answers, shrinking on that one sample took the limit from 384 to 44 for the rest of a run).
+  answers ends, or the held requests re-admitted after a wake-up, wait a step or two for their prefill (shrinking
+  on that one sample could take the limit to a tenth of itself for the rest of a batch).
 * **KV cache nearly full** with requests waiting: hold (more would only wait or be preempted).
 * Without metrics (not vLLM, or they cannot be read) the limit stays where it is.
 
@@ -73,7 +72,7 @@ class Climb:
     hold_until: float = 0.0
     failed: int = 0
     """Probes in a row that cost tokens: each doubles the next hold and halves the next probe's step (a probe past
-    the knee is paid for a whole window: on an H200 with 512-token answers 576 in flight gave half the tokens of 384)."""
+    the knee is paid for a whole window: past a steep knee, half the tokens of the limit below it)."""
     down: bool = False
     """Probing below the best limit (after a probe above it failed)."""
     looked_down: bool = False
@@ -189,7 +188,7 @@ def next_limit(limit: int, inflight: int, sample: Sample | None, policy: Policy,
         if climb.best_rate and rate > climb.best_rate * (1 + 4 * policy.gain):
             growth = 2.0 * policy.growth / 1.5  # far below the knee yet: a bolder step
         # a growth that paid: the failed probes are forgotten, and below it was measured on the way up (no need to
-        # look there again when the next probe fails: run 25 of 2026-12-02 spent 5.7-10.4 s a row re-reading it)
+        # look there again when the next probe fails: re-reading it cost seconds of every row)
         climb = Climb(rate, limit, climb.hold_until, looked_down=climb.best_rate > 0)
     elif rate is not None and climb.best_rate:
         growth = 1 + (policy.growth - 1) / 2 ** (1 + climb.failed)  # about flat: probe on, in smaller steps
@@ -301,7 +300,7 @@ class Follower:
             window.tokens += max(0.0, sample.generated - self._last[1])
             window.seconds += now - self._last[0]
         # an interval draining a fall, or with the limit not in use (the batch ran dry, sends cancelled), is not the
-        # limit's: run 28's last window read 512 at 0.53 of 480 while its row's lines were being cancelled
+        # limit's: a window read while a row's lines were being cancelled put a good limit at half its rate
         self._last = (now, sample.generated) if self.policy.busy * limit <= inflight <= limit else None
         settled = sample.generated is None or window.settled(answered)  # no counter: sample by sample
         rate = window.tokens / window.seconds if window.seconds >= WINDOW_S and sample.generated is not None else None

@@ -89,7 +89,7 @@ class FeederStats:
     dropped, not sent (another feeder sends them)."""
     samples: list[tuple[float, float, float, int]] = field(default_factory=list)
     """The last (time, vLLM running, vLLM waiting, our lines in flight) samples, newest last (at most 600): where
-    vLLM holds less than we sent, its front end lags (on an H200 with 48-token answers, half of 768)."""
+    vLLM holds less than we sent, its front end lags (with short answers, by as much as half of what was sent)."""
 
 
 class Feeder:

@@ -155,7 +155,7 @@ def _request_id(batch_id: str, idx: int) -> str:
 LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
 """Characters JSON leaves raw inside a string (vLLM's answers carry them as they are) that Python's ``splitlines``
 and JavaScript's older parsers take for line ends: written escaped, the same JSON, one line for every reader (a
-512-token answer of the test model on an H200 broke a reader that split the output file that way)."""
+real answer carrying one broke a reader that split the output file that way)."""
 
 
 def output_lines(batch_id: str, rows: Iterable[Any]) -> Iterator[bytes]:

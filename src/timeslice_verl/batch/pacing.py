@@ -1,12 +1,11 @@
 """Sends spread over an answer's time (``timeslice.batch.spread``): lines whose answers are all one length, sent
 together, come back together, and a server whose front end parses, schedules and answers each request in turn
-runs empty between the waves. On an H200 with 48-token answers (run 19 of 2026-12-02) a fifth of the samples in the
-valleys found vLLM running fewer than 64 (with 512-token answers, 1 %); in one valley it went round every ~0.9 s:
-384 running at 35 000–57 000 tokens/s for 0.2–0.3 s, then ~0.4 s at 5 000–15 000 while a wave was answered and the
-next parsed. Sends released at the limit's own pace (``limit`` per answer's time, a little faster) keep the answers
-spread once they are, so the front end's work overlaps the GPU's. (vLLM's front end in four processes,
-``--api-server-count 4``, removed those waves without it in run 25: 2 % of the samples; spread itself is not yet
-measured on a GPU.) Pure: the clock comes in."""
+runs empty between the waves. With short answers vLLM was seen cycling in under a second between a full running
+batch and a few tenths of a second at a fraction of its rate while a wave was answered and the next parsed (with
+long answers, rarely). Sends released at the limit's own pace (``limit`` per answer's time, a little faster) keep the
+answers spread once they are, so the front end's work overlaps the GPU's. (vLLM's front end in four processes,
+``--api-server-count 4``, removes most of those waves without it; ``benchmarks/harvest.py --spread`` measures
+spreading itself.) Pure: the clock comes in."""
 
 from __future__ import annotations
 

@@ -109,7 +109,7 @@ class Service:
         sock = str(socket_path(settings)) if b.follow_agent else None
         policy = Policy(start=min(b.concurrency, b.max_concurrency), ceiling=b.max_concurrency)
         self.policy_url = settings.validate.policy_url.rstrip("/")
-        """The policy tenant (issue 39): fed the validation runs alone, by a feeder of its own."""
+        """The policy tenant: fed the validation runs alone, by a feeder of its own."""
         fed = [(u, TenantRole.batch) for u in self.urls] + ([(self.policy_url, TenantRole.policy)] if self.policy_url else [])
         self.gates = [Gate(sock, poll_s=b.poll_s) for _ in fed] if role.feeds else []
         """One per tenant: the agent's word for all, each tenant's own health (a restarting server stops only its

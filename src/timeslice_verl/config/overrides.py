@@ -90,8 +90,11 @@ def compose(option: str = "interleave", overrides: list[str] | None = None) -> T
         if not type(exc).__module__.startswith("hydra"):
             raise
         raise _typo(given) or _hydra_error(exc) from None
-    if SECTION not in cfg:  # ~timeslice
-        raise ConfigError(SECTION, "no section left to show (an override removed it)")
+    if SECTION not in cfg:
+        if any(o.startswith("~") and picks_option(o) for o in given):
+            raise ConfigError(SECTION, "no section left to show (an override removed it)")
+        raise ConfigError(SECTION, "the option chosen sets only verl's keys (one_gpu), no timeslice section: "
+                          "time-slicing stays off; combine it with another, e.g. +timeslice=[one_gpu,interleave]")
     try:
         return load_settings(cfg.get(SECTION))
     except ConfigError as exc:  # an appended key (+timeslice.…) the schema lacks surfaces here

@@ -143,10 +143,10 @@ class TenantSettings:
     2 × (interval + timeout) = 2.5 s after it stopped; a reclaim still asks it once more before the kill)."""
     warm_up: bool = True
     """Put a newly registered tenant to sleep and wake it twice while no trainer needs the GPU: a vLLM's first sleep
-    pays one-off costs (1.85 s against 0.14 s after, H200) that would otherwise fall on the trainer's first acquire
-    and keep the first valleys from being lent; the tenant's footprint is known before the first release too. Its
-    sleeps wait as long as they take while no trainer asks (a 7 B model's first: over 10 s, H200, 2026-12-03), then
-    ``reclaim_deadline_s`` from the ask."""
+    pays one-off costs (pinning its host buffers, many times a later sleep) that would otherwise fall on the trainer's
+    first acquire and keep the first valleys from being lent; the tenant's footprint is known before the first release
+    too. Its sleeps wait as long as they take while no trainer asks (a large model's first can take many seconds),
+    then ``reclaim_deadline_s`` from the ask."""
 
 
 @dataclass
@@ -225,15 +225,15 @@ class BatchSettings:
     concurrency: int = 256  # lines in flight at the start (a full running batch from the first valley); then the number follows the tenant
     max_concurrency: int = 512
     """At most this many in flight. vLLM captures CUDA graphs for decode batches up to 512 by default
-    (``min(2 × max_num_seqs, 512)``) and runs larger ones without: on an H200 every 512-token row above 576
-    running generated a quarter or more less (2026-12-02). Raise both together (``max_cudagraph_capture_size``)."""
+    (``min(2 × max_num_seqs, 512)``) and runs larger ones without, generating markedly fewer tokens past that
+    size. Raise both together (``max_cudagraph_capture_size``)."""
     adapt_concurrency: bool = True
     """Follow vLLM's ``/metrics``: its running batch full, a short queue inside it (off: always ``concurrency``)."""
     spread: bool = False
     """Release sends at the limit's pace (the limit per answer's time), not all at once: answers of one length sent
     together come back together, and vLLM's front end leaves the GPU idle between the waves. Off: vLLM's front end
-    in four processes (``--api-server-count 4``) removed the waves without it on an H200; not measured on a GPU
-    (``benchmarks/harvest.py --spread``)."""
+    in four processes (``--api-server-count 4``) removes the waves without it; spreading itself is measured by
+    ``benchmarks/harvest.py --spread``."""
     max_attempts: int = 5
     """Tries of a line whose request failed for a reason not its own (an abort, a kill, a restart), then it fails."""
     max_file_mb: float = 200.0  # the largest input file accepted

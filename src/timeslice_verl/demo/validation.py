@@ -1,4 +1,4 @@
-"""Validation in the demo's valleys (issue 39): the trainer holds a model whose weights change at every step, and at
+"""Validation in the demo's valleys: the trainer holds a model whose weights change at every step, and at
 every due version the real validation path — :func:`timeslice_verl.validate.setup.submit`, as the verl adapters call
 it — pushes them into a policy tenant beside the batch tenant and runs a validation set there as batch work.
 

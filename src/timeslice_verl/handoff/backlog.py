@@ -10,7 +10,7 @@ The thread is one for the trainer's life, not one per read: a source whose first
 the thread that made it must keep it. ``ray.init`` is such a call (a ``ray.get`` on a process without Ray starts
 it): Ray's GCS and raylet are started with ``PR_SET_PDEATHSIG``, which Linux fires when the *thread* that forked
 them ends — with a thread per read they were SIGKILLed as the first read returned, and the trainer's process
-exited at its ``ray.shutdown`` (seen in this repo's test suite, 2026-12-01).
+exited at its ``ray.shutdown`` (the test suite's process once ended that way, with no report).
 """
 
 from __future__ import annotations

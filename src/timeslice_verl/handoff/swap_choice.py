@@ -29,9 +29,10 @@ RESIDENT_MARGIN_FRACTION = 0.05
 """What ``resident`` keeps free on a GPU beyond the trainer's and the tenant's footprints (at least 2 GiB)."""
 RESIDENT_MARGIN_BYTES = 2 * 2**30
 PINNED_GBPS = 20.0
-"""Pinned host↔device copies when a rank did not measure its own (an H200 does 50+)."""
+"""Pinned host↔device copies when a rank did not measure its own: low on purpose (a current GPU does more)."""
 CHECKPOINT_GBPS, RESTORE_GBPS = 1.5, 4.0
-"""The CUDA driver's checkpoint and restore when the agent has moved nothing yet (an H200: ~2 and ~5)."""
+"""The CUDA driver's checkpoint and restore when the agent has moved nothing yet: a little below what a current
+GPU does."""
 TENANT_S = 2.0
 """The tenant's yield plus wake before the agent has timed one (vLLM's first sleep pins its host backup: ~1.6 s)."""
 

@@ -2,8 +2,8 @@
 
 The driver checkpoint moves a whole process (context, NCCL, allocator pools) at ~2 GB/s; a park copies
 only the tensors that hold state — parameters, gradients, optimizer state, any other tensor the
-process keeps between steps — on a side stream into one persistent pinned host buffer (~50 GB/s on
-an H200), then frees each storage with ``untyped_storage().resize_(0)`` and empties torch's cache.
+process keeps between steps — on a side stream into one persistent pinned host buffer (tens of GB/s
+on a current GPU), then frees each storage with ``untyped_storage().resize_(0)`` and empties torch's cache.
 Every tensor, view and parameter keeps its identity: unpark re-grows the same storages and copies
 the bytes back, so optimizers, FSDP and hooks see nothing but new device addresses.
 

@@ -1,4 +1,4 @@
-"""Each verl rank's part of a validation's weights (issue 39): a due version's full tensors, kept on rank 0's GPU until
+"""Each verl rank's part of a validation's weights: a due version's full tensors, kept on rank 0's GPU until
 the policy tenant has them.
 
 verl's FSDP ranks each hold a shard; the engine's ``get_per_tensor_param()`` (verl ≥ 0.9's engine workers, the one

@@ -50,7 +50,7 @@ _NVML_HANDLES: dict[int, Any] = {}
 def collect_if_grown(allocated: Callable[[], int] | None) -> bool:
     """A full ``gc.collect`` only when it can free GPU memory: the first time, and whenever the GPU bytes live
     (``allocated()``) grew since the last one (only then can reference cycles hold tensors). A full collection takes
-    120 ms in a process that imported torch (2 cores, 2026-12-01) and more in a verl worker: every release paid it
+    a tenth of a second or more in a process that imported torch, more in a verl worker: every release paid it
     for nothing in a steady training loop. Without CUDA (None) there is nothing to compare: always."""
     live, last = (allocated() if allocated else None), _COLLECTED_AT[0]
     if live is not None and last is not None and live <= last:

@@ -14,7 +14,8 @@ rollout process opens in place through CUDA IPC handles, on the same physical GP
     trainer.nnodes=1 trainer.n_gpus_per_node=1 rollout.nnodes=1 rollout.n_gpus_per_node=1
     +ray_kwargs.ray_init.num_gpus=2
 
-and the launcher's preflight (before Ray starts) sets ``CUDA_VISIBLE_DEVICES=N,N`` (GPU N twice: unset → ``0,0``,
+and no ``timeslice`` section, so alone it leaves time-slicing off and it combines with another option as a list:
+``+timeslice=[one_gpu,interleave]`` (or ``[one_gpu,observe]``). The launcher's preflight (before Ray starts) sets ``CUDA_VISIBLE_DEVICES=N,N`` (GPU N twice: unset → ``0,0``,
 ``N`` → ``N,N``; Ray refuses ``num_gpus=2`` with one entry, and with none the rollout gets a device that does not
 exist) and ``ray_kwargs.ray_init.num_cpus`` (when null: this process's CPUs). It refuses, naming the key, a config
 that changed one of the keys above while keeping the engine. vLLM's share of the GPU

@@ -3,7 +3,7 @@
 Where the trainer's measured peak fits beside the awake tenant (:mod:`~timeslice_verl.agent.tenant.hold`), the yield
 moves no memory: it only stops vLLM's scheduler. vLLM's engine stops within one step of receiving ``/pause``, but a
 busy API server (hundreds of short requests a second, their outputs to detokenize) answers the request up to a few
-tenths of a second later: on an H200 under 48-token load, 0.05–0.22 s for what takes 0.03 s idle. Waiting for that
+tenths of a second later, several times what the same request takes idle. Waiting for that
 answer is what made the trainer's first, unforecast valley its longest wait. So the trainer is granted the GPU
 after ``pause_grant_s`` even if the answer has not come: at worst its first kernels share the GPU with the tenant's
 last engine step. The yield runs on behind the grant — down the ladder if it must, which then frees the GPU as

@@ -150,8 +150,8 @@ class Tenancy:
                                 "the agent was started with (timeslice.tenant.urls) may point elsewhere")
         if self.tenant is not None and self.tenant.urls != urls:
             if isinstance(self.tenant, TenantGroup) and self.record and set(urls) < set(self.tenant.urls):
-                self.next_probe = 0.0  # one server's own supervisor: the watchdog's next round brings it back
-                log.info("tenant %s: a server of the group registered again; it rejoins at the watchdog's next round", urls)
+                self.next_probe = 0.0  # one server's own supervisor: the watchdog's next probe brings it back
+                log.info("tenant %s: a server of the group registered again; it rejoins at the watchdog's next probe", urls)
                 return {**self.record.to_dict(), "member": urls}
             raise ProtocolError(ErrorCode.BUSY, f"a tenant is already registered ({self.tenant.urls}); unregister it first")
         try:

@@ -214,7 +214,7 @@ class VllmTenant:
 
     async def _hold(self, t0: float) -> float:
         """A pause-only yield: one request, ``/pause`` (vLLM answers it once the engine stopped scheduling), since the
-        trainer waits for it (a busy API server took 0.06–0.34 s a request on an H200). Nothing is read back here:
+        trainer waits for it (a busy API server takes tenths of a second to answer). Nothing is read back here:
         the reclaim, off the trainer's path, checks whether the server was put to sleep meanwhile."""
         if self.info.pause != "wait":
             raise TenantError(f"vLLM {self.info.version} at {self.url} has no /pause: it can only yield by sleeping")
@@ -239,8 +239,8 @@ class VllmTenant:
 
     async def _pause(self, mode: str, *, timeout: float | None = None, check: bool = True) -> None:
         """``/pause``; with ``keep``, ``clear_cache=false``: vLLM clears its caches after a pause by default, which
-        preempts every held request (their KV cache dropped, recomputed at the resume: on an H200 with 256 answers of
-        512 tokens held, the first tenths of a second of every valley)."""
+        preempts every held request (their KV cache dropped and recomputed at the resume, which costs the first tenths
+        of a second of every valley when hundreds of long answers are held)."""
         keep = {"clear_cache": "false"} if mode == "keep" else {}
         try:
             await self._request("POST", "/pause", timeout=timeout, mode=mode, **keep)

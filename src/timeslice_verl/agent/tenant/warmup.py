@@ -1,8 +1,7 @@
 """The tenant's warm-up: a freshly registered vLLM is put to sleep and woken while the GPU is its own anyway.
 
-Why: a vLLM's first sleep after it started pins its host buffers, 1.85 s on the H200 against 0.13–0.16 s for every
-later one (2026-12-01, ``benchmarks/results/2026-12-01-h200-valleys-round5/``). Left to the trainer, that one-off
-falls on its first acquire, and it is the yield the trainer's first estimate of the round trip starts from: too dear
+Why: a vLLM's first sleep after it started pins its host buffers, which makes it many times as long as every later
+one. Left to the trainer, that one-off falls on its first acquire, and it is the yield the trainer's first estimate of the round trip starts from: too dear
 to lend the first valleys. The tenant's footprint is unknown until it first sleeps, too, so ``swap=auto`` could not
 choose ``resident`` at the first release. The warm-up pays the one-off before any trainer needs the GPU; its last
 cycle is the yield, wake and footprint that the estimate starts from.
@@ -52,9 +51,9 @@ async def warm_up(tenancy: Tenancy, probe_free: Callable[[], int] | None) -> int
 async def yield_politely(tenancy: Tenancy, probe_free: Callable[[], int] | None, label: str) -> bool:
     """Pause and sleep the tenant with no ladder (nobody waits for the GPU); False when it did not.
 
-    Unbounded while no trainer waits, each control request having its own timeout: a 7 B vLLM's first sleep pinned its
-    13.5 GB of host buffers in over 10 s on the H200 (2026-12-03), and a warm-up given up there left that one-off to
-    the trainer's first hold. Once a trainer asks, ``reclaim_deadline_s`` counts from then, as for any yield."""
+    Unbounded while no trainer waits, each control request having its own timeout: a large vLLM's first sleep pins
+    gigabytes of host buffers over many seconds, and a warm-up given up there would leave that one-off to the trainer's
+    first hold. Once a trainer asks, ``reclaim_deadline_s`` counts from then, as for any yield."""
     tenant = tenancy.tenant
     assert tenant is not None
     start, free_before = time.time(), probe_free() if probe_free else 0
