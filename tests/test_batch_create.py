@@ -6,14 +6,12 @@ once, with the batch's whole total."""
 from __future__ import annotations
 
 import json
-import os
 import threading
-import time
 from typing import Any, Callable
 
 import pytest
 
-from pg_support import Postgres, need_postgres
+from pg_support import ENGINES, open_store, server  # noqa: F401 (server: a fixture)
 
 pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
 
@@ -37,23 +35,9 @@ def _file(n: int) -> bytes:
     return "".join(_line(f"r{i}") + "\n" for i in range(n)).encode()
 
 
-@pytest.fixture(scope="module")
-def server():
-    need_postgres()
-    pg = Postgres().start()
-    yield pg
-    pg.close()
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)])
+@pytest.fixture(params=ENGINES)
 def store(request, tmp_path):
-    if request.param == "sqlite":
-        s = Store(tmp_path / "b.sqlite")
-    else:
-        from timeslice_verl.batch.pg import PostgresEngine
-
-        pg = request.getfixturevalue("server")
-        s = Store(PostgresEngine(pg.database(f"create{os.getpid()}_{time.monotonic_ns()}")))
+    s = open_store(request, tmp_path, "create")
     yield s
     s.close()
 

@@ -6,13 +6,11 @@ is unhealthy (the database's address) only to a caller with a key."""
 from __future__ import annotations
 
 import json
-import os
-import time
 
 import httpx
 import pytest
 
-from pg_support import Postgres, need_postgres
+from pg_support import ENGINES, Postgres, need_postgres, open_store, server  # noqa: F401 (server: a fixture)
 
 pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
 
@@ -22,7 +20,6 @@ from timeslice_verl.batch.app import make_app  # noqa: E402
 from timeslice_verl.batch.auth import KEY_ENV, NoKey, RequireKey, api_keys, client_key  # noqa: E402
 from timeslice_verl.batch.keys import (  # noqa: E402
     ApiKey, KeyLineError, KeyRole, Priorities, owner_of, parse_keys, parse_line)
-from timeslice_verl.batch.store import Store  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 ADMIN, A, A2, B, PLAIN = "admin-key-0123456789", "team-a-key-0123456789", "team-a-second-key-01", \
@@ -38,30 +35,9 @@ MISSING_FILE, MISSING_BATCH = "file_" + "0" * 24, "batch_" + "0" * 24
 """Ids of the shape the service gives, that name nothing."""
 
 
-def _engines() -> list:
-    return ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)]
-
-
-@pytest.fixture(scope="module")
-def server():
-    need_postgres()
-    pg = Postgres().start()
-    yield pg
-    pg.close()
-
-
-def _fresh_pg(server: Postgres, name: str) -> str:
-    return server.database(f"{name}_{os.getpid()}_{time.monotonic_ns()}")
-
-
-@pytest.fixture(params=_engines())
+@pytest.fixture(params=ENGINES)
 def store(request, tmp_path):
-    if request.param == "sqlite":
-        s = Store(tmp_path / "b.sqlite")
-    else:
-        from timeslice_verl.batch.pg import PostgresEngine
-
-        s = Store(PostgresEngine(_fresh_pg(request.getfixturevalue("server"), "keys")))
+    s = open_store(request, tmp_path, "keys")
     yield s
     s.close()
 

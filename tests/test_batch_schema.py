@@ -4,13 +4,11 @@ release is refused too."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import time
 
 import pytest
 
-from pg_support import Postgres, need_postgres
+from pg_support import ENGINES, Postgres, fresh_database, server  # noqa: F401 (server: a fixture)
 from timeslice_verl.batch.engine import StoreError
 from timeslice_verl.batch.schema import SCHEMA_VERSION, for_postgresql, statements
 from timeslice_verl.batch.store import Store
@@ -21,18 +19,6 @@ DEVELOPMENT_FILES = """CREATE TABLE files (id TEXT PRIMARY KEY, purpose TEXT NOT
 DEVELOPMENT_VERSION = 5
 
 
-def _engines() -> list:
-    return ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)]
-
-
-@pytest.fixture(scope="module")
-def server():
-    need_postgres()
-    pg = Postgres().start()
-    yield pg
-    pg.close()
-
-
 class Database:
     """One database of either engine, reached without the store (to make and read it as another version would)."""
 
@@ -40,7 +26,7 @@ class Database:
         self.engine, self.path, self.dsn = engine, tmp_path / "batch.sqlite", ""
         if engine == "postgresql":
             server: Postgres = request.getfixturevalue("server")
-            self.dsn = server.database(f"schema_{os.getpid()}_{time.monotonic_ns()}")
+            self.dsn = fresh_database(server, "schema")
 
     def execute(self, *sql: str) -> list[tuple]:
         if self.engine == "sqlite":
@@ -80,7 +66,7 @@ class Database:
                      + ("X'616263'" if self.engine == "sqlite" else "convert_to('abc', 'UTF8')") + ")", self.mark(version))
 
 
-@pytest.mark.parametrize("engine", _engines())
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_new_database_gets_the_one_schema_and_opens_again(request, tmp_path, engine):
     db = Database(engine, request, tmp_path)
     db.store().close()
@@ -92,7 +78,7 @@ def test_a_new_database_gets_the_one_schema_and_opens_again(request, tmp_path, e
         store.close()
 
 
-@pytest.mark.parametrize("engine", _engines())
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_development_database_is_refused_with_what_to_do_and_left_as_it_was(request, tmp_path, engine):
     db = Database(engine, request, tmp_path)
     db.make_development(DEVELOPMENT_VERSION)
@@ -107,7 +93,7 @@ def test_a_development_database_is_refused_with_what_to_do_and_left_as_it_was(re
     assert db.execute("SELECT id, bytes FROM files") == [("file_old", 3)]
 
 
-@pytest.mark.parametrize("engine", _engines())
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_newer_releases_database_is_refused(request, tmp_path, engine):
     db = Database(engine, request, tmp_path)
     db.make_development(SCHEMA_VERSION + 1)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pg_support import Postgres, need_postgres
+from pg_support import ENGINES, open_store, server  # noqa: F401 (server: a fixture)
 from timeslice_verl.batch.lines import parse
 from timeslice_verl.batch.share import Waiting, plan
 from timeslice_verl.batch.store import Outcome, Store
@@ -36,27 +36,9 @@ def test_a_claim_takes_priority_first_then_shares_between_owners_then_creation_o
     assert plan(batches, n) == want
 
 
-def _engines() -> list:
-    return ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)]
-
-
-@pytest.fixture(scope="module")
-def server():
-    need_postgres()
-    pg = Postgres().start()
-    yield pg
-    pg.close()
-
-
-@pytest.fixture(params=_engines())
+@pytest.fixture(params=ENGINES)
 def store(request, tmp_path):
-    if request.param == "sqlite":
-        s = Store(tmp_path / "b.sqlite")
-    else:
-        from timeslice_verl.batch.pg import PostgresEngine
-
-        pg = request.getfixturevalue("server")
-        s = Store(PostgresEngine(pg.database(f"t{os.getpid()}_{time.monotonic_ns()}")))
+    s = open_store(request, tmp_path, "t")
     yield s
     s.close()
 
