@@ -16,20 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from pg_support import Postgres, need_postgres
+from pg_support import Postgres, need_postgres, server  # noqa: F401 (server: a fixture)
 from timeslice_verl.batch.lines import parse
 from timeslice_verl.batch.store import Line, Outcome, Store, StoreUnavailable
 
 CHAT = "/v1/completions"
 FROZEN = Path(__file__).with_name("pg_frozen_feeder.py")
-
-
-@pytest.fixture(scope="module")
-def server():
-    need_postgres()
-    pg = Postgres().start()
-    yield pg
-    pg.close()
 
 
 def _store(dsn: str) -> Store:

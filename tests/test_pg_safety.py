@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from pg_support import Postgres, need_postgres
+from pg_support import need_postgres, server  # noqa: F401 (server: a fixture)
 from timeslice_verl.batch.lines import parse
 from timeslice_verl.batch.store import Line, Outcome, Store, StoreUnavailable
 
@@ -57,14 +57,6 @@ def test_the_service_started_with_a_malformed_dsn_prints_no_password(tmp_path):
     assert done.returncode != 0 and "cannot connect" in out, out[-2000:]
     assert "timeslice-batch" in out, "the pool's warnings were shown"
     assert PASSWORD not in out, out[-2000:]
-
-
-@pytest.fixture(scope="module")
-def server():
-    need_postgres()
-    pg = Postgres().start()
-    yield pg
-    pg.close()
 
 
 def _deadlocks(dsn: str) -> int:
