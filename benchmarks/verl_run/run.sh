@@ -122,6 +122,7 @@ common=(
   trainer.logger="['console']" trainer.project_name=timeslice-verl trainer.experiment_name="validated-$MODE"
   trainer.val_before_train=False trainer.test_freq="${TEST_FREQ:--1}" trainer.save_freq=-1 trainer.resume_mode=disable
   trainer.total_epochs=1 trainer.nnodes=1 trainer.n_gpus_per_node=1 trainer.default_local_dir="$OUT/ckpt"
+  hydra.run.dir="$OUT/hydra"  # Hydra's own output folder, not outputs/ in the checkout
   ray_kwargs.ray_init.num_cpus=32 +ray_kwargs.ray_init.include_dashboard=False
 )
 case "${TRAINER:-fully_async}" in
