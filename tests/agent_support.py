@@ -162,7 +162,7 @@ class FakeVllmProc:
         if tagged:
             env["TIMESLICE_TENANT"] = "1"
         self.proc = subprocess.Popen(
-            [PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", "0", *args], stdout=subprocess.PIPE, text=True, env=env
+            [PY, "-m", "timeslice_verl.standin", "--port", "0", *args], stdout=subprocess.PIPE, text=True, env=env
         )
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("listening on "), line

@@ -247,9 +247,9 @@ def test_the_stand_in_counts_a_request_whose_client_left_before_its_answer_as_ca
     """Its ``completed`` counts answered requests: a line the batch service gave up on (and sent again) is not one."""
     import httpx
 
-    from timeslice_verl.testing.fake_vllm import FakeVllmServer
+    from timeslice_verl.standin.server import StandinServer
 
-    server = FakeVllmServer(token_s=0.001).start()
+    server = StandinServer(token_s=0.001).start()
     try:
         httpx.post(f"{server.url}/_fake/fault", json={"late_on": "v1/completions"}).raise_for_status()
         host, port = server.httpd.server_address[:2]
