@@ -179,7 +179,7 @@ class FakeVllmProc:
             return json.loads(resp.read() or b"{}")
 
     def stats(self) -> dict[str, Any]:
-        return self.get("/_fake/stats")
+        return self.get("/_standin/stats")
 
     def sleeping(self) -> bool:
         return bool(self.get("/is_sleeping")["is_sleeping"])

@@ -18,7 +18,7 @@ from timeslice_verl.standin.server import StandinServer
 
 def _stats(url: str) -> dict | None:
     try:
-        return httpx.get(f"{url}/_fake/stats", timeout=5).json()
+        return httpx.get(f"{url}/_standin/stats", timeout=5).json()
     except (httpx.HTTPError, ValueError):
         return None
 

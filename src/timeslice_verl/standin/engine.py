@@ -31,7 +31,7 @@ class Faults:
     die_on: str = ""
     """An endpoint whose call makes the server exit at once: a crash mid-yield."""
     late_on: str = ""
-    """An endpoint that takes effect at once and answers only after ``POST /_fake/answer``: a busy API server whose
+    """An endpoint that takes effect at once and answers only after ``POST /_standin/answer``: a busy API server whose
     engine already paused (vLLM under a load of short requests)."""
 
     @staticmethod
@@ -84,7 +84,7 @@ class StandinEngine:
         self.child_pid = 0
         self.weights = Weights()
         self.late_answer = threading.Event()
-        """Set by ``POST /_fake/answer``: the calls ``faults.late_on`` holds back are answered."""
+        """Set by ``POST /_standin/answer``: the calls ``faults.late_on`` holds back are answered."""
         """The weights' version and the updates pushed in (vLLM's weight-transfer routes)."""
         self._ids = 0
 

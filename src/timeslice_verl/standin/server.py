@@ -13,16 +13,16 @@ It follows the contract the agent relies on (docs/architecture.md §5) including
 * ``/v1/completions`` and ``/v1/chat/completions`` answer in OpenAI's shapes for the served ``--model``
   (another model is a 404, as vLLM answers it); the text starts with ``echo:`` and the prompt, so a client
   can tell which request an answer belongs to;
-* faults on demand (:class:`Faults`, at start or at run time through ``POST /_fake/fault``): ``hang`` (an
+* faults on demand (:class:`Faults`, at start or at run time through ``POST /_standin/fault``): ``hang`` (an
   endpoint never answers), ``slow_s`` (control calls, or those ``slow_on`` names, take effect and answer late),
   ``fail`` (the first N calls of an endpoint answer HTTP 500 or a garbled body), ``die_on`` (the server exits
-  when an endpoint is called), ``late_on`` (an endpoint takes effect at once and answers after ``POST /_fake/answer``);
-  ``POST /_fake/stop_listening`` closes the listening socket, the process lives on;
+  when an endpoint is called), ``late_on`` (an endpoint takes effect at once and answers after
+  ``POST /_standin/answer``); ``POST /_standin/stop_listening`` closes the listening socket, the process lives on;
 * vLLM's weight-transfer routes (:mod:`~timeslice_verl.standin.weights`): the stand-in holds a weight version
   and tags each answer with it (``timeslice_weight_version``);
 * ``--no-dev-mode`` answers 404 on the dev endpoints; ``--version`` < 0.17 has no ``/pause``.
 
-Generation is simulated: ``max_tokens`` steps of ``--token-s`` seconds. ``GET /_fake/stats`` reports
+Generation is simulated: ``max_tokens`` steps of ``--token-s`` seconds. ``GET /_standin/stats`` reports
 completed/aborted counts (``cancelled``: requests stopped because their client closed the connection, as vLLM
 aborts them). Run: ``timeslice-verl tenant standin --port 0`` (or ``python -m timeslice_verl.standin``); it prints
 ``listening on http://127.0.0.1:<port>`` once ready.
@@ -67,7 +67,7 @@ def _get_routes(engine: StandinEngine) -> dict[str, Any]:
         "/metrics": metrics,
         "/is_sleeping": lambda: (200, {"is_sleeping": engine.stats()["sleeping"]}),
         "/is_paused": lambda: (200, {"is_paused": engine.stats()["paused"]}) if engine.has_pause else (404, {"detail": "Not Found"}),
-        "/_fake/stats": lambda: (200, engine.stats()),
+        "/_standin/stats": lambda: (200, engine.stats()),
     }
 
 
@@ -160,16 +160,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._complete(path)
         elif post and path in WEIGHT_ROUTES:
             self._weights(path)
-        elif post and path == "/_fake/fault":
+        elif post and path == "/_standin/fault":
             body = self._json()
             self.engine.faults.update(body)
-            if "late_on" in body:  # armed again: its next calls wait for the next /_fake/answer
+            if "late_on" in body:  # armed again: its next calls wait for the next /_standin/answer
                 self.engine.late_answer.clear()
             self._send(200, {})
-        elif post and path == "/_fake/answer":
+        elif post and path == "/_standin/answer":
             self.engine.late_answer.set()
             self._send(200, {})
-        elif post and path == "/_fake/stop_listening" and self.server_owner is not None:
+        elif post and path == "/_standin/stop_listening" and self.server_owner is not None:
             self._send(200, {})
             threading.Thread(target=self.server_owner.stop_listening, daemon=True).start()
         elif post:
