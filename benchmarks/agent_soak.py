@@ -34,7 +34,7 @@ def proc_figures(pid: int) -> dict[str, int]:
 
 
 def start(workdir: Path) -> tuple[subprocess.Popen, subprocess.Popen, Path]:
-    vllm = subprocess.Popen([PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", "0", "--token-s", "0.001"],
+    vllm = subprocess.Popen([PY, "-m", "timeslice_verl.standin", "--port", "0", "--token-s", "0.001"],
                             stdout=subprocess.PIPE, text=True)
     url = vllm.stdout.readline().split()[-1]  # type: ignore[union-attr]
     run = workdir / "run"

@@ -66,7 +66,7 @@ def _cpu(procs: list[psutil.Process]) -> float:
 
 
 def _stand_in(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", "0", "--max-num-seqs",
+    proc = subprocess.Popen([PY, "-m", "timeslice_verl.standin", "--port", "0", "--max-num-seqs",
                              str(args.seqs), "--token-s", str(args.token_s)], stdout=subprocess.PIPE, text=True,
                             stderr=log.open("w"))
     line = proc.stdout.readline()  # type: ignore[union-attr]

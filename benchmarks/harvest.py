@@ -307,7 +307,7 @@ def main() -> int:
     url = args.vllm_url.rstrip("/")
     if not url:
         port = free_port()
-        fake = subprocess.Popen([sys.executable, "-m", "timeslice_verl.testing.fake_vllm", "--port", str(port),
+        fake = subprocess.Popen([sys.executable, "-m", "timeslice_verl.standin", "--port", str(port),
                                  "--token-s", "0.004", "--knee", "64", "--max-num-seqs", "256"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"

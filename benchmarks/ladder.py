@@ -43,7 +43,7 @@ STANDIN = {
 
 def _standin(args: list[str]) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, TIMESLICE_TENANT="1")
-    proc = subprocess.Popen([PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", "0", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([PY, "-m", "timeslice_verl.standin", "--port", "0", *args], stdout=subprocess.PIPE,
                             text=True, env=env)
     return proc, proc.stdout.readline().split()[-1]  # type: ignore[union-attr]
 

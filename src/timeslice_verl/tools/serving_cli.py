@@ -217,7 +217,7 @@ def tenant_group() -> None:
 def standin_cmd(args: tuple[str, ...]) -> None:
     """A stand-in vLLM on the CPU (no GPU, no model) for trying the agent, the supervisor and the batch service:
     vLLM's endpoints, simulated generation. Never a real tenant. Its options: timeslice-verl tenant standin --help."""
-    from timeslice_verl.testing.fake_vllm import main as standin
+    from timeslice_verl.standin.server import main as standin
 
     sys.exit(standin(list(args)))
 
