@@ -219,7 +219,7 @@ def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[TenantR
         served = await asyncio.to_thread(models, body.tenant_role)  # what the tenants that answer it serve
         lines = parse_stream(chunks, body.endpoint, served)  # read, checked and inserted as it comes; usable once whole
         try:
-            bid = await asyncio.to_thread(store.create_batch, body.endpoint, fid, 86400, body.completion_window,
+            bid = await asyncio.to_thread(store.create_batch, body.endpoint, fid, body.window_s, body.completion_window,
                                           body.metadata, lines, owner=getattr(request.state, "owner", ""),
                                           priority=body.priority, role=body.tenant_role)
         except BatchRefused as exc:  # a bad line, the file deleted meanwhile (409): no batch was made
