@@ -121,9 +121,12 @@ def make_app(store: Store, *, models: Callable[[TenantRole], set[str] | None], k
 
     @app.get("/timeslice/batches/{bid}")
     def get_figures(bid: str, request: Request) -> Any:
-        if owned(store.batch(bid), caller(request)) is None:
+        row = owned(store.batch(bid), caller(request))
+        if row is None:
             return refuse(404, f"no batch {bid!r}", "batch_id", "not_found")
-        return {"id": bid, **store.figures(bid)}
+        quotas = store.queue.quotas
+        over = quotas.over(row["owner"], quotas.policy_of(row["owner"])) if row["status"] in OPEN else None
+        return {"id": bid, **store.figures(bid), "paused": str(over) if over else None}
 
     @app.get("/metrics")
     def get_metrics() -> PlainTextResponse:

@@ -58,6 +58,8 @@ class Quotas:
         if not policy.limited:
             return None
         used = self.usage(owner)
+        if not self._exceeds(policy, used):
+            return None
         worst: Over | None = None
         for window in Window:
             limit = policy.quota(window)
@@ -67,6 +69,10 @@ class Quotas:
             if worst is None or found.retry_after_s > worst.retry_after_s:
                 worst = found
         return worst
+
+    @staticmethod
+    def _exceeds(policy: OwnerPolicy, used: dict[Window, int]) -> bool:
+        return any((limit := policy.quota(w)) is not None and used[w] >= limit for w in Window)
 
     def _frees(self, owner: str, window: Window, used: int, limit: int) -> int:
         """Seconds until the tokens of ``owner`` in ``window`` fall below ``limit`` (the oldest leave first)."""
@@ -91,7 +97,7 @@ class Quotas:
             with self._lock:
                 seen = self._seen.get(owner)
             if seen is None or now - seen[0] >= self.check_s:
-                seen = (now, self.over(owner, policy) is not None)
+                seen = (now, self._exceeds(policy, self.usage(owner)))  # when it frees: the 429's question alone
                 with self._lock:
                     self._seen[owner] = seen
             if seen[1]:
