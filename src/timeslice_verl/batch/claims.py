@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Literal
 
 from timeslice_verl.batch.engine import Engine
+from timeslice_verl.batch.quota import Quotas
 from timeslice_verl.batch.settle import lock_batches, settle
 from timeslice_verl.batch.share import Waiting, plan
 from timeslice_verl.names import TenantRole
@@ -56,6 +57,9 @@ class LineQueue:
     def __init__(self, engine: Engine) -> None:
         self.engine, self.dialect = engine, engine.dialect
         self.transaction, self.query = engine.transaction, engine.query
+        self.quotas = Quotas(engine)
+        """Owners' weights and quotas (the service gives it its key ring's policies): a claim shares by weight and
+        passes over the batches of owners over a quota."""
 
     def recover(self, *, everything: bool = True) -> int:
         """Lines in flight back to the queue, creations that will not finish failed, saying so (their lines were never
@@ -90,18 +94,21 @@ class LineQueue:
 
     def claim(self, n: int, now: float, holder: str = "", lease_s: float = LEASE_S,
               role: TenantRole = TenantRole.batch) -> list[Line]:
-        """Up to ``n`` lines ready to send (:func:`~timeslice_verl.batch.share.plan`: priority, owners' share, creation
-        order; input order within a batch) of the batches a tenant of ``role`` answers, marked in flight for
+        """Up to ``n`` lines ready to send (:func:`~timeslice_verl.batch.share.plan`: priority, owners' share by
+        weight, earliest deadline, creation order; input order within a batch; an owner over a quota's passed over) of the batches a tenant of ``role`` answers, marked in flight for
         ``holder`` for ``lease_s`` of the database's time (one more try each, a new fencing token). Lines another
         feeder holds are passed over, and so, at first, is a batch whose row another transaction holds: a feeder
         frozen inside its transaction stops no other's claims (a claim that found nothing else waits for that row,
         until the server ends the frozen transaction: ``timeslice.batch.postgresql.idle_in_transaction_s``)."""
         if n <= 0:
             return []
-        rows = self.query("SELECT id, endpoint, priority, owner, seq, queued, inflight FROM batches WHERE status = "
-                          "'in_progress' AND queued > 0 AND tenant_role = ? ORDER BY id", (role.value,))
+        rows = self.query("SELECT id, endpoint, priority, owner, seq, queued, inflight, expires_at FROM batches WHERE "
+                          "status = 'in_progress' AND queued > 0 AND tenant_role = ? ORDER BY id", (role.value,))
         endpoint = {r["id"]: r["endpoint"] for r in rows}
-        planned = plan([Waiting(r["id"], r["priority"], r["owner"], r["seq"], r["queued"], r["inflight"]) for r in rows], n)
+        paused = self.quotas.paused(r["owner"] for r in rows)
+        planned = plan([Waiting(r["id"], r["priority"], r["owner"], r["seq"], r["queued"], r["inflight"],
+                                self.quotas.weight(r["owner"]), float(r["expires_at"]))
+                        for r in rows if r["owner"] not in paused], n)
         got, passed = self._take(planned, now, holder, lease_s, wait=False)
         if not got and passed:
             got, _ = self._take(passed, now, holder, lease_s, wait=True)
@@ -174,9 +181,9 @@ class LineQueue:
             for o in sorted(outcomes, key=lambda x: (x.line.batch_id, x.line.idx)):  # lines too in id order
                 ln, held = o.line, (o.line.batch_id, o.line.idx, o.line.token)
                 if o.state == "done":
-                    cur = db.execute("UPDATE lines SET state = 'done', response = ?, tokens = ?, done_at = ?, holder = NULL "
-                                     "WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?",
-                                     (o.response, o.tokens, now, *held))
+                    cur = db.execute("UPDATE lines SET state = 'done', response = ?, tokens = ?, done_at = "
+                                     f"{self.dialect.now}, holder = NULL WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?",
+                                     (o.response, o.tokens, *held))
                 elif o.state == "queued":
                     cur = db.execute("UPDATE lines SET state = 'queued', next_at = ?, holder = NULL WHERE batch_id = ? AND "
                                      "idx = ? AND state = 'inflight' AND token = ?", (o.next_at, *held))
