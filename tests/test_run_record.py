@@ -104,13 +104,24 @@ def test_a_shell_script_records_its_run_through_the_command_line(tmp_path):
     files = [str(f) for f in _raw(tmp_path)]
     got = subprocess.run([sys.executable, str(common.ROOT / "benchmarks" / "readers" / "common.py"), "record",
                           str(tmp_path / "2026-12-04-h200"), *files, "--experiment", "verl-run", "--command",
-                          "bash one_gpu.sh 3", "--summary", "s", "--machine", "1 x H200", "--exclude", "*.sqlite"],
+                          "bash one_gpu.sh 3", "--summary", "s", "--machine", "1 x H200", "--exclude", "*.sqlite",
+                          "--extra", "gpus=1", "--extra", 'parts=[["solo", "solo"]]'],
                          capture_output=True, text=True, timeout=120, check=False)
     assert got.returncode == 0, got.stderr
     manifest = json.loads((tmp_path / "2026-12-04-h200" / "manifest.json").read_text())
-    assert {k: manifest[k] for k in ("experiment", "machine", "command")} == {
-        "experiment": "verl-run", "machine": "1 x H200", "command": "bash one_gpu.sh 3"}
+    assert {k: manifest[k] for k in ("experiment", "machine", "command", "gpus", "parts")} == {
+        "experiment": "verl-run", "machine": "1 x H200", "command": "bash one_gpu.sh 3", "gpus": 1,
+        "parts": [["solo", "solo"]]}
     refused = subprocess.run([sys.executable, str(common.ROOT / "benchmarks" / "readers" / "common.py"), "record",
                               str(tmp_path / "2026-12-04-h200"), *files, "--experiment", "e", "--command", "c",
                               "--summary", "s"], capture_output=True, text=True, timeout=120, check=False)
     assert refused.returncode == 2 and "a run is there already" in refused.stderr
+
+
+@pytest.mark.parametrize("given", ["parts", "summary=\"x\"", "parts=[solo]"])
+def test_a_further_manifest_key_must_be_json_and_not_one_of_the_keys_every_run_has(tmp_path, capsys, given):
+    with pytest.raises(SystemExit) as exit_:
+        common.main(["record", str(tmp_path / "2026-12-04-h200"), *map(str, _raw(tmp_path)), "--experiment", "e",
+                     "--command", "c", "--summary", "s", "--extra", given])
+    assert exit_.value.code == 2 and f"{given}: " in capsys.readouterr().err
+    assert not (tmp_path / "2026-12-04-h200").exists()

@@ -210,10 +210,9 @@ def write_run(folder: Path | str, experiment: str, machine: str, command: str, s
         raise ValueError(f"{path}: the raw data must lie outside the run's folder, not at {', '.join(inside)}")
     path.mkdir(parents=True, exist_ok=True)
     pack(path / "raw.tar.gz", files, exclude)
-    shown = path.resolve().relative_to(ROOT).as_posix() if path.resolve().is_relative_to(ROOT) else str(path)
     manifest = {"experiment": experiment, "machine": machine, "date": RUN_NAME.match(path.name).group(1),  # type: ignore[union-attr]
                 "commit": commit(), "command": command, "summary": summary, "raw": "raw.tar.gz",
-                "read": f"python benchmarks/figures.py {shown}", **(extra or {})}
+                "read": f"python benchmarks/figures.py benchmarks/results/{experiment}/{path.name}", **(extra or {})}
     (path / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     log.info("run written to %s", path)
     return path
@@ -227,11 +226,23 @@ def add_record_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def record(args: argparse.Namespace, experiment: str, files: Sequence[Path], summary: str,
-           **extra: Any) -> Path | None:
+           exclude: Sequence[str] = (), **extra: Any) -> Path | None:
     """The run's folder, written where ``--record`` says (None when it was not given)."""
     if args.record is None:
         return None
-    return write_run(args.record, experiment, args.machine or machine(), command_line(), summary, files, extra=extra)
+    return write_run(args.record, experiment, args.machine or machine(), command_line(), summary, files,
+                     exclude=exclude, extra=extra)
+
+
+def _extra(text: str) -> tuple[str, Any]:
+    """``KEY=JSON`` of ``--extra``: a manifest key a reader needs beyond :data:`MANIFEST_KEYS` (``parts``, ``gpus``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key or key in MANIFEST_KEYS:
+        raise argparse.ArgumentTypeError(f"{text}: KEY=JSON with a key other than {', '.join(MANIFEST_KEYS)}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"{text}: the value is not JSON ({e})") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -246,9 +257,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rec.add_argument("--summary", required=True, help="what it gave, in one line")
     rec.add_argument("--machine", default="", help="default: the GPUs nvidia-smi lists, else the CPU's cores")
     rec.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="names left out (repeatable)")
+    rec.add_argument("--extra", action="append", default=[], type=_extra, metavar="KEY=JSON",
+                     help="a further manifest key, e.g. gpus=1 or parts='[[\"solo\", \"solo\"]]' (repeatable)")
     args = parser.parse_args(argv)
     folder = write_run(args.folder, args.experiment, args.machine or machine(), args.command, args.summary,
-                       args.files, exclude=args.exclude)
+                       args.files, exclude=args.exclude, extra=dict(args.extra))
     print(folder)
     return 0
 

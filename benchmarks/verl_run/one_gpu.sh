@@ -132,6 +132,7 @@ print('import ok: verl', verl.__version__, 'vllm', vllm.__version__)" 2>&1 | gre
     run_one "${MODE:-validate}" timeslice.handoff.swap="${SWAP:-resident}" "$@"
     runs=(); for r in solo "${MODE:-validate}"; do [ -f "$BASE/runs/$r/run.json" ] && runs+=("$BASE/runs/$r"); done
     python3 benchmarks/verl_run/summarize.py "${runs[@]}" --brief | tee "$OUT/table.md"
+    [ -n "${RECORD:-}" ] && python3 benchmarks/readers/common.py record "$RECORD" "${runs[@]}" --experiment verl-run --exclude '*.sqlite*' --exclude '*input.jsonl' --command "MODE=${MODE:-validate} SWAP=${SWAP:-resident} bash benchmarks/verl_run/one_gpu.sh 3 $*" --summary "$(tail -n 1 "$OUT/table.md")" --extra gpus=1 --extra "parts=[$(for r in "${runs[@]}"; do printf '["%s", "%s"],' "${r##*/}" "${r##*/}"; done | sed 's/,$//')]"  # RECORD=$OUT/verl-run/DATE-MACHINE: the run's folder
     ;;
   *) echo "step 0, 1, 2 or 3" >&2; exit 2 ;;
 esac
