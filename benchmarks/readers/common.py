@@ -109,6 +109,34 @@ def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+PYTEST_SUMMARY = re.compile(r"^=+ (?P<counts>\d+ \w+(?:, \d+ \w+)*) in (?P<seconds>[\d.]+)s\b.* =+$")
+"""pytest's last line: ``==== 2 failed, 742 passed, 5 skipped, 1 warning in 837.22s (0:13:57) ====``."""
+
+
+def pytest_summaries(text: str) -> list[dict[str, float]]:
+    """Each pytest summary line of a log, in order: its counts by outcome (``passed``, ``failed``, ``skipped``, …,
+    absent ones 0) and ``seconds``; a log of several pytest commands has one each."""
+    out = []
+    for line in text.splitlines():
+        if match := PYTEST_SUMMARY.match(line.strip()):
+            counts = {w.rstrip("s") if w in ("warnings", "errors") else w: int(n)
+                      for n, w in (c.split(" ", 1) for c in match.group("counts").split(", "))}
+            out.append({"passed": 0, "failed": 0, "skipped": 0, "error": 0} | counts
+                       | {"seconds": float(match.group("seconds"))})
+    return out
+
+
+def pytest_failures(text: str) -> list[str]:
+    """The tests a pytest log's short summary names as failed (``FAILED path::test``), in order."""
+    return [line.split()[1] for line in text.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+
+
+def took(seconds: float) -> str:
+    """``13 min 57 s``: a duration of minutes as the notes give it."""
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
 def commit() -> str:
     """The checkout's short commit, or ``unknown`` outside a checkout (a copy of the tree on a device machine)."""
     try:
