@@ -154,3 +154,21 @@ def test_run_sh_refuses_a_gpu_count_it_has_no_layout_for(tmp_path):
     done = subprocess.run(["bash", "benchmarks/verl_run/run.sh", "solo"], cwd=ROOT, capture_output=True, text=True,
                           env=dict(os.environ, GPUS="3", MODEL="m", DATA="d", OUT=str(tmp_path / "out"), PYTHON="false"))
     assert done.returncode == 2 and "GPUS is 3: 2 (trainer and rollout on two GPUs) or 1" in done.stderr
+
+
+
+FAULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "verl_run" / "faults.sh"
+
+
+@pytest.mark.parametrize(("log", "steps"), [(None, "0"), ("", "0"), ("x\n", "0"),
+                                             ("a global_steps: 1 local_trigger_step: 1\n" * 3, "3")])
+def test_faults_count_the_trainer_steps_as_one_number(tmp_path, log, steps):
+    """The step count the faults wait for is one number also before verl logged any step (``grep -c`` prints 0 and
+    fails then: a second 0 appended made the wait an error and both faults fire at once)."""
+    import subprocess
+
+    if log is not None:
+        (tmp_path / "verl.log").write_text(log)
+    out = subprocess.run(["bash", "-c", 'source "$1" "$2" sock 1 python3 && steps', "-", str(FAULTS), str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == steps + "\n", (out.stdout, out.stderr)

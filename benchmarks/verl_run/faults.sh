@@ -11,7 +11,9 @@ STOP_FILE=$OUT/stop-load
 record() { printf '{"t": %s, "fault": "%s", "pid": %s, "detail": "%s"}\n' "$(date +%s.%N)" "$1" "${2:-0}" "${3:-}" \
   >> "$OUT/faults.jsonl"; }
 
-steps() { grep -c "global_steps: [0-9]* local_trigger_step" "$OUT/verl.log" 2>/dev/null || echo 0; }
+steps() {  # grep -c prints 0 and fails when nothing matches: one number whatever happens
+  local n; n=$(grep -c "global_steps: [0-9]* local_trigger_step" "$OUT/verl.log" 2>/dev/null); echo "${n:-0}"
+}
 
 after_step() {  # waits (polling the log) until verl has logged $1 trainer steps; false when the run ends first
   while [ "$(steps)" -lt "$1" ]; do [ -f "$STOP_FILE" ] && return 1; sleep 2; done
@@ -22,6 +24,8 @@ owner() { "$PY" -m timeslice_verl status timeslice.agent.socket="$SOCK" --json 2
 
 listener() { "$PY" -c "import psutil, sys; print(next((c.pid for c in psutil.net_connections('tcp') \
 if c.laddr and c.laddr.port == int(sys.argv[1]) and c.status == 'LISTEN' and c.pid), ''))" "$PORT"; }
+
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0   # sourced (the tests): the functions only
 
 if after_step "${FAULT_STOP_STEP:-4}"; then
   for _ in $(seq 1 120); do [ "$(owner)" = tenant ] && break; [ -f "$STOP_FILE" ] && exit 0; sleep 0.5; done
