@@ -11,7 +11,7 @@ import pytest
 from agent_support import eventually
 from batch_support import BatchServiceProc, completed, create_batch
 from timeslice_verl.standin.server import StandinServer
-from timeslice_verl.validate.policy import PolicyBusy, PolicyError, PolicyTenant, Update
+from timeslice_verl.validate.policy import PolicyAsleep, PolicyBusy, PolicyError, PolicyTenant, Update
 
 
 @pytest.fixture
@@ -161,3 +161,21 @@ def test_status_names_a_validation_run_and_its_version(tmp_path, procs):
         policy.engine.resume()
         users.stop()
         policy.stop()
+
+
+def test_a_push_waits_while_the_tenant_sleeps_and_never_reaches_its_weights(server):
+    """Asleep, vLLM's weights are off the GPU and ``/update_weights`` fails inside it (an H100 run: a CUDA error per
+    push, and the trainer's IPC-shared tensors kept): the client asks first and refuses, touching nothing."""
+    policy = PolicyTenant(server.url)
+    try:
+        policy.init()
+        assert httpx.post(f"{server.url}/sleep", params={"level": 1}).status_code == 200
+        refused = httpx.post(f"{server.url}/update_weights", json={"update_info": _update().info})
+        assert refused.status_code == 500 and "asleep" in refused.text, "the stand-in fails as vLLM does"
+        with pytest.raises(PolicyAsleep, match="asleep: version 2 waits"):
+            policy.push(2, [_update()])
+        assert server.engine.stats()["weights"]["updates"] == [] and policy.version is None
+        assert httpx.post(f"{server.url}/wake_up").status_code == 200
+        assert policy.push(2, [_update()]).version == 2
+    finally:
+        policy.close()

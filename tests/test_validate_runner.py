@@ -120,3 +120,31 @@ def test_a_version_due_while_a_run_is_under_way_is_held_until_it_ends(world):
     updates = policy.engine.stats()["weights"]["updates"]
     assert [(u["version"], u["generating"]) for u in updates] == [(2, 0), (4, 0)], "4 pushed after 2's run ended"
     assert [_versions_answered(service, r.batch_id) for r in runs] == [{2}, {4}]
+
+
+def test_a_version_due_while_the_policy_tenant_sleeps_waits_for_its_valley(world):
+    """The trainer holds the GPU (the tenant asleep) when version 2 is due: nothing is pushed until the agent wakes
+    the tenant, then the version is pushed and validated as usual."""
+    service, policy = world
+    logged, weights = [], Weights()
+    assert httpx.post(f"{policy.url}/sleep", params={"level": 1}).status_code == 200
+    seen: list[bool] = []
+
+    class Watched(PolicyTenant):
+        def asleep(self) -> bool:
+            seen.append(super().asleep())
+            return seen[-1]
+
+    v = _validator(service, policy, logged, weights)
+    v.policy = Watched(policy.url)
+    try:
+        assert str(v.synced(2)) == "push"
+        eventually(lambda: seen.count(True) >= 2, what="the validator finding the tenant asleep, twice")
+        assert policy.engine.stats()["weights"]["updates"] == [] and not logged
+        assert httpx.post(f"{policy.url}/wake_up").status_code == 200
+        eventually(lambda: len(logged) == 1, what="version 2 validated after the wake")
+    finally:
+        runs = v.close(wait_s=30)
+    assert [r.version for r in runs] == [2] and not runs[0].error
+    assert [(u["version"], u["generating"]) for u in policy.engine.stats()["weights"]["updates"]] == [(2, 0)]
+    assert [_versions_answered(service, r.batch_id) for r in runs] == [{2}]

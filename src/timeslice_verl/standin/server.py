@@ -186,7 +186,9 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             self._send(400, {"detail": "Invalid JSON format"})
             return
-        self._send(*weight_route(self.engine.weights, path, body, generating=self.engine.stats()["running"]))
+        stats = self.engine.stats()
+        self._send(*weight_route(self.engine.weights, path, body, generating=stats["running"],
+                                 sleeping=stats["sleeping"]))
 
     def _json(self) -> dict[str, Any]:
         length = int(self.headers.get("Content-Length") or 0)

@@ -90,9 +90,14 @@ class Weights:
 ROUTES = ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update")
 
 
-def route(weights: Weights, path: str, body: dict[str, Any], generating: int) -> tuple[int, dict[str, Any]]:
-    """One of the four calls: (status, body) as vLLM answers it."""
+def route(weights: Weights, path: str, body: dict[str, Any], generating: int,
+          sleeping: bool = False) -> tuple[int, dict[str, Any]]:
+    """One of the four calls: (status, body) as vLLM answers it. Asleep, vLLM 0.24 has no weights on the GPU to copy
+    into, and ``/update_weights`` fails inside its loader with a CUDA error (seen on an H100)."""
     try:
+        if sleeping and path == "/update_weights":
+            raise TransferRefused(500, "Call to collective_rpc method failed: CUDA error: invalid argument "
+                                       "(the server is asleep: its weights are not on the GPU)")
         if path == "/init_weight_transfer_engine":
             weights.init(body)
             return 200, {"message": "Weight transfer initialized"}

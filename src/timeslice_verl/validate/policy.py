@@ -38,6 +38,11 @@ class PolicyBusy(PolicyError):
     """The tenant holds requests: a push now would mix two versions in one validation."""
 
 
+class PolicyAsleep(PolicyBusy):
+    """The tenant sleeps (the trainer holds the GPU): its weights are off the GPU and an update would fail inside
+    vLLM, so the version waits for the tenant's next valley."""
+
+
 @dataclass(frozen=True)
 class Push:
     """What one push moved and how long it took."""
@@ -79,6 +84,15 @@ class PolicyTenant:
             raise PolicyError(f"policy tenant {self.url}/metrics has no request gauges: is it a vLLM?")
         return int(sample.running + sample.waiting)
 
+    def asleep(self) -> bool:
+        """Whether vLLM sleeps now (``/is_sleeping``, a dev-mode route like the weight-transfer ones)."""
+        try:
+            resp = self._http.get("/is_sleeping")
+            resp.raise_for_status()
+            return bool(resp.json()["is_sleeping"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise PolicyError(f"policy tenant {self.url}/is_sleeping: {type(exc).__name__}: {exc}") from exc
+
     def init(self, init_info: dict[str, Any] | None = None) -> None:
         """Once per tenant process (IPC needs no init info; NCCL its rendezvous)."""
         self._post("/init_weight_transfer_engine", {"init_info": init_info or {}})
@@ -89,6 +103,8 @@ class PolicyTenant:
         failure midway leaves the version unknown."""
         if not self._initialised:
             self.init()
+        if self.asleep():
+            raise PolicyAsleep(f"policy tenant {self.url} is asleep: version {version} waits for its valley")
         held = self.busy()
         if held:
             raise PolicyBusy(f"policy tenant {self.url} holds {held} request(s): version {version} waits for them")
@@ -124,4 +140,4 @@ class PolicyTenant:
             log.warning("policy tenant %s: the failed update could not be closed: %s", self.url, exc)
 
 
-__all__ = ["PUSH_TIMEOUT_S", "PolicyBusy", "PolicyError", "PolicyTenant", "Push", "Update", "ipc_updates"]
+__all__ = ["PUSH_TIMEOUT_S", "PolicyAsleep", "PolicyBusy", "PolicyError", "PolicyTenant", "Push", "Update", "ipc_updates"]

@@ -25,7 +25,7 @@ from timeslice_verl.batch.client import BatchClient
 from timeslice_verl.batch.status import ENDED
 from timeslice_verl.log import get_logger
 from timeslice_verl.names import VALIDATION_VERSION, TenantRole
-from timeslice_verl.validate.policy import PolicyTenant, Update
+from timeslice_verl.validate.policy import PolicyBusy, PolicyTenant, Update
 from timeslice_verl.validate.schedule import Move, Schedule
 from timeslice_verl.validate.valset import Prompt, Sampling, Scorer, batch_lines, metrics, scored
 
@@ -139,7 +139,7 @@ class Validator:
         run, t0 = Run(version), time.monotonic()
         try:
             try:
-                run.push_s = self.policy.push(version, snap.updates()).seconds
+                run.push_s = self._push(version, snap)
             finally:
                 snap.release()
             run.batch_id = self._submit(version)
@@ -159,6 +159,20 @@ class Validator:
             run.error, run.seconds = f"{type(exc).__name__}: {exc}", time.monotonic() - t0
             log.error("[timeslice] validation of version %d failed: %s", version, run.error)
         return run
+
+    def _push(self, version: int, snap: Snapshot) -> float:
+        """Push ``version`` once the tenant can take it: asleep (the trainer holds the GPU) or serving requests, it
+        waits, its snapshot kept, until the tenant's valley; said once in the log."""
+        said = False
+        while True:
+            try:
+                return self.policy.push(version, snap.updates()).seconds
+            except PolicyBusy as exc:
+                if not said:
+                    log.info("[timeslice] validation: %s", exc)
+                    said = True
+                if self._stop.wait(self.poll_s):
+                    raise RuntimeError(f"stopped while version {version} waited for the policy tenant: {exc}") from exc
 
     def _submit(self, version: int) -> str:
         with tempfile.TemporaryDirectory(prefix="timeslice-val-") as tmp:
