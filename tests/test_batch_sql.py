@@ -1,11 +1,19 @@
 """The batch package's SQL catalogue: the loader reads named statements and refuses what it cannot read with where
-and why."""
+and why; every statement renders for both engines, every name the code asks for is there (and every statement is
+asked for); and no module of the batch package outside the loader holds a statement of its own."""
 
 from __future__ import annotations
 
+import ast
+import re
+from pathlib import Path
+
 import pytest
 
-from timeslice_verl.batch.sql import CatalogueError, merge, parse, render
+from timeslice_verl.batch.engine import POSTGRESQL, SQLITE
+from timeslice_verl.batch.sql import CatalogueError, catalogue, merge, parse, render, schema_names
+
+BATCH = Path(__file__).resolve().parents[1] / "src" / "timeslice_verl" / "batch"
 
 GOOD = [
     ("-- name: one\nSELECT 1;\n", {"one": {None: "SELECT 1"}}),
@@ -50,3 +58,39 @@ def test_a_name_in_two_files_and_an_unknown_slot_are_refused():
         render(parse("-- name: one\nSELECT {when}"), "sqlite", {"now": "0"})
     assert render(parse("-- name: one\nSELECT {now}\n-- name: two.postgresql\nSELECT 2"), "sqlite", {"now": "7"}) == \
         {"one": "SELECT 7"}
+
+
+def test_every_statement_renders_for_both_engines_and_the_schema_keeps_its_order():
+    for dialect in (SQLITE, POSTGRESQL):
+        for name in catalogue():
+            if dialect.name in catalogue()[name] or None in catalogue()[name]:
+                assert "{" not in dialect.sql(name), name
+    assert schema_names()[:2] == ("create_files", "create_file_chunks")
+    with pytest.raises(KeyError, match="no statement 'nothing' for sqlite"):
+        SQLITE.sql("nothing")
+
+
+def _strings(path: Path) -> list[tuple[int, str]]:
+    """The string literals of a module but its docstrings, its attributes' included (f-strings' parts included)."""
+    tree = ast.parse(path.read_text())
+    docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+STATEMENT = re.compile(r"SELECT |INSERT INTO|UPDATE .* SET|DELETE FROM|CREATE (TABLE|INDEX)|PRAGMA |BEGIN|COMMIT|ROLLBACK")
+
+
+def test_no_module_of_the_batch_package_holds_a_statement_of_its_own():
+    found = [f"{p.name}:{line}: {text[:60]!r}" for p in sorted(BATCH.glob("*.py")) for line, text in _strings(p)
+             if STATEMENT.search(text)]
+    assert found == [], "SQL belongs in src/timeslice_verl/batch/sql/queries.sql"
+
+
+def test_every_name_the_code_asks_for_is_in_the_catalogue_and_every_statement_is_asked_for():
+    asked = {m for p in BATCH.glob("*.py") for m in re.findall(r"""sql\(\s*"(\w+)"\s*\)""", p.read_text())}
+    asked |= {m for p in BATCH.glob("*.py") for m in re.findall(r"""sql\("(\w+)" if \w+ else "(\w+)"\)""",
+                                                                 p.read_text()) for m in m}
+    names = set(catalogue())
+    assert asked - names == set(), "asked for and not in the catalogue"
+    assert names - asked - set(schema_names()) == set(), "in the catalogue and never asked for"

@@ -192,7 +192,7 @@ class Feeder:
     async def _claim(self, n: int) -> None:
         try:
             start = time.monotonic()
-            lines = await self._db(self.store.claim, n, time.time(), self.holder, self.lease_s, self.role)
+            lines = await self._db(self.store.claim, n, self.holder, self.lease_s, self.role)
             if not self._ready:
                 self._sure_at = start
             self._ready.extend(lines)
@@ -297,7 +297,7 @@ class Feeder:
             return Outcome(line, "failed", error=json.dumps(error))
         delay = LINE_AGAIN.after(line.attempts)
         log.debug("batch: line %s of %s again in %.1f s (%s)", line.custom_id, line.batch_id, delay, why)
-        return Outcome(line, "queued", next_at=time.time() + delay)
+        return Outcome(line, "queued", delay_s=delay)
 
     async def _db(self, fn: Any, *args: Any) -> Any:
         """Run a store call off the loop; while the database cannot be written (the disk full, locked) retry with a

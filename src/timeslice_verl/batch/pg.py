@@ -80,7 +80,7 @@ class _Tx:
         self.watch.beat()
         cur = self.conn.cursor()
         cur.executemany(_pg(sql), rows)
-        self.conn.execute("SELECT 1")
+        self.conn.execute(POSTGRESQL.sql("ping"))
         return cur
 
 
@@ -140,9 +140,9 @@ class PostgresEngine:
 
     def _configure(self, conn: Any, settings: dict[str, str] | None = None) -> None:
         """Each new connection's server settings (``settings``: others, for a while)."""
-        pairs = list((settings or self._settings).items())
+        pairs = settings or self._settings
         with self.watchdog.watch(conn, self.bounds.connect_timeout_s + GRACE_S):
-            conn.execute("SELECT " + ", ".join("set_config(%s, %s, false)" for _ in pairs), [x for p in pairs for x in p])
+            conn.execute(_pg(POSTGRESQL.sql("configure")), (list(pairs), list(pairs.values())))
 
     def _check(self, conn: Any) -> None:
         """A pooled connection answers before a call gets it, within ``connect_timeout_s`` (a stopped server does not)."""
@@ -157,7 +157,7 @@ class PostgresEngine:
             with self.pool.connection() as conn:
                 self._configure(conn, {"statement_timeout": "0", "lock_timeout": "0"})
                 try:
-                    migrate_postgresql(conn, self.where)
+                    migrate_postgresql(conn, self.where, POSTGRESQL.sql)
                 finally:
                     self._configure(conn)
         except SchemaError as exc:
