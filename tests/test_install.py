@@ -50,7 +50,8 @@ def test_the_wheel_builds_offline_and_its_command_runs(tmp_path):
     (wheel,) = dist.glob("timeslice_verl-*-py3-none-any.whl")
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-    assert {"timeslice_verl/conf/timeslice/interleave.yaml", "timeslice_verl/testing/pytest_plugin.py"} <= names
+    assert {"timeslice_verl/conf/timeslice/interleave.yaml", "timeslice_verl/testing/pytest_plugin.py",
+            "timeslice_verl/batch/sql/queries.sql", "timeslice_verl/batch/sql/schema.sql"} <= names
     done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
                            str(wheel)], capture_output=True, text=True, env=offline, timeout=600)
     assert done.returncode == 0, done.stderr

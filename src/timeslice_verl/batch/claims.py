@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Literal
 
 from timeslice_verl.batch.engine import Engine
-from timeslice_verl.batch.settle import lock_batches, settle
+from timeslice_verl.batch.settle import lock_batches, settle, wake
 from timeslice_verl.batch.share import Waiting, plan
 from timeslice_verl.names import TenantRole
 
@@ -75,6 +75,7 @@ class LineQueue:
                 moved = db.execute(sql("lines_take_back"), (row["id"], row["id"], every)).rowcount
                 if moved:
                     db.execute(sql("batch_requeued"), (moved, moved, row["id"]))
+                    wake(db, self.dialect)
                 n += moved
         return n
 
@@ -141,6 +142,8 @@ class LineQueue:
                 again = sum(1 for ln in lines if ln.batch_id == bid and ln.attempts > 1)
                 db.execute(sql("batch_released"), (k, k, again, bid))
                 settle(db, self.dialect, bid)
+            if moved:
+                wake(db, self.dialect)
         return sum(moved.values())
 
     def record(self, outcomes: list[Outcome]) -> int:

@@ -18,7 +18,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 from timeslice_verl.batch.schema import ADVISORY_LOCK, SCHEMA_VERSION, SchemaError, migrate_sqlite
 from timeslice_verl.batch.sql import catalogue, render
@@ -107,6 +107,13 @@ class Engine(Protocol):
 
     def migrate(self) -> None: ...
 
+    def listen(self, wake: Callable[[], None]) -> Closable | None:
+        """``wake`` called whenever lines become claimable, from another thread (None: the engine cannot say)."""
+
+    def close(self) -> None: ...
+
+
+class Closable(Protocol):
     def close(self) -> None: ...
 
 
@@ -166,6 +173,10 @@ class SqliteEngine:
     def query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         with self._lock, unavailable(sqlite3.OperationalError):
             return self.db.execute(sql, args).fetchall()
+
+    def listen(self, wake: Callable[[], None]) -> None:
+        """One node: the service kicks its own feeders when it creates a batch."""
+        return None
 
     def close(self) -> None:
         with self._lock:

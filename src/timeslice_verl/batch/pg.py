@@ -19,9 +19,10 @@ import contextlib
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from timeslice_verl.batch.engine import POSTGRESQL, StoreError, StoreUnavailable
+from timeslice_verl.batch.pgnotify import Listener
 from timeslice_verl.batch.pgwatch import Watch, Watchdog
 from timeslice_verl.batch.redact import protect, redact
 from timeslice_verl.batch.schema import SchemaError, migrate_postgresql
@@ -121,7 +122,7 @@ class PostgresEngine:
         from psycopg_pool import ConnectionPool
 
         protect(dsn)  # before the pool's first try: what it logs of a DSN it cannot read hides the password
-        self.where = shown(dsn)
+        self.where, self._dsn = shown(dsn), dsn
         self.bounds = bounds or PostgresBounds()
         self.watchdog = Watchdog(self.where)
         self._settings = server_settings(self.bounds)
@@ -185,6 +186,13 @@ class PostgresEngine:
     def query(self, sql: str, args: tuple = ()) -> list[dict[str, Any]]:
         with self._call() as (conn, _):
             return conn.execute(_pg(sql), args).fetchall()
+
+    def listen(self, wake: Callable[[], None]) -> Listener:
+        """``wake`` called (from a thread of its own) whenever lines become claimable (:mod:`~timeslice_verl.batch.pgnotify`)."""
+        import psycopg
+
+        connect = lambda: psycopg.connect(self._dsn, autocommit=True, **connect_options(self.bounds))  # noqa: E731
+        return Listener(connect, wake, self.where)
 
     def close(self) -> None:
         self.pool.close()

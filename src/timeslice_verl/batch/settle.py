@@ -18,6 +18,13 @@ def lock_batches(db: Tx, dialect: Dialect, ids: Iterable[str]) -> None:
             db.execute(dialect.sql("lock_batch"), (bid,))
 
 
+def wake(db: Tx, dialect: Dialect) -> None:
+    """Lines became claimable: the feeders of every node are told at the commit (PostgreSQL's ``NOTIFY``; one node's
+    service kicks its own feeders)."""
+    if dialect.shared:
+        db.execute(dialect.sql("notify_lines"))
+
+
 def settle(db: Tx, dialect: Dialect, bid: str, *, created: bool = False) -> None:
     """End the batch when nothing of it waits or runs: completed; or cancelled, or expired past its window, with
     the lines never sent failed as such (each ``custom_id`` still appears once in the error file; as in OpenAI's
@@ -46,4 +53,4 @@ def settle(db: Tx, dialect: Dialect, bid: str, *, created: bool = False) -> None
         db.execute(dialect.sql("batch_completed"), (now, now, bid))
 
 
-__all__ = ["lock_batches", "settle"]
+__all__ = ["lock_batches", "settle", "wake"]

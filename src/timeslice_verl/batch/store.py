@@ -32,11 +32,11 @@ import contextlib
 import json
 import secrets
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from timeslice_verl.batch.claims import LEASE_S, Line, LineQueue, Outcome
-from timeslice_verl.batch.engine import Engine, SqliteEngine, StoreError, StoreUnavailable, Tx
-from timeslice_verl.batch.settle import lock_batches, settle
+from timeslice_verl.batch.engine import Closable, Engine, SqliteEngine, StoreError, StoreUnavailable, Tx
+from timeslice_verl.batch.settle import lock_batches, settle, wake
 from timeslice_verl.batch.lines import RequestLine
 from timeslice_verl.names import TenantRole
 from timeslice_verl.batch.schema import SCHEMA_VERSION
@@ -75,6 +75,9 @@ class Store:
 
     def query(self, sql: str, args: tuple = ()) -> list[Any]:
         return self.engine.query(sql, args)
+
+    def listen(self, wake: Callable[[], None]) -> Closable | None:
+        return self.engine.listen(wake)
 
     def close(self) -> None:
         self.engine.close()
@@ -154,6 +157,7 @@ class Store:
             lock_batches(db, self.dialect, [bid])
             db.execute(sql("batch_created"), (total, total, bid))
             settle(db, self.dialect, bid, created=True)
+            wake(db, self.dialect)
         return bid
 
     def _insert(self, bid: str, chunk: list[tuple]) -> None:

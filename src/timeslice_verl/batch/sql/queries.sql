@@ -274,3 +274,12 @@ WHERE id = ?;
 
 -- name: results
 SELECT idx, custom_id, response, error FROM lines WHERE batch_id = ? AND state = ? ORDER BY idx;
+
+-- ============================================================ feeders woken (PostgreSQL: timeslice_verl.batch.pgnotify)
+
+-- name: notify_lines.postgresql
+-- lines became claimable (a batch created, lines put back): sent at the commit to every listening feeder
+SELECT pg_notify('timeslice_batch_lines', '');
+
+-- name: listen_lines.postgresql
+LISTEN timeslice_batch_lines;
