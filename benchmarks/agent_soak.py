@@ -1,12 +1,13 @@
 """Soak and load figures for the agent on CPU: resource drift over many handoffs, acquire latency under load.
 
-usage: python benchmarks/agent_soak.py [--cycles 1000] [--clients 50 200] [--rounds 5] [--json OUT]
+usage: python benchmarks/agent_soak.py [--cycles 1000] [--clients 50 200] [--rounds 5] [--json OUT] [--record DIR]
 
 A real agent (CPU ``sigstop`` backend) with the stand-in vLLM as its tenant. Soak: one trainer job with a
 tagged worker process acquires and releases ``--cycles`` times (each cycle thaws and freezes the worker
 and moves the tenant); the agent's open fds, threads and RSS are read from /proc before and after.
 Load: N clients, each with its own job, acquire and release ``--rounds`` times at once; the acquire
-latencies give p50/p99. Prints a table last.
+latencies give p50/p99. Prints a table last; ``--record benchmarks/results/agent-soak/DATE-MACHINE`` writes the run's
+folder (``soak.json``), which ``benchmarks/readers/agent_soak.py`` reads.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from readers.common import add_record_arguments, record
 from timeslice_verl.agent.client import AgentClient, wait_for_agent
 
 PY = sys.executable
@@ -34,7 +36,7 @@ def proc_figures(pid: int) -> dict[str, int]:
 
 
 def start(workdir: Path) -> tuple[subprocess.Popen, subprocess.Popen, Path]:
-    vllm = subprocess.Popen([PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", "0", "--token-s", "0.001"],
+    vllm = subprocess.Popen([PY, "-m", "timeslice_verl.standin", "--port", "0", "--token-s", "0.001"],
                             stdout=subprocess.PIPE, text=True)
     url = vllm.stdout.readline().split()[-1]  # type: ignore[union-attr]
     run = workdir / "run"
@@ -103,6 +105,7 @@ def main() -> int:
     ap.add_argument("--clients", type=int, nargs="+", default=[50, 200])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", default="")
+    add_record_arguments(ap)
     args = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="ts-soak-"))
     agent, vllm, sock = start(workdir)
@@ -117,6 +120,11 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     s = soaked
+    if args.record:
+        raw = workdir / "soak.json"
+        raw.write_text(json.dumps(result, indent=1))
+        record(args, "agent-soak", [raw], f"{s['cycles']} acquire/release cycles in {s['seconds']} s; the agent's fds "
+               f"{s['fds_before']} -> {s['fds_after']}, threads {s['threads_before']} -> {s['threads_after']}.")
     print(f"soak: {s['cycles']} acquire/release cycles in {s['seconds']} s; agent fds {s['fds_before']} -> {s['fds_after']}, "
           f"threads {s['threads_before']} -> {s['threads_after']}, RSS {s['rss_kib_before'] / 1024:.1f} -> {s['rss_kib_after'] / 1024:.1f} MiB")
     print("| clients | acquires | errors | acquire p50 ms | acquire p99 ms |\n|---|---|---|---|---|")

@@ -7,7 +7,8 @@ capacity, and CPU per line of the feeders, the API and the database, measured si
 Each step: a fresh database on one throwaway server (:mod:`timeslice_verl.testing.postgres`), an API replica
 (``batch serve --api-only``) and N feeders (``batch feed``, no agent: ``follow_agent=false``), one batch of
 ``--lines`` requests of ``--max-tokens`` tokens; the clock runs from the batch's creation to its completion.
-Prints a table last; writes ``cluster-queue.json`` (every figure) and each process's log into ``--out``.
+Prints a table last; writes ``cluster-queue.json`` (every figure) and each process's log into ``--out``;
+``--record benchmarks/results/cluster-queue/DATE-MACHINE`` packs them into the run's folder beside its manifest.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import httpx
 import psutil
 
+from readers.common import add_record_arguments, record
 from timeslice_verl.testing.postgres import Postgres
 
 PY = sys.executable
@@ -66,7 +68,7 @@ def _cpu(procs: list[psutil.Process]) -> float:
 
 
 def _stand_in(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", "0", "--max-num-seqs",
+    proc = subprocess.Popen([PY, "-m", "timeslice_verl.standin", "--port", "0", "--max-num-seqs",
                              str(args.seqs), "--token-s", str(args.token_s)], stdout=subprocess.PIPE, text=True,
                             stderr=log.open("w"))
     line = proc.stdout.readline()  # type: ignore[union-attr]
@@ -136,6 +138,7 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=8, help="each stand-in's requests at a time")
     ap.add_argument("--token-s", type=float, default=0.008, help="each stand-in's seconds a token")
     ap.add_argument("--max-tokens", type=int, default=10)
+    add_record_arguments(ap)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     pg = Postgres().start()
@@ -155,6 +158,9 @@ def main() -> None:
     for r in rows:
         print(f"| {r['feeders']} | {r['lines_per_s']} | {r['capacity_lines_per_s']} | {r['vs_capacity']} | "
               f"{r['cpu_ms_per_line_feeders']} | {r['cpu_ms_per_line_api']} | {r['cpu_ms_per_line_database']} |")
+    record(args, "cluster-queue", sorted(args.out.iterdir()), "One PostgreSQL queue, "
+           f"{'/'.join(str(r['feeders']) for r in rows)} feeders: "
+           f"{', '.join(str(r['vs_capacity']) for r in rows)} of the tenants' capacity.")
 
 
 if __name__ == "__main__":

@@ -18,23 +18,22 @@ For each completion length (``--mixes 48,512``), against one vLLM and one batch 
   run's end cuts lines off, and after the trainer's last step the tenant drains what it holds, outside any valley
   (rows written before counted those: ``--rescore DIR`` recomputes them, the old ratios kept as ``*_batch_tokens``).
 
-With ``--capacity-s S`` each level of (a) keeps its requests out for S seconds after its first answer (the bodies
-sent round again) instead of ``--capacity-per-level`` lines per slot: with 512-token answers a few waves leave a
-steady window of 2–3 s.
-With ``--bracket`` (a) runs again after (c): the reference is the best steady level of both passes, and each row
-also gives its figures over the higher of that and (b) (``serving_vs_highest``, ``idle_vs_highest``): one short
-pass can read low, and every ratio over it high (run 15 of 2026-12-02). With ``--bracket-rows`` (a) runs again after
-each row, and each row is over the best of the passes right before and after it (and, ``*_vs_all_passes``, over the
-best of all): the server's own pace moved by up to half between passes minutes apart (``--after-levels``: the
-levels these passes run, e.g. those that set a reference). The scoring is ``harvest_score.py``.
-vLLM's ``num_requests_running`` / ``waiting`` and inter-token latency totals (its step) are sampled every 100 ms
+With ``--capacity-s S`` each level of (a) keeps its requests out for S seconds after its first answer (the bodies sent
+round again) instead of ``--capacity-per-level`` lines per slot: with 512-token answers a few waves leave a steady
+window of 2–3 s. With ``--bracket`` (a) runs again after (c): the reference is the best steady level of both passes,
+and each row also gives its figures over the higher of that and (b) (``serving_vs_highest``, ``idle_vs_highest``): one
+short pass can read low, and every ratio over it high (run 15 of 2026-12-02). With ``--bracket-rows`` (a) runs again
+after each row, and each row is over the best of the passes right before and after it (and, ``*_vs_all_passes``, over
+the best of all): the server's own pace moved by up to half between passes minutes apart (``--after-levels``: the
+levels these passes run, e.g. those that set a reference). The scoring is ``harvest_score.py``. vLLM's
+``num_requests_running`` / ``waiting`` and inter-token latency totals (its step) are sampled every 100 ms
 (``inflight.jsonl``), with the host's busy CPU, vLLM's processes' CPU, the GPU's SM clock and a CPU's pace
 (``hostload.py``); with ``--py-spy``, py-spy's stacks of vLLM's engine core at each capacity level. Each time-sliced
 row is written as ``row-<mix>-<profile>.json`` with the keys the issue names; ``harvest.json`` holds everything; the
-table is printed last.
+table is printed last; ``--record benchmarks/results/harvest/DATE-MACHINE`` packs ``--out`` (by its name) there.
 
-    python benchmarks/harvest.py --out benchmarks/results/harvest/DATE-h200 --vllm-url http://127.0.0.1:8000 \
-        --gib 18 --steps 12 --rollout-s 4 --train-s 1.0     # a GPU machine with a vLLM tenant up
+    python benchmarks/harvest.py --out run37 --vllm-url http://127.0.0.1:8000 --gib 18 --steps 12 --rollout-s 4 \
+        --train-s 1.0 --record benchmarks/results/harvest/DATE-h200     # a GPU machine with a vLLM tenant up
     python benchmarks/harvest.py --out /tmp/harvest --lines 2000 --steps 4 --mixes 24   # CPU, the stand-in
 """
 
@@ -49,6 +48,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +58,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_profile import engine_core_pid, finish, record  # noqa: E402
-from harvest_score import (bracket_rows, bracketed, counter_at, phase_generated, rescore, steady_best,  # noqa: E402,F401
-                           table, valley_figures, valley_tokens)
+from readers.common import add_record_arguments, record as record_run  # noqa: E402
+from harvest_score import (LEFT_OUT, bracket_rows, bracketed, counter_at, phase_generated, rescore,  # noqa: E402,F401
+                           steady_best, summary, table, valley_figures, valley_tokens)
 from cpuspeed import spare_cpu  # noqa: E402
 from hostload import HostLoad, itl_totals  # noqa: E402
 from valleys import row as valley_row  # noqa: E402
@@ -298,6 +299,7 @@ def main() -> int:
     ap.add_argument("--py-spy", action="store_true", help="py-spy's stacks of vLLM's engine core at each capacity "
                     "level, to OUT/pyspy/ (benchmarks/engine_profile.py)")
     ap.add_argument("--rescore", type=Path, help="recompute the rows of a results folder written before valley_figures")
+    add_record_arguments(ap)
     args = ap.parse_args()
     if args.rescore:
         rescore(args.rescore)
@@ -307,7 +309,7 @@ def main() -> int:
     url = args.vllm_url.rstrip("/")
     if not url:
         port = free_port()
-        fake = subprocess.Popen([sys.executable, "-m", "timeslice_verl.testing.fake_vllm", "--port", str(port),
+        fake = subprocess.Popen([sys.executable, "-m", "timeslice_verl.standin", "--port", str(port),
                                  "--token-s", "0.004", "--knee", "64", "--max-num-seqs", "256"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
@@ -325,6 +327,7 @@ def main() -> int:
             fake.terminate()
             fake.wait(30)
     print(table(result))
+    record_run(args, "harvest", [args.out], summary(args.out), exclude=LEFT_OUT)
     return 0
 
 
@@ -378,10 +381,7 @@ def _head(path: Path, n: int) -> Path:
         return path
     head = path.with_name(f"head-{n}-{path.name}")
     with path.open() as src, head.open("w") as dst:
-        for i, line in enumerate(src):
-            if i >= n:
-                break
-            dst.write(line)
+        dst.writelines(islice(src, n))
     return head
 
 

@@ -166,7 +166,7 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     tmp = a.out / "state"
     port = free_port()
-    fake = subprocess.Popen([PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", str(port), "--token-s", str(a.token_s),
+    fake = subprocess.Popen([PY, "-m", "timeslice_verl.standin", "--port", str(port), "--token-s", str(a.token_s),
                              "--knee", str(a.knee), "--max-num-seqs", str(a.max_num_seqs)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     tenant = f"http://127.0.0.1:{port}"

@@ -8,6 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+LEFT_OUT = ("input-*.jsonl", "head-*.jsonl", "*.sqlite*", "batch-input.jsonl", "*-output*.jsonl")
+"""What a recorded run leaves out of its archive: the batch inputs and outputs and the databases (the figures are in
+the rows, ``harvest.json`` and the logs)."""
+
 
 def valleys(run_jsonl: Path) -> list[tuple[float, float]]:
     """Each lent valley of a time-sliced run: a release to the next acquire (its ``run.jsonl``), as (start, end)."""
@@ -138,3 +142,10 @@ def table(result: dict[str, Any]) -> str:
                        f"step ratio {r['step_ratio']}  wait median {r['wait_s_median']} s max {r['wait_s_max']} s  "
                        f"vLLM of idle {r['vllm_of_idle']}  lost {r['lost']} twice {r['twice']}{strict}")
     return "\n".join(out)
+
+
+def summary(out: Path) -> str:
+    """The manifest's line for a harvest.py folder: each time-sliced row's serving and idle over the capacity."""
+    rows = [json.loads(p.read_text()) for p in sorted(out.glob("row-*.json"))]
+    return "; ".join(f"{r['mix_tokens']}-token {r['profile']}: serving/capacity {r['serving_vs_capacity']}, "
+                     f"idle/capacity {r['idle_vs_capacity']}" for r in rows) or "no time-sliced rows"

@@ -1,12 +1,14 @@
 """Same-GPU CUDA IPC weight push (checkpoint engine ``timeslice_ipc``'s transport) against the GPU's own copy rate.
 
     python benchmarks/ipc_push.py [--gib 1] [--bucket-mib 512] [--repeats 5] [--updates 100] [--small-mib 64]
+        [--record benchmarks/results/ipc-push/DATE-MACHINE [--also gpu_tests.log]]
 
 Two processes on one GPU: this one sends, a spawned child receives and copies every tensor into weights of its own
 (as vLLM does). Prints one table: the big push (bytes, seconds, GB/s; bit-exact by checksum on both sides), this
 GPU's device-to-device ``copy_`` rate measured in the same run and the ratio (a push copies twice, into the bucket
 and out of it, so ~0.5 is the ceiling), then ``--updates`` smaller updates with the memory of both processes
-after each (torch's allocated bytes; NVML's used memory where it sees the processes). Needs torch only.
+after each (torch's allocated bytes; NVML's used memory where it sees the processes). Needs torch only. ``--record``
+writes the run's folder: the table as ``ipc_push.txt`` and the files ``--also`` names (the GPU tests' log).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 try:
@@ -21,6 +24,7 @@ try:
 except ImportError:  # a source checkout without an install
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from readers.common import add_record_arguments, record  # noqa: E402
 from timeslice_verl.weights_ipc.pushcheck import MIB, PushRig, copy_rate  # noqa: E402
 
 GB = 1e9
@@ -85,10 +89,17 @@ def main() -> None:
     parser.add_argument("--small-mib", type=int, default=64, help="size of each of the many updates")
     parser.add_argument("--small-bucket-mib", type=int, default=16)
     parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--also", type=Path, nargs="*", default=[], help="files the recorded run keeps too")
+    add_record_arguments(parser)
     args = parser.parse_args()
     big = big_push(args.gib, args.bucket_mib, args.repeats, args.device)
     many = many_updates(args.small_mib, args.small_bucket_mib, args.updates, args.device)
     sys.stdout.write(table(big, many) + "\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "ipc_push.txt").write_text(table(big, many) + "\n")
+        record(args, "ipc-push", [Path(tmp) / "ipc_push.txt", *args.also], f"Same-GPU CUDA IPC push: "
+               f"{big['bytes'] / GB:.2f} GB in {big['push_s'] * 1e3:.1f} ms ({big['gbps']:.0f} GB/s, bit-exact "
+               f"{big['bit_exact']}); {len(many['records'])} updates, bit-exact {many['bit_exact']}.")
 
 
 if __name__ == "__main__":

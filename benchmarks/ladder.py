@@ -1,6 +1,6 @@
 """How long the trainer waits for its GPU when the tenant misbehaves: the reclaim ladder, measured.
 
-usage: python benchmarks/ladder.py [--deadline 2] [--repeat 3] [--json OUT]
+usage: python benchmarks/ladder.py [--deadline 2] [--repeat 3] [--json OUT] [--record DIR]
                                    [--vllm-url URL --vllm-pid PID]   (a real vLLM, tagged TIMESLICE_TENANT=1)
 
 Each scenario starts a real agent (CPU ``sigstop`` backend: what is measured is the tenant's side), a job
@@ -9,7 +9,9 @@ with one fault injected. The trainer's acquire is timed while the tenant is awak
 way); the ladder step the agent took and the tenant's state afterwards come from ``status``. With a real
 vLLM: ``vllm-keep`` times acquire/release cycles under load (pause ``keep``), ``vllm-stopped`` SIGSTOPs the
 server (it answers nothing) and times the acquire that the ladder ends by killing it (last: it kills it).
-Prints a table last; ``--json`` keeps every acquire.
+Prints a table last; ``--json`` keeps every acquire (``ladder.json``; ``ladder-vllm.json`` with a real vLLM: the
+reader tells them by name); ``--record benchmarks/results/ladder/DATE-MACHINE`` packs it and ``--log-dir``'s logs
+into the run's folder beside its manifest.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from readers.common import add_record_arguments, record
 from timeslice_verl.agent.client import AgentClient, wait_for_agent
 
 PY = sys.executable
@@ -43,7 +46,7 @@ STANDIN = {
 
 def _standin(args: list[str]) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, TIMESLICE_TENANT="1")
-    proc = subprocess.Popen([PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", "0", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([PY, "-m", "timeslice_verl.standin", "--port", "0", *args], stdout=subprocess.PIPE,
                             text=True, env=env)
     return proc, proc.stdout.readline().split()[-1]  # type: ignore[union-attr]
 
@@ -182,7 +185,10 @@ def main() -> int:
     ap.add_argument("--vllm-pid", type=int)
     ap.add_argument("--cycles", type=int, default=5)
     ap.add_argument("--log-dir", type=Path, help="keep the agent's log there (real vLLM)")
+    add_record_arguments(ap)
     args = ap.parse_args()
+    if args.record and not args.json:
+        ap.error("--record packs --json's file: give --json too")
     rows: list[dict[str, Any]] = []
     if args.vllm_url:
         rows += real_vllm(args.vllm_url, args.vllm_pid, args.deadline, args.cycles, args.log_dir)
@@ -195,6 +201,10 @@ def main() -> int:
         args.json.write_text(json.dumps({"deadline_s": args.deadline, "python": sys.version.split()[0],
                                          "cpus": os.cpu_count(), "rows": rows}, indent=1) + "\n")
     print(table(rows, args.deadline))
+    logs = [p for p in sorted(args.log_dir.iterdir()) if p.resolve() != args.json.resolve()] \
+        if args.record and args.log_dir and args.log_dir.is_dir() else []
+    record(args, "ladder", [args.json, *logs], f"The slowest acquire {max(r['acquire_s'] for r in rows):.2f} s against "
+           f"the {args.deadline:g} s reclaim deadline, over {len(rows)} acquires.")
     return 0
 
 

@@ -10,7 +10,9 @@ The vLLM must run with ``VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_INSECURE_SERIALIZATIO
 4. the perturbed weights pushed again as version 3: the answers equal step 2's (a version's answers do not depend
    on what was loaded before it).
 
-Prints a JSON line per step and a table last; ``--out`` gets ``policy_push.json``.
+Prints a JSON line per step and a table last; ``--out`` gets ``policy_push.json``; ``--record
+benchmarks/results/policy-push/DATE-MACHINE`` packs it into the run's folder beside its manifest
+(``policy_push_h200.sh`` records its whole ``$OUT``, the logs with it, where ``RECORD`` names the folder).
 
     python benchmarks/policy_push.py --url http://127.0.0.1:8000 --model-dir /root/model --out $OUT
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 import httpx
 import torch
 
+from readers.common import add_record_arguments, record
 from timeslice_verl.validate.policy import PolicyTenant
 from timeslice_verl.weights import ipc_updates
 
@@ -52,6 +55,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--noise", type=float, default=0.02, help="relative noise added to every weight")
     ap.add_argument("--out", type=Path, default=Path("."))
+    add_record_arguments(ap)
     a = ap.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -90,6 +94,10 @@ def main() -> int:
     for r in rows:
         print(f"| {r['step']} | {r['version'] or '–'} | {r['push_s'] or '–'} | {r['tensors'] or '–'} | {r['gb'] or '–'} |")
     print(json.dumps(checks))
+    pushes = [r["push_s"] for r in rows if r["push_s"] is not None]
+    held = ", ".join(k for k, v in checks.items() if v) or "none"
+    record(a, "policy-push", [a.out / "policy_push.json"], f"The trainer's weights pushed into a co-resident vLLM "
+           f"through IPC: {min(pushes)}-{max(pushes)} s; checks held: {held}.")
     return 0 if all(checks.values()) else 1
 
 

@@ -2,6 +2,7 @@
 # benchmarks/policy_push.py on one H200, in the calls of harvest_h200.sh (setup, stash), then this one:
 #   PARTS=.gpu/parts3 bash benchmarks/policy_push_h200.sh   unpack part2, start vLLM with IPC weight transfer, push
 # (after harvest_h200.sh start on the same machine: vLLM is unpacked already; PORT=8001 starts this one beside it)
+# RECORD=DIR (benchmarks/results/policy-push/DATE-MACHINE under $OUT's machine) writes the run's folder from $OUT
 set -uo pipefail
 OUT=${OUT:-policy-push-out}
 mkdir -p "$OUT"
@@ -27,4 +28,7 @@ timeout "${LIMIT_S:-150}" python3 benchmarks/policy_push.py --url "http://127.0.
   --out "$OUT" 2>&1 | tee "$OUT/policy_push.log"
 rc=${PIPESTATUS[0]}
 tail -c 20000 /root/vllm.log > "$OUT/vllm-tail.log"
+[ -n "${RECORD:-}" ] && python3 benchmarks/readers/common.py record "$RECORD" "$OUT"/* --experiment policy-push \
+  --command "PORT=$PORT LIMIT_S=${LIMIT_S:-150} bash benchmarks/policy_push_h200.sh" \
+  --summary "policy_push.py rc=$rc; its checks: $(tail -n 1 "$OUT/policy_push.log")"
 exit $rc

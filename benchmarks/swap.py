@@ -15,7 +15,8 @@ Columns (issue 9): P1 trainer-visible wait at acquire; P3 swap-out time over the
 the same bytes takes (rate measured in this run); bytes moved / live tensor bytes; GPU memory left while
 released (NVML); P4 step time / solo step time; P5 tenant serving time / trainer idle time; P6 batch lines
 failed for good (the batch service retries what a handoff cost). ``--verify`` also checks that parameters and optimizer state are bit-identical
-after every cycle; losses are compared with the solo phase's step by step.
+after every cycle; losses are compared with the solo phase's step by step. ``--record
+benchmarks/results/swap/DATE-MACHINE`` (rank 0) packs ``--out`` into the run's folder beside its manifest.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from standin import StandIn  # noqa: E402
+from readers.common import add_record_arguments, record  # noqa: E402
 from swap_report import report  # noqa: E402
 
 from timeslice_verl.handoff.spmd import RankHandoff  # noqa: E402
@@ -172,6 +174,7 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--title", default="")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run (sigstop agent, gloo)")
+    add_record_arguments(p)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -231,6 +234,10 @@ def main() -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "swap.json").write_text(json.dumps({"ranks": per_rank}, indent=1, default=str))
         print(report(per_rank, out, title=args.title))
+        rows = json.loads((out / "rows.json").read_text())
+        record(args, "swap", sorted(out.iterdir()), f"{world} rank(s), valley {args.valley} s; trainer wait at acquire "
+               "(median): " + ", ".join(f"{r['mode']}{' prepared' if r.get('prepare') else ''} {r['p1_med']:.3f} s"
+                                        for r in rows))
     if world > 1:
         dist.destroy_process_group()
     return 0

@@ -5,7 +5,7 @@
 #   two   GPUs 0 and 1: a vLLM per GPU, one agent for both (tenant.urls), the 2-rank FSDP2 stand-in under
 #         torchrun, 20 handoffs per swap mode, bit-identity checked — what produced
 #         benchmarks/results/swap/2026-11-30-h200x2/
-# usage: MODEL=dir OUT=dir bash benchmarks/swap_run.sh one|two
+# usage: MODEL=dir OUT=dir [RECORD=benchmarks/results/swap/DATE-MACHINE] bash benchmarks/swap_run.sh one|two
 # env: PYTHON (python3), TENANT_UTIL (0.35); for two: VALLEY (1.0 s), MODES (checkpoint,park,park+checkpoint)
 set -uo pipefail
 MODE=${1:?one or two}
@@ -29,7 +29,7 @@ if [ "$MODE" = one ]; then
   pids+=($!); sleep 3
   # NCCL_P2P_DISABLE: torch maps libnccl, and the checkpoint modes need P2P off (the agent checks)
   CUDA_VISIBLE_DEVICES=0 NCCL_P2P_DISABLE=1 TIMESLICE_JOB=swap-bench "$PY" "$HERE/swap.py" --socket "$SOCK" \
-    --tenants http://127.0.0.1:8001 --clients 8 --valley 25 --cycles 3 --warmup-valley 3 --out "$OUT" \
+    --tenants http://127.0.0.1:8001 --clients 8 --valley 25 --cycles 3 --warmup-valley 3 --out "$OUT" ${RECORD:+--record "$RECORD"} \
     --title "Swap benchmark ($(date -u +%F))" 2>&1 | grep -v "HTTP Request" | tee "$OUT/bench.log"
 elif [ "$MODE" = two ]; then
   tenant 0 8001; tenant 1 8002; up http://127.0.0.1:8001 && up http://127.0.0.1:8002 || exit 1
@@ -39,7 +39,7 @@ elif [ "$MODE" = two ]; then
   NCCL_P2P_DISABLE=1 NCCL_CUMEM_ENABLE=0 NCCL_NVLS_ENABLE=0 TIMESLICE_JOB=mgpu "$PY" -m torch.distributed.run \
     --nproc-per-node 2 "$HERE/swap.py" --socket "$SOCK" --job mgpu --tenants http://127.0.0.1:8001,http://127.0.0.1:8002 \
     --clients 4 --modes "${MODES:-checkpoint,park,park+checkpoint}" --prepare no --cycles 20 --valley "${VALLEY:-1.0}" --warmup-valley 1.0 --width 4096 --depth 6 --batch 2048 --micro 2 \
-    --verify --out "$OUT" --title "2-rank FSDP2 stand-in, a vLLM per GPU ($(date -u +%F))" 2>&1 | grep -v "HTTP Request" | tee "$OUT/bench.log"
+    --verify --out "$OUT" ${RECORD:+--record "$RECORD"} --title "2-rank FSDP2 stand-in, a vLLM per GPU ($(date -u +%F))" 2>&1 | grep -v "HTTP Request" | tee "$OUT/bench.log"
 else
   echo "unknown mode $MODE (one, two)" >&2; exit 2
 fi

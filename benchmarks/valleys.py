@@ -14,7 +14,8 @@ runs' summed step times (the same seeded schedule: the trainer's cost) and of th
 acquire (median / max),
 vLLM's share of the trainer's idle time, idle time with no owner, handoffs skipped and lent, lent valleys
 shorter than their own round trip, the way back (prepared, early / late), failed or aborted batch requests and
-whether the worker's data survived. Writes ``valleys.json`` and each run's folder (``run.jsonl``, agent log).
+whether the worker's data survived. Writes ``valleys.json`` and each run's folder (``run.jsonl``, agent log);
+``--record benchmarks/results/valleys/DATE-MACHINE`` packs ``--out`` (one part, by its name) beside a manifest.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+from readers.common import add_record_arguments, record
 from timeslice_verl.demo.procs import free_port, start_vllm
 from timeslice_verl.demo.run import DemoOptions, run_demo
 
@@ -162,6 +164,7 @@ def main() -> int:
     ap.add_argument("--vllm-arg", dest="vllm_args", action="append", default=[], metavar="ARG")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="timeslice.KEY=VALUE")
+    add_record_arguments(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -188,6 +191,9 @@ def main() -> int:
     rows = result["rows"]
     print(result["label"])
     print(table(rows))
+    record(args, "valleys", [args.out], f"{result['label']}: " + "; ".join(
+        f"{r['profile']} {r['mode']}: steps {r['step_ratio']} of solo, wait max {r['wait_s_max']} s" for r in rows),
+        parts=[[args.out.name, None]])
     return 0
 
 

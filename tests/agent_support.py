@@ -162,7 +162,7 @@ class FakeVllmProc:
         if tagged:
             env["TIMESLICE_TENANT"] = "1"
         self.proc = subprocess.Popen(
-            [PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", "0", *args], stdout=subprocess.PIPE, text=True, env=env
+            [PY, "-m", "timeslice_verl.standin", "--port", "0", *args], stdout=subprocess.PIPE, text=True, env=env
         )
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("listening on "), line
@@ -179,7 +179,7 @@ class FakeVllmProc:
             return json.loads(resp.read() or b"{}")
 
     def stats(self) -> dict[str, Any]:
-        return self.get("/_fake/stats")
+        return self.get("/_standin/stats")
 
     def sleeping(self) -> bool:
         return bool(self.get("/is_sleeping")["is_sleeping"])

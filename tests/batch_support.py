@@ -138,7 +138,7 @@ class SupervisorProc:
         self.proc = subprocess.Popen(
             [PY, "-m", "timeslice_verl", "--log-level", "DEBUG", "tenant", "run", "--backoff-max-s", "2", *sup_args,
              "--set", f"timeslice.agent.socket={socket_path}", "--",
-             PY, "-m", "timeslice_verl.testing.fake_vllm", "--port", str(self.port), *fake_args],
+             PY, "-m", "timeslice_verl.standin", "--port", str(self.port), *fake_args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def log(self) -> str:

@@ -141,7 +141,7 @@ def test_an_upload_the_service_does_not_take_is_a_4xx_naming_it(api, purpose, co
 
 @pytest.mark.parametrize("body, status, message", [
     ({"input_file_id": "FILE", "endpoint": "/v1/embeddings", "completion_window": "24h"}, 400, "endpoint '/v1/embeddings'"),
-    ({"input_file_id": "FILE", "endpoint": CHAT, "completion_window": "1h"}, 400, "completion_window '1h'"),
+    ({"input_file_id": "FILE", "endpoint": CHAT, "completion_window": "48h"}, 400, "completion_window '48h'"),
     ({"input_file_id": "file_nope", "endpoint": CHAT, "completion_window": "24h"}, 404, "no input file 'file_nope'"),
     ({"input_file_id": "DUP", "endpoint": CHAT, "completion_window": "24h"}, 400, "custom_id 'a' is used twice"),
 ])

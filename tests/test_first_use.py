@@ -247,20 +247,20 @@ def test_the_stand_in_counts_a_request_whose_client_left_before_its_answer_as_ca
     """Its ``completed`` counts answered requests: a line the batch service gave up on (and sent again) is not one."""
     import httpx
 
-    from timeslice_verl.testing.fake_vllm import FakeVllmServer
+    from timeslice_verl.standin.server import StandinServer
 
-    server = FakeVllmServer(token_s=0.001).start()
+    server = StandinServer(token_s=0.001).start()
     try:
-        httpx.post(f"{server.url}/_fake/fault", json={"late_on": "v1/completions"}).raise_for_status()
+        httpx.post(f"{server.url}/_standin/fault", json={"late_on": "v1/completions"}).raise_for_status()
         host, port = server.httpd.server_address[:2]
         body = json.dumps({"model": "m", "prompt": "p", "max_tokens": 3}).encode()
         client = socket.create_connection((host, port))
         client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        stats = lambda: httpx.get(f"{server.url}/_fake/stats").json()  # noqa: E731
+        stats = lambda: httpx.get(f"{server.url}/_standin/stats").json()  # noqa: E731
         eventually(lambda: stats()["generated"] == 3 and stats()["running"] == 0, what="the request generated")
         client.close()  # the client leaves before the answer
-        httpx.post(f"{server.url}/_fake/answer").raise_for_status()
+        httpx.post(f"{server.url}/_standin/answer").raise_for_status()
         eventually(lambda: stats()["cancelled"] == 1, what="the request counted as cancelled")
         assert stats()["completed"] == 0
         assert httpx.post(f"{server.url}/v1/completions", json={"model": "m", "prompt": "q", "max_tokens": 1}).is_success

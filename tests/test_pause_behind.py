@@ -35,19 +35,19 @@ def test_a_pause_answered_late_lands_behind_the_grant_and_the_reclaim_waits_for_
         await a.acquire("behind-job", 1)  # its first hold: no peak yet, pause and sleep (awaited)
         await a.watchdog.watch_once()  # its peak: 20 GiB, which fits beside the awake tenant
         await a.release("behind-job", 1, wait=True)
-        vllm.post("/_fake/fault", {"late_on": "pause:keep"})  # the engine pauses at once, the answer waits
+        vllm.post("/_standin/fault", {"late_on": "pause:keep"})  # the engine pauses at once, the answer waits
         await a.acquire("behind-job", 1)  # granted with vLLM's answer still outstanding
         seen["granted"] = {"pending": a.tenancy.behind.pending, "held": a.tenancy.held, "vllm": vllm.stats(),
                            "holding": a.book.jobs["behind-job"].holding}
         release = asyncio.ensure_future(a.release("behind-job", 1, wait=True))  # its reclaim waits for the pause
-        await asyncio.to_thread(vllm.post, "/_fake/answer")
+        await asyncio.to_thread(vllm.post, "/_standin/answer")
         await release
         seen["valley"] = {"vllm": vllm.stats(), "state": a.tenancy.state}
-        vllm.post("/_fake/fault", {"late_on": "pause:keep"})
+        vllm.post("/_standin/fault", {"late_on": "pause:keep"})
         await a.acquire("behind-job", 1)  # granted again behind a pause; then the agent stops
         seen["second"] = {"pending": a.tenancy.behind.pending}
         stop = asyncio.ensure_future(a.shutdown())
-        await asyncio.to_thread(vllm.post, "/_fake/answer")
+        await asyncio.to_thread(vllm.post, "/_standin/answer")
         await stop
         seen["after_shutdown"] = vllm.stats()
         seen["moves"] = [t for _, t in a.journal.moves if t.action.startswith("tenant_")]

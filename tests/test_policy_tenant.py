@@ -10,13 +10,13 @@ import pytest
 
 from agent_support import eventually
 from batch_support import BatchServiceProc, completed, create_batch
-from timeslice_verl.testing.fake_vllm import FakeVllmServer
+from timeslice_verl.standin.server import StandinServer
 from timeslice_verl.validate.policy import PolicyBusy, PolicyError, PolicyTenant, Update
 
 
 @pytest.fixture
 def server():
-    s = FakeVllmServer(token_s=0.01).start()
+    s = StandinServer(token_s=0.01).start()
     yield s
     s.stop()
 
@@ -107,7 +107,7 @@ def _answers(client: httpx.Client, bid: str) -> list[dict]:
 
 
 def test_validation_runs_go_to_the_policy_tenant_alone_and_users_batches_never_do(tmp_path, procs):
-    users, policy = FakeVllmServer(model="m").start(), FakeVllmServer(model="policy").start()
+    users, policy = StandinServer(model="m").start(), StandinServer(model="policy").start()
     try:
         service = BatchServiceProc(tmp_path, users.url, extra=(f"timeslice.validate.policy_url={policy.url}",)).start()
         procs.append(service)
@@ -146,7 +146,7 @@ def test_status_names_a_validation_run_and_its_version(tmp_path, procs):
     from timeslice_verl.names import VALIDATION_VERSION
     from timeslice_verl.tools.status import render_batch
 
-    users, policy = FakeVllmServer(model="m").start(), FakeVllmServer(model="policy").start()
+    users, policy = StandinServer(model="m").start(), StandinServer(model="policy").start()
     policy.engine.pause("keep")  # the run stays open while status is read
     try:
         service = BatchServiceProc(tmp_path, users.url, extra=(f"timeslice.validate.policy_url={policy.url}",)).start()

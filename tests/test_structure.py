@@ -1,9 +1,10 @@
-"""The tree shows the architecture: imports point one way, no module passes 400 lines nor a function 80, and no
-hook is fired by a string outside the dispatcher's typed facade."""
+"""The tree shows the architecture: imports point one way, no module passes 400 lines nor a function 80, no
+hook is fired by a string outside the dispatcher's typed facade, and the product never uses its test kit."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,48 @@ def test_the_layer_check_catches_an_upward_import():
     assert _layer_of("timeslice_verl", table) == "base"
     allowed = {name: may for name, _, may in table}
     assert "dispatcher" not in allowed["agent"] and "config" not in allowed["agent"]
+
+
+TEST_KIT = re.compile(r"timeslice_verl\.testing(\.\w+)*")
+"""The test kit and its modules: it may use the product, the product never uses it."""
+
+
+def _test_kit_uses(source: str, where: str) -> list[str]:
+    """Imports of the test kit (inside functions too) and strings naming one of its modules (``-m``, import_module)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value]
+        hit = next((n for n in names if TEST_KIT.fullmatch(n)), None)
+        if hit:
+            found.append((node.lineno, f"{where}:{node.lineno} {hit}"))
+    return [text for _, text in sorted(found)]
+
+
+def test_nothing_outside_the_test_kit_imports_it_or_runs_its_modules():
+    kit = SRC / "timeslice_verl" / "testing"
+    found = [hit for path in SRC.rglob("*.py") if kit not in path.parents
+             for hit in _test_kit_uses(path.read_text(), path.relative_to(SRC).as_posix())]
+    assert not found, f"the product uses the test kit (move what it needs out of timeslice_verl/testing/): {found}"
+
+
+def test_the_test_kit_check_sees_an_import_a_lazy_import_and_a_command_line():
+    sample = """
+from timeslice_verl.testing import play
+import timeslice_verl.testing.recording
+from timeslice_verl import testing
+def start(port):
+    from timeslice_verl.testing.recording import RecordingPlugin
+    return [sys.executable, "-m", "timeslice_verl.testing.valleys", "--port", str(port)]
+"""
+    assert [int(h.split(" ")[0].split(":")[1]) for h in _test_kit_uses(sample, "s.py")] == [2, 3, 4, 6, 7]
+    other = 'from timeslice_verl.standin.server import main\n"""Uses timeslice_verl.testing in its tests."""\n'
+    assert _test_kit_uses(other, "o.py") == []
 
 
 def test_no_function_over_80_lines():

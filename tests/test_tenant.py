@@ -11,12 +11,12 @@ from agent_support import AgentProc, FakeVllmProc, eventually, spawn_worker
 from timeslice_verl.agent.client import AgentError
 from timeslice_verl.agent.tenant.vllm import ASLEEP, AWAKE, TenantDead, TenantError, VllmTenant
 from timeslice_verl.agent.tenant.group import TenantGroup
-from timeslice_verl.testing.fake_vllm import FakeVllmServer
+from timeslice_verl.standin.server import StandinServer
 
 
 @pytest.fixture
 def server():
-    s = FakeVllmServer(sleep_in_flight="abort", token_s=0.01).start()
+    s = StandinServer(sleep_in_flight="abort", token_s=0.01).start()
     yield s
     s.stop()
 
@@ -81,7 +81,7 @@ def test_yield_waits_for_in_flight_requests_instead_of_aborting_them(server):
 
 
 def test_old_vllm_without_pause_is_drained_through_metrics():
-    old = FakeVllmServer(version="0.13.0", sleep_in_flight="abort", token_s=0.01).start()
+    old = StandinServer(version="0.13.0", sleep_in_flight="abort", token_s=0.01).start()
     try:
         results = []
         t = threading.Thread(target=lambda: results.append(old.engine.generate(40)))
@@ -103,7 +103,7 @@ def test_old_vllm_without_pause_is_drained_through_metrics():
 
 
 def test_dev_mode_off_is_a_clear_error():
-    plain = FakeVllmServer(dev_mode=False).start()
+    plain = StandinServer(dev_mode=False).start()
     try:
         with pytest.raises(TenantError, match="VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode"):
             run(_with_tenant(plain.url, lambda t: t.register()))
@@ -127,7 +127,7 @@ def test_unreachable_server_is_dead():
     ],
 )
 def test_a_group_moves_the_servers_that_answer(members, outcome, left_out):
-    servers = {"ok": lambda: FakeVllmServer().start(), "no-dev-mode": lambda: FakeVllmServer(dev_mode=False).start()}
+    servers = {"ok": lambda: StandinServer().start(), "no-dev-mode": lambda: StandinServer(dev_mode=False).start()}
     started = [servers[m]() if m in servers else None for m in members]
     dead_urls = ["http://127.0.0.1:9", "http://127.0.0.1:1"]
     urls = [srv.url if srv else dead_urls.pop() for srv in started]
@@ -233,7 +233,7 @@ def test_requests_queued_during_the_pause_survive_the_sleep(server):
 
 
 def test_keep_mode_hands_over_without_waiting_for_long_generations():
-    srv = FakeVllmServer(token_s=0.01).start()
+    srv = StandinServer(token_s=0.01).start()
     try:
         results = []
         t = threading.Thread(target=lambda: results.append(srv.engine.generate(100)))  # ~1 s

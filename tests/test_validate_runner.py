@@ -13,7 +13,7 @@ import pytest
 from agent_support import eventually
 from batch_support import BatchServiceProc
 from timeslice_verl.batch.client import BatchClient
-from timeslice_verl.testing.fake_vllm import FakeVllmServer
+from timeslice_verl.standin.server import StandinServer
 from timeslice_verl.validate.policy import PolicyTenant, Update
 from timeslice_verl.validate.runner import Validator
 from timeslice_verl.validate.valset import Prompt, Sampling
@@ -49,7 +49,7 @@ PROMPTS = [Prompt(str(i), "openai/gsm8k", [{"role": "user", "content": f"#### {i
 
 @pytest.fixture
 def world(tmp_path, procs):
-    users, policy = FakeVllmServer(model="m").start(), FakeVllmServer(model="policy", token_s=0.002).start()
+    users, policy = StandinServer(model="m").start(), StandinServer(model="policy", token_s=0.002).start()
     service = BatchServiceProc(tmp_path, users.url, extra=(f"timeslice.validate.policy_url={policy.url}",)).start()
     procs.append(service)
     yield service, policy

@@ -21,7 +21,7 @@ import verl_harness as h  # noqa: E402
 from batch_support import BatchServiceProc  # noqa: E402
 from verl.experimental.fully_async_policy import fully_async_trainer as verl_trainer_module  # noqa: E402
 
-from timeslice_verl.testing.fake_vllm import FakeVllmServer  # noqa: E402
+from timeslice_verl.standin.server import StandinServer  # noqa: E402
 from timeslice_verl.validate.policy import Update  # noqa: E402
 
 
@@ -93,7 +93,7 @@ class PacedQueue(h.FakeMessageQueueClient):
 
 @pytest.fixture
 def world(tmp_path, procs):
-    users, policy = FakeVllmServer(model="m").start(), FakeVllmServer(model="policy", token_s=0.002).start()
+    users, policy = StandinServer(model="m").start(), StandinServer(model="policy", token_s=0.002).start()
     service = BatchServiceProc(tmp_path / "svc", users.url, extra=(f"timeslice.validate.policy_url={policy.url}",)).start()
     procs.append(service)
     rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"#### {i if i % 2 else 100}"}],

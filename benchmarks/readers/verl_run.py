@@ -1,12 +1,15 @@
-"""The verl-run experiment's table, for any of its runs: what each run's timeline inside real verl shows (the trainer's
-waits, freezes, bytes moved, vLLM's share); the parts and their labels in the manifest's ``parts``."""
+"""The verl-run experiment's tables, for any of its runs; the parts and their labels in the manifest's ``parts``.
+
+A run on two GPUs keeps one ``PART-timeline.jsonl`` per part (``rows``: the trainer's waits, freezes, bytes moved,
+vLLM's share). A run on one GPU (manifest ``"gpus": 1``) keeps one folder per part as ``run.sh`` wrote it (``one_gpu``:
+steps, the rollout's tokens/s with the tenant asleep and awake, the memory of every process on the GPU, validation)."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 from readers.common import Run, _f, _pct
-from summarize import _records, timeline_figures
+from summarize import _records, brief, row, timeline_figures
 
 
 def rows(run: Run) -> str:
@@ -26,5 +29,15 @@ def rows(run: Run) -> str:
     return "\n".join(lines)
 
 
+def one_gpu(run: Run) -> str:
+    """One line per figure, one column per part: what ``one_gpu.sh`` prints last, from the parts' folders."""
+    parts = []
+    for name, label in run.manifest["parts"]:
+        part = row(run.data / name)
+        part["mode"] = label
+        parts.append(part)
+    return brief(parts)
+
+
 def tables(run: Run) -> dict[str, Callable[[Run], str]]:
-    return {"rows": rows}
+    return {"one_gpu": one_gpu} if run.manifest.get("gpus") == 1 else {"rows": rows}

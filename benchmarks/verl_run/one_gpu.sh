@@ -8,7 +8,8 @@
 #   bash benchmarks/verl_run/one_gpu.sh 2   vLLM's part1: unpack, import check, the GPU tests of the IPC engine beside
 #                                           the SOLO run (+timeslice=one_gpu)
 #   bash benchmarks/verl_run/one_gpu.sh 3   the TIME-SLICED run (MODE, default validate: +timeslice=[one_gpu,interleave],
-#                                           batch tenant under load, validation in the valleys), both runs' table
+#                                           batch tenant under load, validation in the valleys, FAULTS=1 of run.sh:
+#                                           the tenant supervised and stopped once, the agent killed once), both runs' table
 # Each call prints a short table last and leaves at most 4 files in $OUT. Both runs: RESPONSE_LEN=512, TEST_FREQ=2,
 # ROLLOUT_STEPS (48: 12 trainer steps), the reward of reward.py, seed 1; verl killed at what the call has left.
 # env: CALL_BUDGET_S (560), ROLLOUT_STEPS, MODE and SWAP (step 3: validate, resident), plus run.sh's (ROLLOUT_KV_GB, TENANT_KV_GB, POLICY_KV_GB...)
@@ -127,9 +128,11 @@ print('import ok: verl', verl.__version__, 'vllm', vllm.__version__)" 2>&1 | gre
     environment
     leftovers
     # resident: everything fits the GPU side by side (run.sh's sizes), so the trainer's tensors stay and it is only locked
+    export FAULTS=${FAULTS:-1}   # the tenant stopped in a valley, the agent killed (faults.sh), each once
     run_one "${MODE:-validate}" timeslice.handoff.swap="${SWAP:-resident}" "$@"
     runs=(); for r in solo "${MODE:-validate}"; do [ -f "$BASE/runs/$r/run.json" ] && runs+=("$BASE/runs/$r"); done
     python3 benchmarks/verl_run/summarize.py "${runs[@]}" --brief | tee "$OUT/table.md"
+    [ -n "${RECORD:-}" ] && python3 benchmarks/readers/common.py record "$RECORD" "${runs[@]}" --experiment verl-run --exclude '*.sqlite*' --exclude '*input.jsonl' --command "MODE=${MODE:-validate} SWAP=${SWAP:-resident} bash benchmarks/verl_run/one_gpu.sh 3 $*" --summary "$(tail -n 1 "$OUT/table.md")" --extra gpus=1 --extra "parts=[$(for r in "${runs[@]}"; do printf '["%s", "%s"],' "${r##*/}" "${r##*/}"; done | sed 's/,$//')]"  # RECORD=$OUT/verl-run/DATE-MACHINE: the run's folder
     ;;
   *) echo "step 0, 1, 2 or 3" >&2; exit 2 ;;
 esac

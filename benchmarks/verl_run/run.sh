@@ -19,6 +19,8 @@
 #      which a random model can earn; default: verl's gsm8k rule), TEST_FREQ (-1: no validation; validate: 2),
 #      POLICY_PORT (8002), POLICY_UTIL (0.15), SERVICE_PORT (8090), GPUS (2; 1: see above), SEED (1: data order),
 #      STATS_INTERVAL_S (2: vLLM's throughput lines, the rollout's rate in and out of the tenant's windows).
+#      FAULTS (interleave, validate; 1: the agent restarted by a loop, the batch tenant under `timeslice-verl tenant
+#      run`, and faults.sh's two faults: SIGSTOP of the tenant in a valley, kill -9 of the agent; faults.jsonl).
 # Leaves in OUT: verl.log, timeline.jsonl, load.json, agent.log, tenant.log, status.json, run.json, gpumem.jsonl, row.json
 #      (the summary row: python3 benchmarks/verl_run/summarize.py OUT...)
 set -uo pipefail
@@ -28,11 +30,13 @@ MODEL=${MODEL:?model dir}; DATA=${DATA:?data dir}; OUT=${OUT:-verl-run-$MODE}
 PY=${PYTHON:-python3}; PORT=${TENANT_PORT:-8001}; SOCK=$(mktemp -d)/agent.sock   # a private directory
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT"/timeline.jsonl "$OUT"/stop-load "$OUT"/stop-gpumem "$OUT"/gpumem.jsonl
-pids=()
+pids=(); groups=()   # groups: process groups (a loop and what it started, a supervisor and its server)
 cleanup() {
   touch "$OUT/stop-load"
+  for g in "${groups[@]}"; do kill -CONT -- "-$g" 2>/dev/null; kill -TERM -- "-$g" 2>/dev/null; done
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
   sleep 2
+  for g in "${groups[@]}"; do kill -KILL -- "-$g" 2>/dev/null; done
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
 }
 trap cleanup EXIT
@@ -80,14 +84,30 @@ if [ "$MODE" = validate ]; then
 fi
 if [ "$MODE" = interleave ] || [ "$MODE" = validate ]; then
   # the batch tenant: a vLLM with sleep mode on the trainer's GPU, and the node's agent arbitrating GPU 0
-  CUDA_VISIBLE_DEVICES=$TGPU VLLM_SERVER_DEV_MODE=1 TIMESLICE_TENANT=1 TIMESLICE_RUN_ROLE=tenant setsid "$PY" \
-    -m vllm.entrypoints.openai.api_server --model "$MODEL" \
-    --served-model-name tenant --enable-sleep-mode "${tenant_mem[@]}" --max-model-len 1024 \
-    --enforce-eager --host 127.0.0.1 --port "$PORT" > "$OUT/tenant.log" 2>&1 &
-  pids+=($!)
-  setsid "$PY" -m timeslice_verl agent timeslice.agent.socket="$SOCK" timeslice.agent.gpus="[$TGPU]" \
-    timeslice.tenant.urls="${URLS:-[\"http://127.0.0.1:$PORT\"]}" > "$OUT/agent.log" 2>&1 &
-  pids+=($!)
+  tenant=("$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name tenant --enable-sleep-mode
+    "${tenant_mem[@]}" --max-model-len 1024 --enforce-eager --host 127.0.0.1 --port "$PORT")
+  agent=("$PY" -m timeslice_verl agent timeslice.agent.socket="$SOCK" timeslice.agent.gpus="[$TGPU]"
+    timeslice.tenant.urls="${URLS:-[\"http://127.0.0.1:$PORT\"]}")
+  if [ "${FAULTS:-0}" = 1 ]; then
+    # as a node runs them: the agent brought back by its service manager (here a loop), the tenant under the
+    # supervisor (which registers it with the agent, so the agent starts first)
+    AGENT_LOOP="$(printf '%q ' "${agent[@]}")" STOP="$OUT/stop-load" setsid bash -c \
+      'while [ ! -f "$STOP" ]; do eval "$AGENT_LOOP"; echo "agent exited: $?"; sleep 1; done' > "$OUT/agent.log" 2>&1 &
+    pids+=($!); groups+=($!)
+    for _ in $(seq 1 120); do [ -S "$SOCK" ] && break; sleep 1; done
+    CUDA_VISIBLE_DEVICES=$TGPU VLLM_SERVER_DEV_MODE=1 TIMESLICE_TENANT=1 TIMESLICE_RUN_ROLE=tenant setsid "$PY" \
+      -m timeslice_verl tenant run --no-wait-for-memory --set timeslice.agent.socket="$SOCK" -- "${tenant[@]}" \
+      > "$OUT/tenant.log" 2>&1 &
+    pids+=($!); groups+=($!)
+    bash "$HERE/faults.sh" "$OUT" "$SOCK" "$PORT" "$PY" > "$OUT/faults.log" 2>&1 &
+    pids+=($!)
+  else
+    CUDA_VISIBLE_DEVICES=$TGPU VLLM_SERVER_DEV_MODE=1 TIMESLICE_TENANT=1 TIMESLICE_RUN_ROLE=tenant setsid \
+      "${tenant[@]}" > "$OUT/tenant.log" 2>&1 &
+    pids+=($!)
+    setsid "${agent[@]}" > "$OUT/agent.log" 2>&1 &
+    pids+=($!)
+  fi
   setsid "$PY" "$HERE/load.py" "http://127.0.0.1:$PORT" "$OUT/load.json" --clients "${LOAD_CLIENTS:-8}" \
     --stop-file "$OUT/stop-load" > "$OUT/load.log" 2>&1 &
   load_pid=$!
@@ -122,6 +142,7 @@ common=(
   trainer.logger="['console']" trainer.project_name=timeslice-verl trainer.experiment_name="validated-$MODE"
   trainer.val_before_train=False trainer.test_freq="${TEST_FREQ:--1}" trainer.save_freq=-1 trainer.resume_mode=disable
   trainer.total_epochs=1 trainer.nnodes=1 trainer.n_gpus_per_node=1 trainer.default_local_dir="$OUT/ckpt"
+  hydra.run.dir="$OUT/hydra"  # Hydra's own output folder, not outputs/ in the checkout
   ray_kwargs.ray_init.num_cpus=32 +ray_kwargs.ray_init.include_dashboard=False
 )
 case "${TRAINER:-fully_async}" in

@@ -146,7 +146,20 @@ def row(out: Path) -> dict[str, Any]:
         "validation": validation(steps) or None,
         **one_gpu_figures(out, run, log, records),
         "final": {k: last[k] for k in FINAL_KEYS if k in last},
+        **faults(out),
     }
+
+
+def faults(out: Path) -> dict[str, Any]:
+    """The faults ``faults.sh`` made (FAULTS=1) and what brought the parts back: the supervisor's starts of the tenant
+    after the first, the agent's exits its loop saw."""
+    made = [r["fault"] for r in _records(out / "faults.jsonl")]
+    if not made:
+        return {}
+    tenant = (out / "tenant.log").read_text(errors="replace") if (out / "tenant.log").exists() else ""
+    agent = (out / "agent.log").read_text(errors="replace") if (out / "agent.log").exists() else ""
+    return {"faults": made, "tenant_restarts": max(0, tenant.count("tenant: started ") - 1),
+            "agent_restarts": agent.count("agent exited: ")}
 
 
 def _cell(value: Any) -> str:
@@ -183,6 +196,7 @@ BRIEF = [
     ("tenant_wakes", "tenant wakes"), ("tenant_awake_s", "tenant awake s"), ("freezes", "trainer freezes"),
     ("trainer_wait_s_median", "trainer wait s (median)"), ("trainer_wait_s_max", "trainer wait s (max)"),
     ("param_sync_s_median", "weight sync s (median)"), ("failed_transitions", "failed transitions"), ("final", "final metrics"),
+    ("faults", "faults made"), ("tenant_restarts", "tenant restarts (supervisor)"), ("agent_restarts", "agent restarts"),
 ]
 
 

@@ -27,4 +27,4 @@ timeout 60 bash -c 'until curl -sf 127.0.0.1:8090/health > /dev/null; do sleep 0
   || { echo "the batch API did not answer in 60 s; its log:" >&2; tail -20 api.log >&2; exit 1; }
 timeout 300 timeslice-verl batch submit input.jsonl timeslice.batch.port=8090 \
   || { echo "the batch did not complete in 300 s; the feeders' logs:" >&2; tail -n 20 feed-*.log >&2; exit 1; }
-curl -s 127.0.0.1:8101/_fake/stats; echo; curl -s 127.0.0.1:8102/_fake/stats; echo   # each stand-in's count
+curl -s 127.0.0.1:8101/_standin/stats; echo; curl -s 127.0.0.1:8102/_standin/stats; echo   # each stand-in's count

@@ -61,7 +61,7 @@ def _valley(fault: str | None, agent: AgentProc, tenant: SupervisorProc, service
     eventually(lambda: _inflight(service), timeout=120, what="lines in flight")
     pid = _tenant(agent)["supervisor"]["pid"]
     if fault == "abort":  # the polite step cannot pause the server: the ladder's abort step fails what runs
-        httpx.post(f"{tenant.url}/_fake/fault", json={"hang": "pause:keep"}, timeout=10).raise_for_status()
+        httpx.post(f"{tenant.url}/_standin/fault", json={"hang": "pause:keep"}, timeout=10).raise_for_status()
     elif fault == "ladder kill":  # the server stops answering while it has the GPU: the probe marks it wedged
         os.kill(pid, signal.SIGSTOP)
         eventually(lambda: _tenant(agent).get("wedged"), timeout=120, what="the tenant seen wedged")
@@ -107,7 +107,7 @@ def test_every_line_of_a_batch_is_answered_exactly_once_through_handoffs_and_fau
             _valley(FAULTS.get(handoffs), agent, tenant, service, bid)
             trainer.acquire("job-a", timeout_s=120)
             if FAULTS.get(handoffs) == "abort":
-                httpx.post(f"{tenant.url}/_fake/fault", json={"hang": ""}, timeout=10).raise_for_status()
+                httpx.post(f"{tenant.url}/_standin/fault", json={"hang": ""}, timeout=10).raise_for_status()
             assert handoffs < 200, "the batch does not end"
         status = agent.status()
 

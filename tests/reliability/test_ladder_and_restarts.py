@@ -157,7 +157,7 @@ def test_a_listener_taken_over_after_registration_is_not_the_tenant(tmp_path, pr
     procs.append(tenant)
     agent = AgentProc(tmp_path, tenant_url=tenant.url, extra=("timeslice.tenant.reclaim_deadline_s=2",)).start()
     procs += [agent, spawn_worker("job-a")]
-    tenant.post("/_fake/stop_listening")
+    tenant.post("/_standin/stop_listening")
     eventually(lambda: tenant_proc.find(tenant.url)[0] is None, what="the tenant's listener closed")
     assert proc_state(tenant.proc.pid) != "gone"
     decoy = FakeVllmProc("--port", str(port), "--hang", "pause", tagged=True)  # takes the port over

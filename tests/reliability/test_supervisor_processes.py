@@ -13,12 +13,12 @@ import pytest
 from agent_support import eventually, terminate
 from batch_support import SupervisorProc, free_port
 
-from timeslice_verl.testing.fake_vllm import FakeVllmServer
+from timeslice_verl.standin.server import StandinServer
 
 
 def _stats(url: str) -> dict | None:
     try:
-        return httpx.get(f"{url}/_fake/stats", timeout=5).json()
+        return httpx.get(f"{url}/_standin/stats", timeout=5).json()
     except (httpx.HTTPError, ValueError):
         return None
 
@@ -63,7 +63,7 @@ def test_a_sigkilled_supervisor_leaves_no_server_and_the_next_one_stops_the_orph
 
 
 def test_a_port_another_process_serves_is_refused_not_registered(tmp_path, sock, procs):
-    other = FakeVllmServer(port=free_port()).start()
+    other = StandinServer(port=free_port()).start()
     try:
         sup = SupervisorProc(tmp_path, sock, port=int(other.url.rsplit(":", 1)[1]))
         procs.append(sup)

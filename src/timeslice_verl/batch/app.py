@@ -6,7 +6,8 @@ are made from its lines when downloaded (``file-out-<batch>``, ``file-err-<batch
 shape: ``{"error": {"message", "type", "param", "code"}}`` with a 4xx that names the problem.
 
 Each file and batch is its owner's (the owner the caller's key names, :mod:`~timeslice_verl.batch.auth`): another
-owner's id answers exactly as a missing one, the lists hold the caller's alone, an ``admin`` key reaches all.
+owner's id answers exactly as a missing one, the lists hold the caller's alone, an ``admin`` key reaches all. An
+owner over a token quota (:mod:`~timeslice_verl.batch.quota`) gets 429 with ``Retry-After`` for a new batch.
 """
 
 from __future__ import annotations
@@ -120,9 +121,12 @@ def make_app(store: Store, *, models: Callable[[TenantRole], set[str] | None], k
 
     @app.get("/timeslice/batches/{bid}")
     def get_figures(bid: str, request: Request) -> Any:
-        if owned(store.batch(bid), caller(request)) is None:
+        row = owned(store.batch(bid), caller(request))
+        if row is None:
             return refuse(404, f"no batch {bid!r}", "batch_id", "not_found")
-        return {"id": bid, **store.figures(bid)}
+        quotas = store.queue.quotas
+        over = quotas.over(row["owner"], quotas.policy_of(row["owner"])) if row["status"] in OPEN else None
+        return {"id": bid, **store.figures(bid), "paused": str(over) if over else None}
 
     @app.get("/metrics")
     def get_metrics() -> PlainTextResponse:
@@ -205,6 +209,12 @@ def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[TenantR
             return refuse(403, f"priority {body.priority} is not allowed for this API key (owner {key.owner!r}): it "
                           f"may ask for priorities {key.priorities} (timeslice.batch.key_file)", "priority",
                           "priority_not_allowed")
+        over = await asyncio.to_thread(store.queue.quotas.over, key.owner, key.policy)
+        if over is not None:  # its running batches pause meanwhile: the claim passes them over
+            answer = refuse(429, f"owner {key.owner!r} is over its quota: {over} (timeslice.batch.key_file)", None,
+                            "rate_limit_exceeded")
+            answer.headers["Retry-After"] = str(over.retry_after_s)
+            return answer
         mine = owned(await asyncio.to_thread(store.file, fid), key)  # another owner's file: as missing
         chunks = await asyncio.to_thread(files.chunks, fid) if mine else None
         if chunks is None:
@@ -212,7 +222,7 @@ def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[TenantR
         served = await asyncio.to_thread(models, body.tenant_role)  # what the tenants that answer it serve
         lines = parse_stream(chunks, body.endpoint, served)  # read, checked and inserted as it comes; usable once whole
         try:
-            bid = await asyncio.to_thread(store.create_batch, body.endpoint, fid, 86400, body.completion_window,
+            bid = await asyncio.to_thread(store.create_batch, body.endpoint, fid, body.window_s, body.completion_window,
                                           body.metadata, lines, owner=getattr(request.state, "owner", ""),
                                           priority=body.priority, role=body.tenant_role)
         except BatchRefused as exc:  # a bad line, the file deleted meanwhile (409): no batch was made

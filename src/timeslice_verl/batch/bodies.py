@@ -4,6 +4,7 @@ validator, a missing field, a body that is not JSON — becomes one OpenAI-shape
 
 from __future__ import annotations
 
+import re
 from typing import Dict, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -12,7 +13,22 @@ from timeslice_verl.batch.lines import ENDPOINTS
 from timeslice_verl.names import TenantRole
 
 WINDOWS = ("24h",)
-"""The completion windows OpenAI's Batch API takes."""
+"""The completion windows OpenAI's Batch API takes; this service takes shorter ones too (:func:`window_seconds`)."""
+MIN_WINDOW_S, MAX_WINDOW_S = 300, 86400
+"""The shortest and longest completion window (5 minutes, OpenAI's 24 hours)."""
+_WINDOW = re.compile(r"([1-9][0-9]{0,4})([hm])")
+
+
+def window_seconds(text: str) -> int:
+    """A ``completion_window`` in seconds: ``<N>h`` or ``<N>m`` (OpenAI's ``24h``, or shorter: ``1h``, ``90m``),
+    from :data:`MIN_WINDOW_S` to :data:`MAX_WINDOW_S`; ValueError saying what is taken otherwise."""
+    found = _WINDOW.fullmatch(text) if isinstance(text, str) else None
+    seconds = int(found[1]) * (3600 if found[2] == "h" else 60) if found else 0
+    if not MIN_WINDOW_S <= seconds <= MAX_WINDOW_S:
+        raise ValueError(f"completion_window {text!r} is not supported: use '24h' (OpenAI's) or a shorter window of "
+                         f"whole hours or minutes ('1h', '4h', '90m'), from {MIN_WINDOW_S // 60}m to "
+                         f"{MAX_WINDOW_S // 3600}h")
+    return seconds
 
 
 def metadata_problem(metadata: object) -> str:
@@ -63,9 +79,13 @@ class CreateBatch(BaseModel):
     @field_validator("completion_window")
     @classmethod
     def _window(cls, value: str) -> str:
-        if value not in WINDOWS:
-            raise ValueError(f"completion_window {value!r} is not supported: use '24h'")
+        window_seconds(value)
         return value
+
+    @property
+    def window_s(self) -> int:
+        """The window in seconds: the batch expires that long after its creation."""
+        return window_seconds(self.completion_window)
 
     @field_validator("metadata", mode="before")
     @classmethod
@@ -76,4 +96,4 @@ class CreateBatch(BaseModel):
         return value
 
 
-__all__ = ["CreateBatch", "WINDOWS", "metadata_problem"]
+__all__ = ["CreateBatch", "MAX_WINDOW_S", "MIN_WINDOW_S", "WINDOWS", "metadata_problem", "window_seconds"]

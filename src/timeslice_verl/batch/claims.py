@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Literal
 
 from timeslice_verl.batch.engine import Engine
+from timeslice_verl.batch.quota import Quotas
 from timeslice_verl.batch.settle import lock_batches, settle, wake
 from timeslice_verl.batch.share import Waiting, plan
 from timeslice_verl.names import TenantRole
@@ -57,6 +58,9 @@ class LineQueue:
     def __init__(self, engine: Engine) -> None:
         self.engine, self.dialect = engine, engine.dialect
         self.transaction, self.query = engine.transaction, engine.query
+        self.quotas = Quotas(engine)
+        """Owners' weights and quotas (the service gives it its key ring's policies): a claim shares by weight and
+        passes over the batches of owners over a quota."""
 
     def recover(self, *, everything: bool = True) -> int:
         """Lines in flight back to the queue, creations that will not finish failed, saying so (their lines were never
@@ -81,17 +85,21 @@ class LineQueue:
 
     def claim(self, n: int, holder: str = "", lease_s: float = LEASE_S,
               role: TenantRole = TenantRole.batch) -> list[Line]:
-        """Up to ``n`` lines ready to send (:func:`~timeslice_verl.batch.share.plan`: priority, owners' share, creation
-        order; input order within a batch) of the batches a tenant of ``role`` answers, marked in flight for
-        ``holder`` for ``lease_s`` of the database's time (one more try each, a new fencing token). Lines another
-        feeder holds are passed over, and so, at first, is a batch whose row another transaction holds: a feeder
-        frozen inside its transaction stops no other's claims (a claim that found nothing else waits for that row,
-        until the server ends the frozen transaction: ``timeslice.batch.postgresql.idle_in_transaction_s``)."""
+        """Up to ``n`` lines ready to send (:func:`~timeslice_verl.batch.share.plan`: priority, owners' share by
+        weight, earliest deadline, creation order; input order within a batch; an owner over a quota's passed over) of
+        the batches a tenant of ``role`` answers, marked in flight for ``holder`` for ``lease_s`` of the database's
+        time (one more try each, a new fencing token). Lines another feeder holds are passed over, and so, at first,
+        is a batch whose row another transaction holds: a feeder frozen inside its transaction stops no other's claims
+        (a claim that found nothing else waits for that row, until the server ends the frozen transaction:
+        ``timeslice.batch.postgresql.idle_in_transaction_s``)."""
         if n <= 0:
             return []
         rows = self.query(self.dialect.sql("claim_candidates"), (role.value,))
         endpoint = {r["id"]: r["endpoint"] for r in rows}
-        planned = plan([Waiting(r["id"], r["priority"], r["owner"], r["seq"], r["queued"], r["inflight"]) for r in rows], n)
+        paused = self.quotas.paused(r["owner"] for r in rows)
+        planned = plan([Waiting(r["id"], r["priority"], r["owner"], r["seq"], r["queued"], r["inflight"],
+                                self.quotas.weight(r["owner"]), float(r["expires_at"]))
+                        for r in rows if r["owner"] not in paused], n)
         got, passed = self._take(planned, holder, lease_s, wait=False)
         if not got and passed:
             got, _ = self._take(passed, holder, lease_s, wait=True)

@@ -56,8 +56,8 @@ class BatchClient:
                               data={"purpose": "batch"}).json()
 
     def create(self, file_id: str, endpoint: str, metadata: dict[str, str] | None = None, *, priority: int = 0,
-               role: TenantRole = TenantRole.batch) -> dict[str, Any]:
-        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h", "metadata": metadata,
+               role: TenantRole = TenantRole.batch, window: str = "24h") -> dict[str, Any]:
+        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": window, "metadata": metadata,
                 "priority": priority, "tenant_role": role.value}
         return self._call("POST", "/v1/batches", json=body).json()
 

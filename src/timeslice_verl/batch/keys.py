@@ -1,9 +1,11 @@
 """The batch service's keys as typed policies: whose objects a key reaches (its owner), whether it reaches everyone's
-(its role) and which priorities its batches may ask for — parsed once from ``timeslice.batch.key_file``.
+(its role), which priorities its batches may ask for, and its owner's share and quotas
+(:mod:`~timeslice_verl.batch.policy`) — parsed from ``timeslice.batch.key_file`` (read again when it changes:
+:class:`~timeslice_verl.batch.auth.KeyRing`).
 
 A line of the key file::
 
-    KEY [owner=NAME] [role=user|admin] [priorities=LOW..HIGH]
+    KEY [owner=NAME] [role=user|admin] [priorities=LOW..HIGH] [weight=W] [tokens_per_hour=N] [tokens_per_day=N]
 
 ``#`` starts a comment (a whole line, or after the key's fields). A plain line (the key alone, the format before
 these fields) keeps working:
@@ -18,6 +20,8 @@ these fields) keeps working:
 * ``priorities`` omitted: a ``user`` up to the users' normal priority (``-100..0``; ``0`` is what a batch asks for
   without one), an ``admin`` every priority a batch may have (``-100..100``: validation runs ask for
   ``timeslice.validate.priority``, 100). ``LOW..HIGH`` (either end may be left out: ``..5``), or one number.
+* ``weight``, ``tokens_per_hour``, ``tokens_per_day`` omitted: weight 1, no quota. They are the owner's: on several
+  lines of one owner, a field must say the same wherever it is given.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from __future__ import annotations
 import enum
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
+
+from timeslice_verl.batch.policy import DEFAULT, NAMES, OwnerPolicy, PolicyError, with_field
 
 LOWEST, HIGHEST, NORMAL = -100, 100, 0
 """The priorities a batch may ask for, and the one it has without asking (users' work)."""
@@ -91,6 +97,8 @@ class ApiKey:
     owner: str
     role: KeyRole = KeyRole.user
     priorities: Priorities = USER_PRIORITIES
+    policy: OwnerPolicy = DEFAULT
+    """Its owner's weight and quotas (the same for every key of that owner)."""
 
     @property
     def admin(self) -> bool:
@@ -114,8 +122,11 @@ def valid_key(key: str, where: str = "") -> str:
     return key
 
 
-def parse_line(text: str, first: bool) -> ApiKey:
-    """One line of the key file (neither blank nor a comment); ``first``: the file's first key."""
+FIELDS = ("owner", "role", "priorities", *NAMES)
+
+
+def _fields(text: str) -> tuple[str, dict[str, str]]:
+    """A line's key and its fields by name (the comment after them dropped)."""
     words = text.split()
     for i, word in enumerate(words):
         if word.startswith("#") and i:
@@ -124,41 +135,68 @@ def parse_line(text: str, first: bool) -> ApiKey:
     key, fields = valid_key(words[0]), {}
     for word in words[1:]:
         name, sep, value = word.partition("=")
-        if not sep or name not in ("owner", "role", "priorities"):
+        if not sep or name not in FIELDS:
             raise KeyLineError(f"{word!r} is not a field: after the key come owner=NAME, role=user|admin, "
-                               f"priorities=LOW..HIGH")
+                               f"priorities=LOW..HIGH, weight=W, tokens_per_hour=N, tokens_per_day=N")
         if name in fields:
             raise KeyLineError(f"{name}= is given twice")
         fields[name] = value
+    return key, fields
+
+
+def parse_line(text: str, first: bool) -> ApiKey:
+    """One line of the key file (neither blank nor a comment); ``first``: the file's first key. Its policy is what
+    this line gives (:func:`parse_keys` makes it the owner's, over every line)."""
+    key, fields = _fields(text)
     owner = fields["owner"] if "owner" in fields else owner_of(key)
     if not _OWNER.fullmatch(owner):
         raise KeyLineError(f"owner={owner!r}: an owner is 1 to 64 letters, digits, '.', '_', '@' or '-', "
                            "starting with a letter or digit")
     try:
         role = KeyRole(fields["role"]) if "role" in fields else \
-            (KeyRole.admin if first and len(words) == 1 else KeyRole.user)
+            (KeyRole.admin if first and len(fields) == 0 else KeyRole.user)
     except ValueError:
         raise KeyLineError(f"role={fields['role']!r} is not one of {', '.join(r.value for r in KeyRole)}") from None
     default = ALL_PRIORITIES if role is KeyRole.admin else USER_PRIORITIES
     priorities = Priorities.parse(fields["priorities"]) if "priorities" in fields else default
-    return ApiKey(key, owner, role, priorities)
+    policy = DEFAULT
+    for name in NAMES:
+        if name in fields:
+            try:
+                policy = with_field(policy, name, fields[name])
+            except PolicyError as exc:
+                raise KeyLineError(f"owner {owner!r}: {exc}") from None
+    return ApiKey(key, owner, role, priorities, policy)
 
 
 def parse_keys(lines: Iterable[str], where: str) -> list[ApiKey]:
-    """Every key of a key file's ``lines`` (``where``: the file, for errors, which name it and the line)."""
+    """Every key of a key file's ``lines`` (``where``: the file, for errors, which name it and the line), each with
+    its owner's policy: the fields its lines give (one given twice differently is refused, naming both lines)."""
     keys: list[ApiKey] = []
+    given: dict[tuple[str, str], tuple[object, int]] = {}  # (owner, field) -> (value, line)
     for n, line in enumerate(lines, 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
             got = parse_line(line, first=not keys)
+            named = _fields(line)[1]
         except KeyLineError as exc:
             raise KeyLineError(f"{where} line {n}: {exc}") from None
         if any(k.key == got.key for k in keys):
             raise KeyLineError(f"{where} line {n}: this key is already on an earlier line")
+        for name in NAMES:
+            if name not in named:
+                continue
+            value, at = given.setdefault((got.owner, name), (getattr(got.policy, name), n))
+            if value != getattr(got.policy, name):
+                raise KeyLineError(f"{where} line {n}: owner {got.owner!r}: {name}={named[name]} differs from line "
+                                   f"{at}'s {name}={value}: an owner has one policy (give it once, or the same)")
         keys.append(got)
-    return keys
+    merged: dict[str, OwnerPolicy] = {}
+    for (owner, name), (value, _) in given.items():
+        merged[owner] = replace(merged.get(owner, DEFAULT), **{name: value})
+    return [replace(k, policy=merged.get(k.owner, DEFAULT)) for k in keys]
 
 
 __all__ = ["ALL_PRIORITIES", "ApiKey", "HIGHEST", "KeyLineError", "KeyRole", "LOWEST", "NORMAL", "Priorities",
-           "USER_PRIORITIES", "owner_of", "parse_keys", "parse_line", "valid_key"]
+           "OwnerPolicy", "USER_PRIORITIES", "owner_of", "parse_keys", "parse_line", "valid_key"]

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 
 import httpx
 
-from timeslice_verl.batch.auth import RequireKey, api_keys
+from timeslice_verl.batch.auth import KeyRing, RequireKey
 from timeslice_verl.batch.concurrency import Policy
 from timeslice_verl.batch.feeder import Feeder
 from timeslice_verl.batch.files import Files
@@ -106,6 +106,9 @@ class Service:
         self.urls = tenant_urls(settings) if role.feeds else list(b.tenant_urls or settings.tenant.urls)
         self.settings, self.url = settings, (self.urls or [""])[0]
         self.store = open_store(settings)
+        self.keys = KeyRing.of(b.key_file)
+        """The keys and their owners' policies, followed as the key file changes (on every process that reads it)."""
+        self.store.queue.quotas.policy_of = self.keys.policy
         sock = str(socket_path(settings)) if b.follow_agent else None
         policy = Policy(start=min(b.concurrency, b.max_concurrency), ceiling=b.max_concurrency)
         self.policy_url = settings.validate.policy_url.rstrip("/")
@@ -125,10 +128,11 @@ class Service:
                             summary=self.summary, api=role is not Role.feed,
                             metrics=self.metrics.render, max_file_bytes=int(b.max_file_mb * 2**20),
                             chunk_bytes=max(1, int(b.chunk_mb * 2**20)),
-                            problem=lambda: "; ".join(f.problem for f in self.feeders if f.problem))
+                            problem=lambda: "; ".join(p for p in (*(f.problem for f in self.feeders), self.keys.problem)
+                                                      if p))
         self.app.router.lifespan_context = self._lifespan
-        keys, self.key_source = api_keys(b.key_file)
-        self.asgi = RequireKey(self.app, keys)
+        self.key_source = self.keys.source
+        self.asgi = RequireKey(self.app, self.keys)
         """What uvicorn serves: the app behind its key."""
 
     @contextlib.asynccontextmanager

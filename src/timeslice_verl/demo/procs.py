@@ -102,9 +102,9 @@ def tenant_command(vllm_model: str, port: int, vllm_args: tuple[str, ...] = ()) 
         util = [] if any(a.startswith("--gpu-memory-utilization") for a in vllm_args) else ["--gpu-memory-utilization", "0.35"]
         return ([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", vllm_model, *util,
                  "--host", "127.0.0.1", "--port", str(port), *vllm_args], "real vLLM")
-    return ([sys.executable, "-m", "timeslice_verl.testing.fake_vllm", "--port", str(port), "--token-s", "0.004",
+    return ([sys.executable, "-m", "timeslice_verl.standin", "--port", str(port), "--token-s", "0.004",
              "--knee", "64", "--max-num-seqs", "256"],  # a GPU's shape: tokens/s stop growing past 64 running
-            "SIMULATED vLLM (timeslice_verl.testing.fake_vllm)")
+            "SIMULATED vLLM (timeslice_verl.standin)")
 
 
 def start_tenant(out: Path, agent_socket: Path, vllm_model: str, port: int,

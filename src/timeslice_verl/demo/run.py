@@ -12,7 +12,7 @@ no tenant): the baseline a time-sliced run is compared with.
 * On a GPU machine: the CUDA driver backend, the worker holding ``--gib`` of device memory, and a real vLLM
   (``--vllm-model`` to start one under the supervisor, or ``--vllm-url`` of a running one) — else the stand-in.
 * Without a GPU: a **dry run**, labelled as such everywhere — the CPU test backend (SIGSTOP/SIGCONT, no GPU memory
-  moves) and the stand-in vLLM from ``timeslice_verl.testing``.
+  moves) and the stand-in vLLM (:mod:`timeslice_verl.standin`).
 """
 
 from __future__ import annotations

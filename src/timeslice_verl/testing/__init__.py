@@ -7,8 +7,9 @@
   (init, pre-fit sync, steps, an optional save and an optional crash).
 
 They are also pytest fixtures (``timeslice_recorder``, ``timeslice_lifecycle``) through the
-``pytest11`` entry point, so a plugin package's tests need no set-up. ``fake_vllm`` is a stand-in
-vLLM HTTP server for tests and dry runs; it is never the tenant of a real run.
+``pytest11`` entry point, so a plugin package's tests need no set-up. The stand-in vLLM HTTP server that
+tests run is a product command of its own, :mod:`timeslice_verl.standin`: the test kit uses the product, never
+the reverse.
 """
 
 from timeslice_verl.testing.recording import (

@@ -109,16 +109,20 @@ def _run_service(overrides: tuple[str, ...], role: str) -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--endpoint", default="", help="Default: the url of the file's first request.")
 @click.option("--no-wait", is_flag=True, help="Print the batch id and return.")
+@click.option("--completion-window", "window", default="24h", show_default=True,
+              help="Its deadline: OpenAI's 24h or shorter ('1h', '4h', '90m'); earliest deadline first within a "
+                   "priority, and past it the batch ends expired with what was answered.")
 @URL
 @KEY
 @SET
-def submit_cmd(path: Path, endpoint: str, no_wait: bool, url: str, api_key: str, overrides: tuple[str, ...]) -> None:
+def submit_cmd(path: Path, endpoint: str, no_wait: bool, window: str, url: str, api_key: str,
+               overrides: tuple[str, ...]) -> None:
     """Upload a JSONL file of requests and create a batch; then show its progress (lines done, rate, ETA)."""
     from timeslice_verl.batch.client import BatchClientError, describe, endpoint_of, follow, not_sent
 
     client = _client(url, overrides, api_key)
     try:
-        batch = client.create(client.upload(path)["id"], endpoint or endpoint_of(path))
+        batch = client.create(client.upload(path)["id"], endpoint or endpoint_of(path), window=window)
         click.echo(batch["id"])
         if not no_wait:
             batch = follow(client, batch, echo=click.echo)
@@ -217,7 +221,7 @@ def tenant_group() -> None:
 def standin_cmd(args: tuple[str, ...]) -> None:
     """A stand-in vLLM on the CPU (no GPU, no model) for trying the agent, the supervisor and the batch service:
     vLLM's endpoints, simulated generation. Never a real tenant. Its options: timeslice-verl tenant standin --help."""
-    from timeslice_verl.testing.fake_vllm import main as standin
+    from timeslice_verl.standin.server import main as standin
 
     sys.exit(standin(list(args)))
 

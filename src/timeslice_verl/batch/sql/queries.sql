@@ -206,7 +206,8 @@ WHERE batch_id = ? AND idx IN (
 UPDATE batches SET inflight = inflight - ?, queued = queued + ? WHERE id = ?;
 
 -- name: claim_candidates
-SELECT id, endpoint, priority, owner, seq, queued, inflight FROM batches
+-- the batches with lines to send; expires_at: the deadline the share orders them by
+SELECT id, endpoint, priority, owner, seq, queued, inflight, expires_at FROM batches
 WHERE status = 'in_progress' AND queued > 0 AND tenant_role = ? ORDER BY id;
 
 -- name: claim_batches.sqlite

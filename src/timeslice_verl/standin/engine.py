@@ -1,5 +1,5 @@
 """The stand-in vLLM's engine: its state under pause, sleep, wake and resume, its simulated generation, and the faults
-it can be told to have. Served over HTTP by :mod:`timeslice_verl.testing.fake_vllm`."""
+it can be told to have. Served over HTTP by :mod:`timeslice_verl.standin.server`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from timeslice_verl.testing.fake_weights import Weights
+from timeslice_verl.standin.weights import Weights
 
 GONE_CHECK_S = 0.05
 """How often a request that waits (paused, asleep, no free seat) looks whether its client went away."""
@@ -31,7 +31,7 @@ class Faults:
     die_on: str = ""
     """An endpoint whose call makes the server exit at once: a crash mid-yield."""
     late_on: str = ""
-    """An endpoint that takes effect at once and answers only after ``POST /_fake/answer``: a busy API server whose
+    """An endpoint that takes effect at once and answers only after ``POST /_standin/answer``: a busy API server whose
     engine already paused (vLLM under a load of short requests)."""
 
     @staticmethod
@@ -46,7 +46,7 @@ class Faults:
             setattr(self, key, value)
 
 
-class FakeVllm:
+class StandinEngine:
     def __init__(self, *, version: str = "0.24.0", dev_mode: bool = True, sleep_in_flight: str = "crash",
                  token_s: float = 0.01, fail_wake_up: bool = False, model: str = "m", faults: Faults | None = None,
                  max_num_seqs: int = 0, knee: int = 0, **fault_kwargs: Any) -> None:
@@ -84,7 +84,7 @@ class FakeVllm:
         self.child_pid = 0
         self.weights = Weights()
         self.late_answer = threading.Event()
-        """Set by ``POST /_fake/answer``: the calls ``faults.late_on`` holds back are answered."""
+        """Set by ``POST /_standin/answer``: the calls ``faults.late_on`` holds back are answered."""
         """The weights' version and the updates pushed in (vLLM's weight-transfer routes)."""
         self._ids = 0
 
@@ -241,4 +241,4 @@ class FakeVllm:
                      "timeslice_weight_version": before if before == after else "mixed"}
 
 
-__all__ = ["Faults", "FakeVllm"]
+__all__ = ["Faults", "StandinEngine"]

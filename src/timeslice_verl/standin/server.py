@@ -1,4 +1,4 @@
-"""A stand-in vLLM HTTP server for tests and dry runs (never the tenant of a real run).
+"""A stand-in vLLM HTTP server on the CPU, to try the agent, supervisor and batch service (never a real tenant).
 
 It follows the contract the agent relies on (docs/architecture.md §5) including vLLM's failure modes:
 
@@ -13,18 +13,18 @@ It follows the contract the agent relies on (docs/architecture.md §5) including
 * ``/v1/completions`` and ``/v1/chat/completions`` answer in OpenAI's shapes for the served ``--model``
   (another model is a 404, as vLLM answers it); the text starts with ``echo:`` and the prompt, so a client
   can tell which request an answer belongs to;
-* faults on demand (:class:`Faults`, at start or at run time through ``POST /_fake/fault``): ``hang`` (an
+* faults on demand (:class:`Faults`, at start or at run time through ``POST /_standin/fault``): ``hang`` (an
   endpoint never answers), ``slow_s`` (control calls, or those ``slow_on`` names, take effect and answer late),
   ``fail`` (the first N calls of an endpoint answer HTTP 500 or a garbled body), ``die_on`` (the server exits
-  when an endpoint is called), ``late_on`` (an endpoint takes effect at once and answers after ``POST /_fake/answer``);
-  ``POST /_fake/stop_listening`` closes the listening socket, the process lives on;
-* vLLM's weight-transfer routes (:mod:`~timeslice_verl.testing.fake_weights`): the stand-in holds a weight version
+  when an endpoint is called), ``late_on`` (an endpoint takes effect at once and answers after
+  ``POST /_standin/answer``); ``POST /_standin/stop_listening`` closes the listening socket, the process lives on;
+* vLLM's weight-transfer routes (:mod:`~timeslice_verl.standin.weights`): the stand-in holds a weight version
   and tags each answer with it (``timeslice_weight_version``);
 * ``--no-dev-mode`` answers 404 on the dev endpoints; ``--version`` < 0.17 has no ``/pause``.
 
-Generation is simulated: ``max_tokens`` steps of ``--token-s`` seconds. ``GET /_fake/stats`` reports
+Generation is simulated: ``max_tokens`` steps of ``--token-s`` seconds. ``GET /_standin/stats`` reports
 completed/aborted counts (``cancelled``: requests stopped because their client closed the connection, as vLLM
-aborts them). Run: ``python -m timeslice_verl.testing.fake_vllm --port 0``; it prints
+aborts them). Run: ``timeslice-verl tenant standin --port 0`` (or ``python -m timeslice_verl.standin``); it prints
 ``listening on http://127.0.0.1:<port>`` once ready.
 """
 
@@ -42,14 +42,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from timeslice_verl.testing.fake_engine import FakeVllm, Faults
-from timeslice_verl.testing.fake_weights import ROUTES as WEIGHT_ROUTES
-from timeslice_verl.testing.fake_weights import route as weight_route
+from timeslice_verl.standin.engine import Faults, StandinEngine
+from timeslice_verl.standin.weights import ROUTES as WEIGHT_ROUTES
+from timeslice_verl.standin.weights import route as weight_route
 
 CONTROL = ("pause", "resume", "sleep", "wake_up", "is_sleeping", "is_paused", "health")
 
 
-def _get_routes(engine: FakeVllm) -> dict[str, Any]:
+def _get_routes(engine: StandinEngine) -> dict[str, Any]:
     """GET path → (status, body[, content type]) makers."""
     def metrics() -> tuple[int, str, str]:
         s, model = engine.stats(), engine.model
@@ -67,11 +67,11 @@ def _get_routes(engine: FakeVllm) -> dict[str, Any]:
         "/metrics": metrics,
         "/is_sleeping": lambda: (200, {"is_sleeping": engine.stats()["sleeping"]}),
         "/is_paused": lambda: (200, {"is_paused": engine.stats()["paused"]}) if engine.has_pause else (404, {"detail": "Not Found"}),
-        "/_fake/stats": lambda: (200, engine.stats()),
+        "/_standin/stats": lambda: (200, engine.stats()),
     }
 
 
-def _post_control(engine: FakeVllm, path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
+def _post_control(engine: StandinEngine, path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
     mode = query.get("mode", [None])[0]
     if path == "/pause" and engine.has_pause:
         engine.pause(mode or "abort", clear_cache=query.get("clear_cache", ["true"])[0].lower() != "false")
@@ -96,7 +96,7 @@ DEV_PATHS = ("/is_sleeping", "/is_paused", "/pause", "/resume", "/sleep", "/wake
 class _Handler(BaseHTTPRequestHandler):
     """One request to the stand-in (``engine``, ``gets`` and ``server`` are set by :func:`make_handler`)."""
 
-    engine: FakeVllm
+    engine: StandinEngine
     gets: dict[str, Any]
     server_owner: Any = None
     protocol_version = "HTTP/1.1"
@@ -160,16 +160,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._complete(path)
         elif post and path in WEIGHT_ROUTES:
             self._weights(path)
-        elif post and path == "/_fake/fault":
+        elif post and path == "/_standin/fault":
             body = self._json()
             self.engine.faults.update(body)
-            if "late_on" in body:  # armed again: its next calls wait for the next /_fake/answer
+            if "late_on" in body:  # armed again: its next calls wait for the next /_standin/answer
                 self.engine.late_answer.clear()
             self._send(200, {})
-        elif post and path == "/_fake/answer":
+        elif post and path == "/_standin/answer":
             self.engine.late_answer.set()
             self._send(200, {})
-        elif post and path == "/_fake/stop_listening" and self.server_owner is not None:
+        elif post and path == "/_standin/stop_listening" and self.server_owner is not None:
             self._send(200, {})
             threading.Thread(target=self.server_owner.stop_listening, daemon=True).start()
         elif post:
@@ -236,7 +236,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._route(url.path, parse_qs(url.query), post=True)
 
 
-def make_handler(engine: FakeVllm, server: FakeVllmServer | None = None) -> type[BaseHTTPRequestHandler]:
+def make_handler(engine: StandinEngine, server: StandinServer | None = None) -> type[BaseHTTPRequestHandler]:
     return type("Handler", (_Handler,), {"engine": engine, "gets": _get_routes(engine), "server_owner": server})
 
 
@@ -252,15 +252,15 @@ class _V6Server(_Server):
     address_family = socket.AF_INET6
 
 
-class FakeVllmServer:
+class StandinServer:
     """In-process server (a thread) — for the demo's dry run and quick tests."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, **engine_kwargs: Any) -> None:
-        self.engine = FakeVllm(**engine_kwargs)
+        self.engine = StandinEngine(**engine_kwargs)
         server_cls = _V6Server if ":" in host else _Server
         self.httpd = server_cls((host, port), make_handler(self.engine, self))
         self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="fake-vllm", daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="standin-vllm", daemon=True)
         self.listening = True
         self.connections: set[socket.socket] = set()
 
@@ -269,7 +269,7 @@ class FakeVllmServer:
         host, port = self.httpd.server_address[:2]
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
-    def start(self) -> FakeVllmServer:
+    def start(self) -> StandinServer:
         self.thread.start()
         return self
 
@@ -290,7 +290,7 @@ class FakeVllmServer:
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="timeslice-verl tenant standin", description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--version", default="0.24.0", dest="vllm_version")
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     faults = Faults(hang=a.hang, slow_s=a.slow_s, slow_on=a.slow_on, fail=_fail_spec(a.fail), die_on=a.die_on)
     try:
-        server = FakeVllmServer(a.host, a.port, version=a.vllm_version, dev_mode=not a.no_dev_mode, model=a.model,
+        server = StandinServer(a.host, a.port, version=a.vllm_version, dev_mode=not a.no_dev_mode, model=a.model,
                                 sleep_in_flight=a.sleep_in_flight, token_s=a.token_s, fail_wake_up=a.fail_wake_up,
                                 faults=faults, max_num_seqs=a.max_num_seqs, knee=a.knee)
     except OSError as exc:  # the port is taken, the address is not this machine's: one line, as a server says it
@@ -352,6 +352,3 @@ def main(argv: list[str] | None = None) -> int:
         pass
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Owners' quotas held against what their answers generated: a new batch over quota is refused (429 with
+``Retry-After``), and a running batch of an owner over quota pauses — the claim passes its lines over — until the
+sliding window frees enough; nothing fails for a quota.
+
+Usage is read from the database (:mod:`~timeslice_verl.batch.policy_sql`: the tokens stored with the lines, on the
+database's clock), so every API replica and feeder of a cluster sees the same figure. A claim asks at most every
+``check_s`` per owner (the answers in flight meanwhile may carry an owner a little past its quota: they are not cut).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from timeslice_verl.batch.engine import Engine
+from timeslice_verl.batch.policy import DEFAULT, OwnerPolicy, Window
+from timeslice_verl.batch.policy_sql import CLOCK_SLACK_S, sql
+
+CHECK_S = 5.0
+"""How long a claim trusts an owner's usage before it reads it again."""
+
+
+@dataclass(frozen=True)
+class Over:
+    """An owner over a quota: which window, its tokens there and its quota, and when enough of them leave it."""
+
+    window: Window
+    used: int
+    limit: int
+    retry_after_s: int
+
+    def __str__(self) -> str:
+        return (f"{self.used} tokens generated in the last {self.window.name}, at or over its {self.window.field}="
+                f"{self.limit}; retry in {self.retry_after_s} s")
+
+
+class Quotas:
+    """Usage and quotas of owners over one engine; ``policy_of``: an owner's policy now (the key ring's), for the
+    claim, which sees owners, not keys."""
+
+    def __init__(self, engine: Engine, policy_of: Callable[[str], OwnerPolicy] = lambda owner: DEFAULT,
+                 check_s: float = CHECK_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.engine, self.policy_of, self.check_s, self.clock = engine, policy_of, check_s, clock
+        self._seen: dict[str, tuple[float, bool]] = {}
+        self._lock = threading.Lock()
+
+    def usage(self, owner: str) -> dict[Window, int]:
+        """``owner``'s tokens over the last hour and day."""
+        row = self.engine.query(sql("owner_usage", self.engine.dialect),
+                                (Window.hour.value, Window.day.value, owner, Window.day.value + CLOCK_SLACK_S))[0]
+        return {Window.hour: int(row["hour"]), Window.day: int(row["window"])}
+
+    def over(self, owner: str, policy: OwnerPolicy) -> Over | None:
+        """The quota ``owner`` is over (the one that frees last), or None."""
+        if not policy.limited:
+            return None
+        used = self.usage(owner)
+        if not self._exceeds(policy, used):
+            return None
+        worst: Over | None = None
+        for window in Window:
+            limit = policy.quota(window)
+            if limit is None or used[window] < limit:
+                continue
+            found = Over(window, used[window], limit, self._frees(owner, window, used[window], limit))
+            if worst is None or found.retry_after_s > worst.retry_after_s:
+                worst = found
+        return worst
+
+    @staticmethod
+    def _exceeds(policy: OwnerPolicy, used: dict[Window, int]) -> bool:
+        return any((limit := policy.quota(w)) is not None and used[w] >= limit for w in Window)
+
+    def _frees(self, owner: str, window: Window, used: int, limit: int) -> int:
+        """Seconds until the tokens of ``owner`` in ``window`` fall below ``limit`` (the oldest leave first)."""
+        rows = self.engine.query(sql("owner_frees", self.engine.dialect),
+                                 (window.value, window.value, owner, window.value + CLOCK_SLACK_S))
+        for row in rows:
+            used -= int(row["tokens"])
+            if used < limit:
+                return max(1, math.ceil(float(row["frees_in"])))
+        return window.value  # answers recorded meanwhile: a whole window at most
+
+    def weight(self, owner: str) -> float:
+        return self.policy_of(owner).weight
+
+    def paused(self, owners: Iterable[str]) -> set[str]:
+        """Of ``owners``, those over a quota now (each read again once ``check_s`` passed since its last reading)."""
+        now, out = self.clock(), set()
+        for owner in set(owners):
+            policy = self.policy_of(owner)
+            if not policy.limited:
+                continue
+            with self._lock:
+                seen = self._seen.get(owner)
+            if seen is None or now - seen[0] >= self.check_s:
+                seen = (now, self._exceeds(policy, self.usage(owner)))  # when it frees: the 429's question alone
+                with self._lock:
+                    self._seen[owner] = seen
+            if seen[1]:
+                out.add(owner)
+        return out
+
+
+__all__ = ["CHECK_S", "Over", "Quotas"]
