@@ -1,6 +1,7 @@
 """Every time two nodes compare is the database's: a node whose clock is off (here this process's ``time.time``,
 moved) neither delays nor hastens the work of a node whose clock is right — a retry's wait, a creation's lease, an
-upload's age, a batch's window and the creation order, on SQLite and on a real PostgreSQL server."""
+upload's age, a batch's window, the creation order and an owner's quota window, on SQLite and on a real PostgreSQL
+server."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 from pg_support import ENGINES, open_store, server  # noqa: F401 (server: a fixture)
 from timeslice_verl.batch.files import Files
 from timeslice_verl.batch.lines import RequestLine, parse
-from timeslice_verl.batch.store import Store
+from timeslice_verl.batch.policy import Window
+from timeslice_verl.batch.store import Outcome, Store
 
 CHAT = "/v1/completions"
 HOUR, DAY = 3600.0, 86400.0
@@ -93,3 +95,14 @@ def test_the_creation_order_is_the_databases_whatever_the_creators_clocks(store,
     assert [b["id"] for b in store.batches()] == [second, first], "newest first"
     assert [b["id"] for b in store.batches(after=second)] == [first]
     assert [ln.batch_id for ln in store.claim(2)] == [first, second]
+
+
+def test_an_owners_answers_count_toward_its_quota_whatever_the_clock_of_the_node_that_ended_its_batch(store,
+                                                                                                     monkeypatch):
+    clock = Clock(monkeypatch)
+    clock.off = -2 * DAY
+    bid = store.create_batch(CHAT, "f", 86400, "24h", None, _lines(2), owner="team-a")
+    store.record([Outcome(ln, "done", response='{"ok": true}', tokens=5) for ln in store.claim(2, "behind")])
+    assert store.batch(bid)["status"] == "completed"
+    clock.off = 0.0
+    assert store.queue.quotas.usage("team-a") == {Window.hour: 10, Window.day: 10}

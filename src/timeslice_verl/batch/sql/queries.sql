@@ -276,6 +276,30 @@ WHERE id = ?;
 -- name: results
 SELECT idx, custom_id, response, error FROM lines WHERE batch_id = ? AND state = ? ORDER BY idx;
 
+-- ============================================================ owners' quotas (timeslice_verl.batch.quota)
+-- An owner's tokens are summed from its answers (lines.tokens: the usage each reported; lines.done_at: when it was
+-- recorded, on the database's clock), reading only the batches open within the window: a batch ended (its end on the
+-- database's clock too, in whole seconds: one second for the rounding) before the window began is passed over.
+
+-- name: owner_usage
+-- (hour, day, owner, day) -> the owner's tokens over the last hour and over the last day
+SELECT COALESCE(SUM(CASE WHEN l.done_at >= {now} - ? THEN l.tokens ELSE 0 END), 0) AS hour,
+  COALESCE(SUM(l.tokens), 0) AS day
+FROM lines l
+WHERE l.state = 'done' AND l.done_at >= {now} - ? AND l.batch_id IN (
+  SELECT id FROM batches WHERE owner = ?
+    AND COALESCE(completed_at, cancelled_at, expired_at, failed_at, {now}) + 1 >= {now} - ?);
+
+-- name: owner_frees
+-- (window, window, owner, window) -> each answer's tokens in the window and the seconds until it leaves it, oldest
+-- first
+SELECT l.done_at + ? - {now} AS frees_in, l.tokens AS tokens
+FROM lines l
+WHERE l.state = 'done' AND l.done_at >= {now} - ? AND l.batch_id IN (
+  SELECT id FROM batches WHERE owner = ?
+    AND COALESCE(completed_at, cancelled_at, expired_at, failed_at, {now}) + 1 >= {now} - ?)
+ORDER BY l.done_at;
+
 -- ============================================================ feeders woken (PostgreSQL: timeslice_verl.batch.pgnotify)
 
 -- name: notify_lines.postgresql
