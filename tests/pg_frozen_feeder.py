@@ -68,7 +68,7 @@ def main() -> int:
             yield Stopping(tx, marker, armed)
 
     store.queue.transaction = transaction  # type: ignore[method-assign]  # the queue claims and records
-    lines, failed = again(store.claim, n, time.time(), holder)
+    lines, failed = again(store.claim, n, holder)
     recorded, failed_record = again(store.record, [Outcome(ln, "done", response=json.dumps({"by": holder}), tokens=1)
                                                    for ln in lines])
     print(json.dumps({"claimed": [[ln.batch_id, ln.idx] for ln in lines], "recorded": recorded,

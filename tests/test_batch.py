@@ -82,13 +82,13 @@ def test_an_answer_decides_its_lines_fate(status, body, fate):
 def test_a_line_in_flight_when_the_service_dies_is_sent_again_and_recorded_once(tmp_path):
     store = Store(tmp_path / "b.sqlite")
     bid = store.create_batch(CHAT, "file_x", 86400, "24h", None, parse(f"{_line('a')}\n{_line('b')}".encode(), CHAT))
-    first = store.claim(10, now=0)
+    first = store.claim(10)
     store.done(first[0], {"status_code": 200, "body": {}}, tokens=3)
     store.close()  # "kill -9": b is in flight, its answer never recorded
 
     store = Store(tmp_path / "b.sqlite")
     assert store.recover() == 1
-    again = store.claim(10, now=0)
+    again = store.claim(10)
     assert [line.custom_id for line in again] == ["b"] and again[0].attempts == 2
     store.done(again[0], {"status_code": 200, "body": {}}, tokens=2)
     store.done(again[0], {"status_code": 200, "body": {"late": True}}, tokens=9)  # a duplicate answer: ignored
@@ -100,7 +100,7 @@ def test_a_line_in_flight_when_the_service_dies_is_sent_again_and_recorded_once(
 def test_a_cancelled_batch_fails_what_was_not_sent_and_waits_for_what_was(tmp_path):
     store = Store(tmp_path / "b.sqlite")
     bid = store.create_batch(CHAT, "f", 86400, "24h", None, parse("\n".join(_line(c) for c in "abc").encode(), CHAT))
-    sent = store.claim(1, now=0)
+    sent = store.claim(1)
     store.cancel(bid)
     assert store.batch(bid)["status"] == "cancelling"
     store.done(sent[0], {"status_code": 200, "body": {}}, 1)

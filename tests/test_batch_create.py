@@ -136,7 +136,7 @@ def test_a_cancel_while_the_batch_is_created_answers_cancelling_and_it_ends_once
     assert final["cancelling_at"] is not None and final["in_progress_at"] is None and final["output_file_id"] is None
     errors = client.get(f"/v1/files/{final['error_file_id']}/content").text.splitlines()
     assert len(errors) == 3000 and {json.loads(e)["error"]["code"] for e in errors} == {"batch_cancelled"}
-    assert store.claim(10, now=1e12) == []
+    assert store.claim(10) == []
 
 
 # --------------------------------------------------------------------------- a bad line refuses the file
@@ -183,7 +183,7 @@ def test_a_nul_inside_the_body_is_json_text_and_is_kept(api):
     fid = _upload(client, (_line("a", body={"model": "m", "prompt": "x\u0000y"}) + "\n").encode())
     resp = _create(client, fid)
     assert resp.status_code == 200, resp.text
-    [line] = store.claim(1, now=1e12)
+    [line] = store.claim(1)
     assert json.loads(line.body)["prompt"] == "x\u0000y"
 
 
@@ -228,7 +228,7 @@ def test_a_creation_cancelled_meanwhile_whose_creator_stopped_ends_cancelled_onc
     store.recover(everything=False)
     ended = store.batch(stuck["id"])
     assert ended["status"] == "cancelled" and ended["cancelled_at"] is not None and ended["total"] == 0
-    assert json.loads(ended["errors"])["data"][0]["code"] == "interrupted" and store.claim(10, now=1e12) == []
+    assert json.loads(ended["errors"])["data"][0]["code"] == "interrupted" and store.claim(10) == []
 
 
 @pytest.mark.parametrize("method, path", [

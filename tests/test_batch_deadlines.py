@@ -6,7 +6,6 @@ written in the database rather than waited for, on SQLite and a real PostgreSQL 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -75,7 +74,7 @@ def test_a_batch_expires_its_window_after_its_creation(client):
 def test_within_a_priority_the_earliest_deadline_is_claimed_first(store, client):
     day, hour, four = (_create(client, 3, w, prefix=w)["id"] for w in ("24h", "1h", "4h"))
     urgent = _create(client, 2, "24h", prefix="p", priority=-1)["id"]  # a lower priority waits, whatever its window
-    got = store.claim(11, time.time(), "n")
+    got = store.claim(11, "n")
     assert [ln.batch_id for ln in got] == [hour] * 3 + [four] * 3 + [day] * 3 + [urgent] * 2
     assert [ln.custom_id for ln in got[:3]] == ["1h0", "1h1", "1h2"], "input order within a batch"
 
@@ -89,26 +88,27 @@ def test_owners_tied_on_the_share_go_earliest_deadline_first(store):
         return store.create_batch(CHAT, "f", window_s, "w", None, parse(text.encode(), CHAT), owner=owner)
 
     late, soon = batch("k1", 86400), batch("k2", 3600)
-    got = store.claim(3, time.time(), "n")
+    got = store.claim(3, "n")
     assert [ln.batch_id for ln in got] == [soon, soon, late], "k2 (sooner) first at the tie, then the share evens"
 
 
 def _expire(store: Store, bid: str) -> None:
-    """The batch's window ends now: its end written in the database, as the clock would bring it."""
+    """The batch's window ends now: its end written in the database, as its clock would bring it (a second before
+    its creation, on that clock)."""
     with store.transaction() as db:
-        db.execute("UPDATE batches SET expires_at = ? WHERE id = ?", (int(time.time()) - 1, bid))
+        db.execute("UPDATE batches SET expires_at = created_at - 1 WHERE id = ?", (bid,))
 
 
 def test_a_batch_past_its_window_ends_expired_with_its_answers_and_the_rest_reported_once(store, client):
     made = _create(client, 6, "1h")
     bid = made["id"]
-    sent = store.claim(4, time.time(), "n")
+    sent = store.claim(4, "n")
     store.record([Outcome(ln, "done", response=json.dumps({"status_code": 200, "body": {"n": ln.idx}}), tokens=3)
                   for ln in sent[:3]])  # 3 answered, 1 still in flight, 2 never sent
     _expire(store, bid)
     store.settle_open()
     assert client.get(f"/v1/batches/{bid}").json()["status"] == "cancelling", "the line in flight is awaited"
-    assert store.claim(10, time.time(), "n") == [], "nothing more is sent"
+    assert store.claim(10, "n") == [], "nothing more is sent"
     store.record([Outcome(sent[3], "done", response=json.dumps({"status_code": 200, "body": {"n": 3}}), tokens=3)])
     store.settle_open()
     store.settle_open()  # once ended, nothing moves again

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from pathlib import Path
 
 import httpx
@@ -151,7 +150,7 @@ def _saturate(store: Store, tokens_of: dict[str, int]) -> dict[str, int]:
     got = dict.fromkeys(tokens_of, 0)
     owner_of = {r["id"]: r["owner"] for r in store.query("SELECT id, owner FROM batches")}
     while True:
-        for line in store.claim(SLOTS - len(running), time.time(), "stand-in"):
+        for line in store.claim(SLOTS - len(running), "stand-in"):
             owner = owner_of[line.batch_id]
             running.append([line, owner, tokens_of[owner]])
         waiting = {r["owner"] for r in store.query("SELECT owner FROM batches WHERE queued > 0")}
@@ -209,14 +208,14 @@ def test_an_owner_over_its_quota_gets_429_and_its_running_batch_pauses_then_resu
         made = _create(client, A, n=10)
         assert made.status_code == 200, made.text
         bid = made.json()["id"]
-        _answer(store, store.claim(6, time.time(), "n"), 20)  # 120 tokens: over 100 an hour
+        _answer(store, store.claim(6, "n"), 20)  # 120 tokens: over 100 an hour
         over = _create(client, A)
         assert over.status_code == 429, over.text
         error = over.json()["error"]
         assert error["code"] == "rate_limit_exceeded" and "tokens_per_hour=100" in error["message"]
         assert 3000 <= int(over.headers["Retry-After"]) <= 3600, over.headers  # when the answers leave the hour
         theirs = _create(client, B).json()["id"]
-        claimed = store.claim(10, time.time(), "n")
+        claimed = store.claim(10, "n")
         assert {ln.batch_id for ln in claimed} == {theirs}, "team-a's batch paused; another owner's runs"
         _answer(store, claimed, 1)
         assert client.get(f"/v1/batches/{bid}", headers=_as(A)).json()["status"] == "in_progress", "paused, not failed"
@@ -225,15 +224,15 @@ def test_an_owner_over_its_quota_gets_429_and_its_running_batch_pauses_then_resu
         _age(store, 3000)  # the answers left the hour's window 600 s from now
         assert 300 <= int(_create(client, A).headers["Retry-After"]) <= 600
         _age(store, 601)  # out of the hour; the day still holds 120 of 150
-        resumed = store.claim(10, time.time(), "n")
+        resumed = store.claim(10, "n")
         assert [ln.batch_id for ln in resumed] == [bid] * 4, "the paused batch resumes where it was"
         _answer(store, resumed[:2], 20)  # the day: 160 of 150 (two lines still in flight: they are not cut)
         by_day = _create(client, A)
         assert by_day.status_code == 429 and "tokens_per_day=150" in by_day.json()["error"]["message"]
-        assert store.claim(10, time.time(), "n") == []
+        assert store.claim(10, "n") == []
         _age(store, 86400)
         assert _create(client, A).status_code == 200
         assert client.get(f"/timeslice/batches/{bid}", headers=_as(A)).json()["paused"] is None
-        _answer(store, resumed[2:] + store.claim(10, time.time(), "n"), 1)
+        _answer(store, resumed[2:] + store.claim(10, "n"), 1)
         assert client.get(f"/v1/batches/{bid}", headers=_as(A)).json()["request_counts"] == \
             {"total": 10, "completed": 10, "failed": 0}, "every line answered once"

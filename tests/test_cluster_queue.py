@@ -51,10 +51,10 @@ def _batch(store: Store, n: int, owner: str = "", priority: int = 0) -> str:
 
 def test_an_answer_from_a_holder_whose_lease_was_taken_over_is_discarded(store):
     bid = _batch(store, 3)
-    first = store.claim(3, time.time(), "node-a", lease_s=-1.0)  # a lease already run out: node-a is gone
+    first = store.claim(3, "node-a", lease_s=-1.0)  # a lease already run out: node-a is gone
     assert [ln.token for ln in first] == [1, 1, 1]
     assert store.recover(everything=False) == 3
-    second = store.claim(3, time.time(), "node-b")
+    second = store.claim(3, "node-b")
     assert [ln.custom_id for ln in second] == ["c0", "c1", "c2"] and {ln.token for ln in second} == {2}
     assert store.record([Outcome(first[0], "done", response='{"late": true}', tokens=1)]) == 0, "fenced off"
     assert store.record([Outcome(ln, "done", response='{"ok": true}', tokens=1) for ln in second]) == 3
@@ -65,10 +65,10 @@ def test_an_answer_from_a_holder_whose_lease_was_taken_over_is_discarded(store):
 
 def test_a_live_holder_keeps_its_lines_and_a_claim_passes_them_over(store):
     _batch(store, 4)
-    held = store.claim(2, time.time(), "node-a", lease_s=0.5)
+    held = store.claim(2, "node-a", lease_s=0.5)
     assert len(store.renew("node-a", 60)) == 2
     assert store.recover(everything=False) == 0, "a renewed lease is not taken"
-    other = store.claim(10, time.time(), "node-b")
+    other = store.claim(10, "node-b")
     assert {ln.custom_id for ln in other} == {"c2", "c3"} and not {ln.custom_id for ln in held} & {"c2", "c3"}
 
 
@@ -76,7 +76,7 @@ def test_the_claim_order_on_either_engine(store):
     low = _batch(store, 4, owner="k1")
     high = _batch(store, 2, owner="k2", priority=5)
     other = _batch(store, 4, owner="k3")
-    got = store.claim(6, time.time(), "n")
+    got = store.claim(6, "n")
     assert [ln.batch_id for ln in got[:2]] == [high, high]
     assert sorted(ln.batch_id for ln in got[2:]) == sorted([low, low, other, other])
 

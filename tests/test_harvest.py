@@ -35,7 +35,7 @@ def test_the_counters_agree_with_the_lines_through_random_claims_results_cancels
     store = Store(tmp_path / "b.sqlite")
     bids = [store.create_batch(CHAT, "f", 86400, "24h", None, parse(_file(300), CHAT)) for _ in range(3)]
     for step in range(400):
-        lines = store.claim(rng.randint(0, 20), now=1e12)
+        lines = store.claim(rng.randint(0, 20))
         outcomes = [Outcome(ln, rng.choice(["done", "queued", "failed"]), response='{"status_code": 200}',
                             error='{"code": "x"}', tokens=3) for ln in lines if rng.random() < 0.8]
         store.record(outcomes + outcomes[:2])  # a line answered twice is recorded once
@@ -56,7 +56,7 @@ _KILLED_MID_COMMIT = textwrap.dedent("""
     from pathlib import Path
     from timeslice_verl.batch.store import Outcome, Store
     store = Store(Path(sys.argv[1]))
-    lines = store.claim(40, now=1e12)
+    lines = store.claim(40)
     store.record([Outcome(ln, "done", response='{"first": true}', tokens=1) for ln in lines[:20]])  # committed
     import timeslice_verl.batch.claims as claims
     claims.settle = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # dies inside the next grouped write
@@ -76,7 +76,7 @@ def test_a_kill_between_the_answers_and_their_grouped_commit_sends_those_lines_a
     store = Store(db)
     assert store.counts(bid) == {"queued": 0, "inflight": 20, "completed": 20, "failed": 0}
     assert store.recover() == 20
-    again = store.claim(100, now=1e12)
+    again = store.claim(100)
     assert sorted(ln.custom_id for ln in again) == sorted(f"c{i}" for i in range(20, 40))
     assert all(ln.attempts == 2 for ln in again)
     store.record([Outcome(ln, "done", response='{"second": true}', tokens=1) for ln in again])
@@ -90,7 +90,7 @@ def test_lines_go_out_oldest_batch_first_in_input_order_also_within_one_second(t
     store = Store(tmp_path / "b.sqlite")
     first = store.create_batch(CHAT, "f", 86400, "24h", None, parse(_file(3), CHAT))
     second = store.create_batch(CHAT, "f", 86400, "24h", None, parse(_file(3), CHAT))
-    got = store.claim(5, now=1e12)
+    got = store.claim(5)
     assert [(ln.batch_id, ln.idx) for ln in got] == [(first, 0), (first, 1), (first, 2), (second, 0), (second, 1)]
     assert [b["id"] for b in store.batches()] == [second, first]
     assert [b["id"] for b in store.batches(after=second)] == [first]
@@ -99,9 +99,9 @@ def test_lines_go_out_oldest_batch_first_in_input_order_also_within_one_second(t
 def test_lines_claimed_ahead_and_never_sent_go_back_without_counting_a_try(tmp_path):
     store = Store(tmp_path / "b.sqlite")
     bid = store.create_batch(CHAT, "f", 86400, "24h", None, parse(_file(10), CHAT))
-    ahead = store.claim(6, now=1e12)
+    ahead = store.claim(6)
     assert store.release(ahead[2:]) == 4 and store.counts(bid) == {"queued": 8, "inflight": 2, "completed": 0, "failed": 0}
-    again = store.claim(10, now=1e12)
+    again = store.claim(10)
     assert [ln.idx for ln in again] == [2, 3, 4, 5, 6, 7, 8, 9] and all(ln.attempts == 1 for ln in again)
     store.cancel(bid)
     assert store.release(again) == 8  # a cancel while they were held: never sent, they are no failures

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 
@@ -45,7 +44,7 @@ def test_a_feeder_back_from_a_pause_drops_the_lines_another_node_took_over(tmp_p
         os.kill(feeder.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
         try:
             eventually(lambda: store.recover(everything=False), what="its leases run out")
-            taken = store.claim(10, time.time(), "node-b")
+            taken = store.claim(10, "node-b")
             assert len(taken) == 10, "every line queued again, the stopped feeder's too"
             assert store.record([Outcome(ln, "done", response="{}", tokens=1) for ln in taken]) == len(taken)
         finally:

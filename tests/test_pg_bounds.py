@@ -56,7 +56,7 @@ def _feed_until(store: Store, want: int, taken: list[Line]) -> None:
     is made again, as the feeder does)."""
     while len(taken) < want:
         try:
-            got = store.claim(100, time.time(), "other")
+            got = store.claim(100, "other")
         except StoreUnavailable:
             continue
         if got:

@@ -80,7 +80,7 @@ def test_one_feeders_renewals_answers_and_claims_never_deadlock(server):
                      for i in range(400))
     store.create_batch(CHAT, "f", 86400, "24h", None, parse(text.encode(), CHAT))
     before = _deadlocks(dsn)
-    held: list[Line] = store.claim(400, time.time(), "a")
+    held: list[Line] = store.claim(400, "a")
     guard = threading.Lock()
     errors: list[str] = []
 
@@ -94,11 +94,11 @@ def test_one_feeders_renewals_answers_and_claims_never_deadlock(server):
             with guard:
                 rng.shuffle(held)
                 some, held[:] = held[:200], held[200:]
-            store.record([Outcome(ln, "queued", next_at=0) for ln in some])
+            store.record([Outcome(ln, "queued") for ln in some])
 
     def claiming() -> None:
         for _ in range(300):
-            got = store.claim(100, time.time(), "a")
+            got = store.claim(100, "a")
             with guard:
                 held.extend(got)
 

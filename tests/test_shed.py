@@ -81,7 +81,7 @@ def test_sends_shed_before_they_ever_ran_free_their_slots_and_lines(tmp_path, pr
     async def run() -> tuple[int, int]:
         feeder = Feeder(store, tenant.url, Gate(None), policy=Policy(start=4), adapt=False)
         async with aiohttp.ClientSession(tenant.url) as session:
-            for line in store.claim(4, now=1e12):
+            for line in store.claim(4):
                 feeder._launch(session, line)
             feeder.stats.limit = 1
             shed = feeder.shed()
@@ -93,4 +93,4 @@ def test_sends_shed_before_they_ever_ran_free_their_slots_and_lines(tmp_path, pr
 
     assert asyncio.run(run()) == (3, 1)
     assert store.counts(bid) == {"queued": 3, "inflight": 1, "completed": 0, "failed": 0}
-    assert [ln.attempts for ln in store.claim(3, now=1e12)] == [1, 1, 1], "the shed tries are not counted"
+    assert [ln.attempts for ln in store.claim(3)] == [1, 1, 1], "the shed tries are not counted"

@@ -107,7 +107,7 @@ def test_a_service_killed_while_it_created_a_batch_fails_that_batch_and_sends_no
     store.recover()
     [batch] = store.batches()
     assert batch["status"] == "failed" and json.loads(batch["errors"])["data"][0]["code"] == "interrupted"
-    assert store.claim(10, now=0) == [] and store.query("SELECT COUNT(*) FROM lines")[0][0] == 0
+    assert store.claim(10) == [] and store.query("SELECT COUNT(*) FROM lines")[0][0] == 0
 
 
 def test_a_file_of_more_requests_than_a_batch_takes_is_refused_as_it_is_read_and_leaves_nothing(tmp_path, monkeypatch):

@@ -1,24 +1,27 @@
 """The batch store's two engines behind one small interface: SQLite (embedded, one node: the default) and
 PostgreSQL (one queue for a cluster, :mod:`~timeslice_verl.batch.pg`).
 
-The store writes its SQL once, with ``?`` placeholders and the subset both engines speak; an engine runs it in a
-transaction (:meth:`Engine.transaction`) whose rows are mappings, and says where the two differ (:class:`Dialect`):
-row locks (``FOR UPDATE``, ``SKIP LOCKED`` for a claim among feeders of several nodes), how a JSON field is read,
-how the schema's version is kept. Both raise :class:`StoreUnavailable` when the database cannot be reached or
+The store's SQL is in one catalogue (:mod:`~timeslice_verl.batch.sql`), with ``?`` placeholders and the subset both
+engines speak; an engine runs it in a transaction (:meth:`Engine.transaction`) whose rows are mappings, and says
+where the two differ (:class:`Dialect`, which fills the catalogue's slots): the database's clock, row locks (``FOR
+UPDATE``, ``SKIP LOCKED`` for a claim among feeders of several nodes), how a JSON field is read, how the schema's
+version is kept. Both raise :class:`StoreUnavailable` when the database cannot be reached or
 written (a full disk, a restarting server): the feeder holds its work and tries again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
-from timeslice_verl.batch.schema import SchemaError, migrate_sqlite
+from timeslice_verl.batch.schema import ADVISORY_LOCK, SCHEMA_VERSION, SchemaError, migrate_sqlite
+from timeslice_verl.batch.sql import catalogue, render
 from timeslice_verl.private import NotPrivate, create_private, private_file
 
 
@@ -33,7 +36,8 @@ class StoreUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Dialect:
-    """Where the two engines' SQL differ."""
+    """Where the two engines' SQL differ: the fragments that fill the catalogue's ``{slot}``
+    (:mod:`~timeslice_verl.batch.sql`), and :meth:`sql`, a statement by name in this engine's text."""
 
     name: str
     lock: str
@@ -46,14 +50,42 @@ class Dialect:
     shared: bool
     """Several processes, on several nodes, use the database at once (leases decide who holds what)."""
     now: str
-    """The database's own time, in seconds since the epoch: leases are set and read against one clock, the server's,
-    never the clocks of the nodes."""
+    """The database's own time, in seconds since the epoch: leases, retries, creations and uploads are timed on one
+    clock, the server's, never the clocks of the nodes."""
+    now_s: str
+    """:attr:`now` in whole seconds, one value within a statement (the API's ``created_at``, ``expires_at``, ...)."""
+    now_us: str
+    """:attr:`now` in microseconds (a batch's creation order)."""
+    greatest: str
+    """The function that gives the larger of two values."""
+
+    def slots(self) -> dict[str, str]:
+        return {"lock": self.lock, "skip_locked": self.skip_locked, "json_code": self.json_code, "now": self.now,
+                "now_s": self.now_s, "now_us": self.now_us, "greatest": self.greatest,
+                "schema_version": str(SCHEMA_VERSION), "advisory_lock": str(ADVISORY_LOCK)}
+
+    def sql(self, name: str) -> str:
+        """The catalogue's statement ``name`` in this engine's text."""
+        try:
+            return _rendered(self)[name]
+        except KeyError:
+            raise KeyError(f"the batch SQL catalogue has no statement {name!r} for {self.name}") from None
 
 
-SQLITE = Dialect("sqlite", "", "", "json_extract(error, '$.code')", shared=False,
-                 now="((julianday('now') - 2440587.5) * 86400.0)")
+@functools.cache
+def _rendered(dialect: Dialect) -> dict[str, str]:
+    return render(catalogue(), dialect.name, dialect.slots())
+
+
+_SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+_PG_NOW = "EXTRACT(EPOCH FROM clock_timestamp())"
+SQLITE = Dialect("sqlite", "", "", "json_extract(error, '$.code')", shared=False, now=_SQLITE_NOW,
+                 now_s="CAST(strftime('%s', 'now') AS INTEGER)",
+                 now_us="CAST(((julianday('now') - 2440587.5) * 86400000000.0) AS INTEGER)", greatest="MAX")
 POSTGRESQL = Dialect("postgresql", " FOR UPDATE", " FOR UPDATE SKIP LOCKED", "(error::json ->> 'code')", shared=True,
-                     now="(EXTRACT(EPOCH FROM clock_timestamp())::float8)")
+                     now=f"({_PG_NOW}::float8)",
+                     now_s="CAST(floor(EXTRACT(EPOCH FROM statement_timestamp())) AS BIGINT)",
+                     now_us=f"CAST(floor({_PG_NOW} * 1000000) AS BIGINT)", greatest="GREATEST")
 
 
 class Tx(Protocol):
@@ -75,6 +107,13 @@ class Engine(Protocol):
 
     def migrate(self) -> None: ...
 
+    def listen(self, wake: Callable[[], None]) -> Closable | None:
+        """``wake`` called whenever lines become claimable, from another thread (None: the engine cannot say)."""
+
+    def close(self) -> None: ...
+
+
+class Closable(Protocol):
     def close(self) -> None: ...
 
 
@@ -102,38 +141,42 @@ class SqliteEngine:
             self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
             self.db.row_factory = sqlite3.Row
             with self._lock:
-                self.db.execute("PRAGMA journal_mode=WAL")
-                self.db.execute("PRAGMA synchronous=NORMAL")
+                self.db.execute(SQLITE.sql("wal"))
+                self.db.execute(SQLITE.sql("synchronous"))
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"timeslice.batch.db: {path} cannot be used: {exc}") from None
 
     def migrate(self) -> None:
         try:
             with self._lock:
-                migrate_sqlite(self.db, self.where)
+                migrate_sqlite(self.db, self.where, SQLITE.sql)
         except (sqlite3.DatabaseError, SchemaError) as exc:
             raise StoreError(f"timeslice.batch.db: {self.path} cannot be used: {exc}") from None
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock, unavailable(sqlite3.OperationalError):
-            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute(SQLITE.sql("begin"))
             try:
                 yield self.db
             except BaseException:
                 if self.db.in_transaction:  # SQLite itself rolls back on some errors (a full disk): keep the cause
-                    self.db.execute("ROLLBACK")
+                    self.db.execute(SQLITE.sql("rollback"))
                 raise
             try:
-                self.db.execute("COMMIT")
+                self.db.execute(SQLITE.sql("commit"))
             except sqlite3.Error:
                 if self.db.in_transaction:
-                    self.db.execute("ROLLBACK")
+                    self.db.execute(SQLITE.sql("rollback"))
                 raise
 
     def query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         with self._lock, unavailable(sqlite3.OperationalError):
             return self.db.execute(sql, args).fetchall()
+
+    def listen(self, wake: Callable[[], None]) -> None:
+        """One node: the service kicks its own feeders when it creates a batch."""
+        return None
 
     def close(self) -> None:
         with self._lock:

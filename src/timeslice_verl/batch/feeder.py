@@ -36,6 +36,7 @@ import aiohttp
 from timeslice_verl.backoff import Backoff
 from timeslice_verl.batch.concurrency import Follower, Policy, Sample, parse_metrics, shed_to
 from timeslice_verl.batch.gate import Gate
+from timeslice_verl.batch.idle import Waker
 from timeslice_verl.batch.pacing import Latency, Pacer
 from timeslice_verl.batch.store import LEASE_S, Line, Outcome, Store, StoreUnavailable
 from timeslice_verl.log import get_logger
@@ -101,17 +102,16 @@ class Feeder:
         """Which batches this tenant answers (users' or the policy's validation runs)."""
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         """Whose lines these are in the store (one queue, several nodes): renewed while the feeder lives."""
-        self.lease_s = lease_s
-        self.policy, self.adapt = policy, adapt
+        self.lease_s, self.policy, self.adapt = lease_s, policy, adapt
         self.max_attempts, self.request_timeout_s = max_attempts, request_timeout_s
         self.settle = settle
         """This feeder also ends batches on their window and cancels (one per service does)."""
-        self.stats = FeederStats(limit=policy.start)
-        self.healthy = True
-        """False once one of the feeder's tasks died (the database full, a bug): ``/health`` says so."""
+        self.stats, self.healthy = FeederStats(limit=policy.start), True
+        """``healthy``: False once one of the feeder's tasks died (the database full, a bug): ``/health`` says so."""
         self.problem = ""
         self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
         self._room = asyncio.Event()
+        self.waker = Waker(self._room)  # told by the database that lines became claimable (``woken``: how often)
         self._ready: collections.deque[Line] = collections.deque()
         """Lines claimed (in flight in the store) and not sent yet."""
         self._claiming = False
@@ -145,6 +145,7 @@ class Feeder:
             if self.adapt:
                 parts["limit"] = self._follow(session)
             self._tasks = [asyncio.create_task(c, name=f"batch-{n}") for n, c in parts.items()]
+            self.waker.start(self.store)
             try:
                 done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_EXCEPTION)
                 for task in done:
@@ -154,6 +155,7 @@ class Feeder:
             finally:
                 for task in self._tasks:
                     task.cancel()
+                await self.waker.close()
 
     def _died(self, task: asyncio.Task) -> None:
         exc = task.exception()
@@ -182,7 +184,7 @@ class Feeder:
                 self._claiming = True
                 asyncio.create_task(self._claim(self.stats.limit - len(self._ready) + max(0, free)))
             self._room.clear()
-            wait = 0.2 if free <= 0 or not self._ready else \
+            wait = self.waker.poll_s if free > 0 and not self._ready else 0.2 if free <= 0 else \
                 min(0.2, max(0.001, self._pacer.wait_s(self.stats.limit, self.latency.mean_s)))  # the pacer's next send
             try:
                 await asyncio.wait_for(self._room.wait(), timeout=wait)  # a slot, claimed lines, a new batch, a backoff
@@ -190,15 +192,15 @@ class Feeder:
                 pass
 
     async def _claim(self, n: int) -> None:
+        start, woken = time.monotonic(), self.waker.woken
         try:
-            start = time.monotonic()
-            lines = await self._db(self.store.claim, n, time.time(), self.holder, self.lease_s, self.role)
+            lines = await self._db(self.store.claim, n, self.holder, self.lease_s, self.role)
             if not self._ready:
                 self._sure_at = start
             self._ready.extend(lines)
         finally:
             self._claiming = False
-        if lines:
+        if lines or self.waker.woken != woken:  # lines, or told of some while this claim ran: look again now
             self._room.set()
 
     def _launch(self, session: aiohttp.ClientSession, line: Line) -> None:
@@ -297,7 +299,7 @@ class Feeder:
             return Outcome(line, "failed", error=json.dumps(error))
         delay = LINE_AGAIN.after(line.attempts)
         log.debug("batch: line %s of %s again in %.1f s (%s)", line.custom_id, line.batch_id, delay, why)
-        return Outcome(line, "queued", next_at=time.time() + delay)
+        return Outcome(line, "queued", delay_s=delay)
 
     async def _db(self, fn: Any, *args: Any) -> Any:
         """Run a store call off the loop; while the database cannot be written (the disk full, locked) retry with a

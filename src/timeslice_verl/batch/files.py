@@ -4,12 +4,12 @@ upload, a download nor a batch's creation holds a whole file (OpenAI takes 200 M
 
 A file's chunks are written each in its own short transaction (the feeder's writes never wait on an upload) and the
 file's row last: a file exists once it is whole. Chunks a killed upload left without a row are swept at start, and
-while the service runs once no chunk of that upload was written for ``timeslice.batch.upload_idle_s``.
+while the service runs once no chunk of that upload was written for ``timeslice.batch.upload_idle_s`` (on the
+database's clock: the replica that sweeps may not be the one that wrote).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator
 
 from timeslice_verl.batch.lines import BatchRefused
@@ -32,9 +32,7 @@ class Files:
         """Drop the chunks of uploads that never finished: at one node's start, all of them; where several API
         replicas share the store, those not written to for ``idle_s`` (another replica's upload is under way)."""
         with self.store.transaction() as db:  # an upload's last chunk says when it was written to last
-            return db.execute("DELETE FROM file_chunks WHERE file_id IN (SELECT file_id FROM file_chunks WHERE file_id "
-                              "NOT IN (SELECT id FROM files) GROUP BY file_id HAVING MAX(at) <= ?)",
-                              (time.time() - idle_s,)).rowcount
+            return db.execute(self.store.dialect.sql("chunks_sweep"), (idle_s,)).rowcount
 
     def writer(self, max_bytes: int) -> Upload:
         return Upload(self.store, max_bytes)
@@ -43,12 +41,13 @@ class Files:
         """The file's content, a chunk at a time (each read under the store's lock, none held between); None: no
         such file. A file deleted while it is read raises :class:`FileGone` once that shows (a chunk missing, fewer
         bytes than the file has), so no reader takes a part of a file for the whole of it."""
-        rows = self.store.query("SELECT bytes FROM files WHERE id = ?", (fid,))
+        rows = self.store.query(self.store.dialect.sql("file_size"), (fid,))
         return self._chunks(fid, rows[0]["bytes"]) if rows else None
 
     def _chunks(self, fid: str, size: int) -> Iterator[bytes]:
         seq = got = 0
-        while rows := self.store.query("SELECT data FROM file_chunks WHERE file_id = ? AND seq = ?", (fid, seq)):
+        chunk = self.store.dialect.sql("chunk_get")
+        while rows := self.store.query(chunk, (fid, seq)):
             data = bytes(rows[0]["data"])
             got += len(data)
             yield data
@@ -59,12 +58,13 @@ class Files:
 
     def delete(self, fid: str, owner: str | None = None) -> bool:
         """Delete the file (``owner``: only if it is that owner's); whether there was one to delete."""
+        sql = self.store.dialect.sql
         with self.store.transaction() as db:
-            row = db.execute("SELECT owner FROM files WHERE id = ?", (fid,)).fetchone()
+            row = db.execute(sql("file_owner"), (fid,)).fetchone()
             if row is None or (owner is not None and row["owner"] != owner):
                 return False
-            db.execute("DELETE FROM file_chunks WHERE file_id = ?", (fid,))
-            return db.execute("DELETE FROM files WHERE id = ?", (fid,)).rowcount > 0
+            db.execute(sql("chunks_delete"), (fid,))
+            return db.execute(sql("file_delete"), (fid,)).rowcount > 0
 
 
 class Upload:
@@ -80,20 +80,18 @@ class Upload:
             self.abandon()
             raise TooLarge(f"the file is larger than {self.max_bytes} bytes (timeslice.batch.max_file_mb)")
         with self.store.transaction() as db:
-            db.execute("INSERT INTO file_chunks (file_id, seq, data, at) VALUES (?, ?, ?, ?)",
-                       (self.fid, self.seq, data, time.time()))
+            db.execute(self.store.dialect.sql("chunk_insert"), (self.fid, self.seq, data))
         self.seq += 1
 
     def finish(self, purpose: str, filename: str, owner: str = "") -> dict[str, Any]:
         """The file, whole, recorded under ``owner`` (its uploader's key's)."""
         with self.store.transaction() as db:
-            db.execute("INSERT INTO files (id, purpose, filename, bytes, created_at, owner) VALUES (?, ?, ?, ?, ?, ?)",
-                       (self.fid, purpose, filename, self.size, int(time.time()), owner))
+            db.execute(self.store.dialect.sql("file_insert"), (self.fid, purpose, filename, self.size, owner))
         return self.store.file(self.fid)  # type: ignore[return-value]
 
     def abandon(self) -> None:
         with self.store.transaction() as db:
-            db.execute("DELETE FROM file_chunks WHERE file_id = ?", (self.fid,))
+            db.execute(self.store.dialect.sql("chunks_delete"), (self.fid,))
 
 
 __all__ = ["FileGone", "Files", "TooLarge", "Upload"]

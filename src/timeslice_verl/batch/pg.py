@@ -19,9 +19,10 @@ import contextlib
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from timeslice_verl.batch.engine import POSTGRESQL, StoreError, StoreUnavailable
+from timeslice_verl.batch.pgnotify import Listener
 from timeslice_verl.batch.pgwatch import Watch, Watchdog
 from timeslice_verl.batch.redact import protect, redact
 from timeslice_verl.batch.schema import SchemaError, migrate_postgresql
@@ -80,7 +81,7 @@ class _Tx:
         self.watch.beat()
         cur = self.conn.cursor()
         cur.executemany(_pg(sql), rows)
-        self.conn.execute("SELECT 1")
+        self.conn.execute(POSTGRESQL.sql("ping"))
         return cur
 
 
@@ -121,7 +122,7 @@ class PostgresEngine:
         from psycopg_pool import ConnectionPool
 
         protect(dsn)  # before the pool's first try: what it logs of a DSN it cannot read hides the password
-        self.where = shown(dsn)
+        self.where, self._dsn = shown(dsn), dsn
         self.bounds = bounds or PostgresBounds()
         self.watchdog = Watchdog(self.where)
         self._settings = server_settings(self.bounds)
@@ -140,9 +141,9 @@ class PostgresEngine:
 
     def _configure(self, conn: Any, settings: dict[str, str] | None = None) -> None:
         """Each new connection's server settings (``settings``: others, for a while)."""
-        pairs = list((settings or self._settings).items())
+        pairs = settings or self._settings
         with self.watchdog.watch(conn, self.bounds.connect_timeout_s + GRACE_S):
-            conn.execute("SELECT " + ", ".join("set_config(%s, %s, false)" for _ in pairs), [x for p in pairs for x in p])
+            conn.execute(_pg(POSTGRESQL.sql("configure")), (list(pairs), list(pairs.values())))
 
     def _check(self, conn: Any) -> None:
         """A pooled connection answers before a call gets it, within ``connect_timeout_s`` (a stopped server does not)."""
@@ -157,7 +158,7 @@ class PostgresEngine:
             with self.pool.connection() as conn:
                 self._configure(conn, {"statement_timeout": "0", "lock_timeout": "0"})
                 try:
-                    migrate_postgresql(conn, self.where)
+                    migrate_postgresql(conn, self.where, POSTGRESQL.sql)
                 finally:
                     self._configure(conn)
         except SchemaError as exc:
@@ -185,6 +186,13 @@ class PostgresEngine:
     def query(self, sql: str, args: tuple = ()) -> list[dict[str, Any]]:
         with self._call() as (conn, _):
             return conn.execute(_pg(sql), args).fetchall()
+
+    def listen(self, wake: Callable[[], None]) -> Listener:
+        """``wake`` called (from a thread of its own) whenever lines become claimable (:mod:`~timeslice_verl.batch.pgnotify`)."""
+        import psycopg
+
+        connect = lambda: psycopg.connect(self._dsn, autocommit=True, **connect_options(self.bounds))  # noqa: E731
+        return Listener(connect, wake, self.where)
 
     def close(self) -> None:
         self.pool.close()

@@ -2,8 +2,9 @@
 ``Retry-After``), and a running batch of an owner over quota pauses — the claim passes its lines over — until the
 sliding window frees enough; nothing fails for a quota.
 
-Usage is read from the database (:mod:`~timeslice_verl.batch.policy_sql`: the tokens stored with the lines, on the
-database's clock), so every API replica and feeder of a cluster sees the same figure. A claim asks at most every
+Usage is read from the database (the catalogue's ``owner_usage`` and ``owner_frees``: the tokens stored with the
+lines, each window on the database's clock), so every API replica and feeder of a cluster sees the same figure, and a
+node whose clock is off neither shortens nor stretches an owner's hour or day. A claim asks at most every
 ``check_s`` per owner (the answers in flight meanwhile may carry an owner a little past its quota: they are not cut).
 """
 
@@ -17,7 +18,6 @@ from typing import Callable, Iterable
 
 from timeslice_verl.batch.engine import Engine
 from timeslice_verl.batch.policy import DEFAULT, OwnerPolicy, Window
-from timeslice_verl.batch.policy_sql import CLOCK_SLACK_S, sql
 
 CHECK_S = 5.0
 """How long a claim trusts an owner's usage before it reads it again."""
@@ -49,9 +49,9 @@ class Quotas:
 
     def usage(self, owner: str) -> dict[Window, int]:
         """``owner``'s tokens over the last hour and day."""
-        row = self.engine.query(sql("owner_usage", self.engine.dialect),
-                                (Window.hour.value, Window.day.value, owner, Window.day.value + CLOCK_SLACK_S))[0]
-        return {Window.hour: int(row["hour"]), Window.day: int(row["window"])}
+        day = Window.day.value
+        row = self.engine.query(self.engine.dialect.sql("owner_usage"), (Window.hour.value, day, owner, day))[0]
+        return {Window.hour: int(row["hour"]), Window.day: int(row["day"])}
 
     def over(self, owner: str, policy: OwnerPolicy) -> Over | None:
         """The quota ``owner`` is over (the one that frees last), or None."""
@@ -76,8 +76,8 @@ class Quotas:
 
     def _frees(self, owner: str, window: Window, used: int, limit: int) -> int:
         """Seconds until the tokens of ``owner`` in ``window`` fall below ``limit`` (the oldest leave first)."""
-        rows = self.engine.query(sql("owner_frees", self.engine.dialect),
-                                 (window.value, window.value, owner, window.value + CLOCK_SLACK_S))
+        rows = self.engine.query(self.engine.dialect.sql("owner_frees"),
+                                 (window.value, window.value, owner, window.value))
         for row in rows:
             used -= int(row["tokens"])
             if used < limit:

@@ -31,13 +31,12 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from timeslice_verl.batch.claims import LEASE_S, Line, LineQueue, Outcome
-from timeslice_verl.batch.engine import Engine, SqliteEngine, StoreError, StoreUnavailable, Tx
-from timeslice_verl.batch.settle import lock_batches, settle
+from timeslice_verl.batch.engine import Closable, Engine, SqliteEngine, StoreError, StoreUnavailable, Tx
+from timeslice_verl.batch.settle import lock_batches, settle, wake
 from timeslice_verl.batch.lines import RequestLine
 from timeslice_verl.names import TenantRole
 from timeslice_verl.batch.schema import SCHEMA_VERSION
@@ -77,6 +76,9 @@ class Store:
     def query(self, sql: str, args: tuple = ()) -> list[Any]:
         return self.engine.query(sql, args)
 
+    def listen(self, wake: Callable[[], None]) -> Closable | None:
+        return self.engine.listen(wake)
+
     def close(self) -> None:
         self.engine.close()
 
@@ -85,9 +87,9 @@ class Store:
     def recover(self, *, everything: bool = True) -> int:
         return self.queue.recover(everything=everything)
 
-    def claim(self, n: int, now: float, holder: str = "", lease_s: float = LEASE_S,
+    def claim(self, n: int, holder: str = "", lease_s: float = LEASE_S,
               role: TenantRole = TenantRole.batch) -> list[Line]:
-        return self.queue.claim(n, now, holder, lease_s, role)
+        return self.queue.claim(n, holder, lease_s, role)
 
     def renew(self, holder: str, lease_s: float = LEASE_S) -> set[tuple[str, int, int]]:
         return self.queue.renew(holder, lease_s)
@@ -113,15 +115,12 @@ class Store:
     # ------------------------------------------------------------------ files
 
     def file(self, fid: str) -> dict[str, Any] | None:
-        rows = self.query("SELECT id, purpose, filename, bytes, created_at, owner FROM files WHERE id = ?", (fid,))
+        rows = self.query(self.dialect.sql("file_get"), (fid,))
         return dict(rows[0]) if rows else None
 
     def files(self, owner: str | None = None) -> list[dict[str, Any]]:
         """Every file, or ``owner``'s alone."""
-        sql, args = "SELECT id, purpose, filename, bytes, created_at, owner FROM files", ()
-        if owner is not None:
-            sql, args = sql + " WHERE owner = ?", (owner,)
-        return [dict(r) for r in self.query(sql + " ORDER BY created_at", args)]
+        return [dict(r) for r in self.query(self.dialect.sql("files_list"), (owner, owner))]
 
     # ------------------------------------------------------------------ batches
 
@@ -136,13 +135,10 @@ class Store:
         deleted while read) deletes the batch and what was inserted, and is raised: no part of a file is ever a
         batch. The last transaction makes it ``in_progress`` with its total; cancelled meanwhile, it ends
         ``cancelled`` there, with that total, its lines never sent."""
-        bid, now = new_id("batch"), int(time.time())
+        bid, sql = new_id("batch"), self.dialect.sql
         with self.transaction() as db:
-            db.execute("INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, metadata, created_at, "
-                       "expires_at, total, owner, priority, seq, creating_until, tenant_role) VALUES (?, ?, ?, ?, 'validating', "
-                       "?, ?, ?, 0, ?, ?, ?, ?, ?)", (bid, endpoint, input_file_id, window,
-                                                     json.dumps(metadata) if metadata else None, now, now + window_s, owner,
-                                                     priority, time.time_ns(), time.time() + CREATING_S, role.value))
+            db.execute(sql("batch_insert"), (bid, endpoint, input_file_id, window, json.dumps(metadata) if metadata else None,
+                                             window_s, owner, priority, CREATING_S, role.value))
         total = 0
         try:
             chunk: list[tuple] = []
@@ -154,80 +150,67 @@ class Store:
             self._insert(bid, chunk)
         except BaseException:
             with contextlib.suppress(StoreUnavailable), self.transaction() as db:  # else swept as an expired creation
-                db.execute("DELETE FROM lines WHERE batch_id = ?", (bid,))
-                db.execute("DELETE FROM batches WHERE id = ?", (bid,))
+                db.execute(sql("lines_delete"), (bid,))
+                db.execute(sql("batch_delete"), (bid,))
             raise
         with self.transaction() as db:
             lock_batches(db, self.dialect, [bid])
-            now = int(time.time())
-            db.execute("UPDATE batches SET total = ?, queued = ?, in_progress_at = CASE status WHEN 'validating' THEN ? "
-                       "END, status = CASE status WHEN 'validating' THEN 'in_progress' ELSE status END WHERE id = ?",
-                       (total, total, now, bid))
-            settle(db, bid, now, created=True)
+            db.execute(sql("batch_created"), (total, total, bid))
+            settle(db, self.dialect, bid, created=True)
+            wake(db, self.dialect)
         return bid
 
     def _insert(self, bid: str, chunk: list[tuple]) -> None:
         with self.transaction() as db:
-            db.executemany("INSERT INTO lines (batch_id, idx, custom_id, body, state, error) VALUES (?, ?, ?, ?, ?, ?)", chunk)
-            db.execute("UPDATE batches SET creating_until = ? WHERE id = ?", (time.time() + CREATING_S, bid))
+            db.executemany(self.dialect.sql("lines_insert"), chunk)
+            db.execute(self.dialect.sql("batch_creating"), (CREATING_S, bid))
         chunk.clear()
 
     def batch(self, bid: str) -> dict[str, Any] | None:
-        rows = self.query("SELECT * FROM batches WHERE id = ?", (bid,))
+        rows = self.query(self.dialect.sql("batch_get"), (bid,))
         return dict(rows[0]) if rows else None
 
     def batches(self, limit: int = 20, after: str | None = None, owner: str | None = None) -> list[dict[str, Any]]:
         """Newest first (creation order); ``after``: the ones older than that batch; ``owner``: that owner's alone
         (``after`` then one of them too: another owner's id is as unknown as a missing one)."""
-        where, args = [], []
-        if owner is not None:
-            where, args = ["owner = ?"], [owner]
-        if after:
-            where.append("seq < (SELECT seq FROM batches WHERE id = ?" + (" AND owner = ?)" if owner is not None else ")"))
-            args += [after, owner] if owner is not None else [after]
-        sql = "SELECT * FROM batches" + (" WHERE " + " AND ".join(where) if where else "")
-        return [dict(r) for r in self.query(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit))]
+        after = after or None
+        args = (owner, owner, after, after, owner, owner, limit)
+        return [dict(r) for r in self.query(self.dialect.sql("batches_list"), args)]
 
     def counts(self, bid: str) -> dict[str, int]:
-        rows = self.query("SELECT queued, inflight, done, failed FROM batches WHERE id = ?", (bid,))
+        rows = self.query(self.dialect.sql("batch_counts"), (bid,))
         r = rows[0] if rows else {"queued": 0, "inflight": 0, "done": 0, "failed": 0}
         return {"queued": r["queued"], "inflight": r["inflight"], "completed": r["done"], "failed": r["failed"]}
 
     def cancel(self, bid: str) -> bool:
-        now = int(time.time())
         with self.transaction() as db:
             lock_batches(db, self.dialect, [bid])
-            moved = db.execute("UPDATE batches SET status = 'cancelling', cancelling_at = ? WHERE id = ? AND status IN "
-                               "('validating', 'in_progress')", (now, bid)).rowcount
-            settle(db, bid, now)
+            moved = db.execute(self.dialect.sql("batch_cancel"), (bid,)).rowcount
+            settle(db, self.dialect, bid)
         return moved > 0
 
     def settle_open(self) -> None:
         """End what can end without a line moving: batches past their window, cancels with nothing in flight; and
         (several nodes) put back the lines whose lease ran out, fail the creations whose creator stopped."""
-        now = time.time()
         if self.dialect.shared:
             self.recover(everything=False)
-        for row in self.query("SELECT id FROM batches WHERE status IN ('in_progress', 'cancelling') ORDER BY id"):
+        for row in self.query(self.dialect.sql("batches_open")):
             with self.transaction() as db:
                 lock_batches(db, self.dialect, [row["id"]])
-                settle(db, row["id"], int(now))
+                settle(db, self.dialect, row["id"])
 
     def figures(self, bid: str) -> dict[str, Any]:
         """One batch's lines by fate: completed, failed by error code, the tries beyond each line's first, tokens."""
         row = self.batch(bid) or {}
         out: dict[str, Any] = {"completed": row.get("done", 0), "failed": {}, "retried": row.get("retried", 0),
                                "tokens": row.get("tokens", 0), "open": row.get("queued", 0) + row.get("inflight", 0)}
-        for r in self.query(f"SELECT {self.dialect.json_code} AS code, COUNT(*) AS n FROM lines WHERE batch_id = ? "
-                            "AND state = 'failed' GROUP BY code", (bid,)):
+        for r in self.query(self.dialect.sql("batch_failed_codes"), (bid,)):
             out["failed"][r["code"] or "unknown"] = r["n"]
         return out
 
     def totals(self) -> dict[str, int]:
         """Lines by state, over every batch; ``retried``: the tries beyond each line's first; ``tokens`` generated."""
-        r = self.query("SELECT COALESCE(SUM(queued), 0) AS queued, COALESCE(SUM(inflight), 0) AS inflight, "
-                       "COALESCE(SUM(done), 0) AS done, COALESCE(SUM(failed), 0) AS failed, "
-                       "COALESCE(SUM(retried), 0) AS retried, COALESCE(SUM(tokens), 0) AS tokens FROM batches")[0]
+        r = self.query(self.dialect.sql("totals"))[0]
         return {k: int(r[k]) for k in ("queued", "inflight", "done", "failed", "retried", "tokens")}
 
 

@@ -1,0 +1,310 @@
+-- The batch queue's statements, each under its name (timeslice_verl.batch.sql loads them; the tables are in
+-- schema.sql). Parameters are ?; {slot} is a fragment the engine fills in (timeslice_verl.batch.engine.Dialect):
+--   {now}     the database's clock, epoch seconds (float): every time two nodes compare comes from it
+--   {now_s}   the same, whole seconds (the API's created_at, expires_at, ..._at)
+--   {now_us}  the same, microseconds (a batch's creation order)
+--   {greatest} the larger of two values
+--   {lock}    holds the rows selected until the commit (PostgreSQL: FOR UPDATE; SQLite holds the whole file)
+--   {skip_locked}  passes over rows another transaction holds (PostgreSQL: FOR UPDATE SKIP LOCKED)
+--   {json_code}  the "code" field of the JSON in the column error
+-- A name with an engine (.sqlite, .postgresql) is that engine's alone.
+
+-- ============================================================ the schema's version and the engines' own
+
+-- name: schema_version.sqlite
+PRAGMA user_version;
+
+-- name: set_schema_version.sqlite
+PRAGMA user_version = {schema_version};
+
+-- name: quick_check.sqlite
+PRAGMA quick_check;
+
+-- name: schema_lock.postgresql
+-- replicas that start together create the schema once
+SELECT pg_advisory_xact_lock({advisory_lock});
+
+-- name: create_schema_version.postgresql
+CREATE TABLE IF NOT EXISTS timeslice_schema (version BIGINT NOT NULL);
+
+-- name: schema_version.postgresql
+SELECT version FROM timeslice_schema;
+
+-- name: set_schema_version.postgresql
+INSERT INTO timeslice_schema (version) VALUES ({schema_version});
+
+-- name: wal.sqlite
+PRAGMA journal_mode = WAL;
+
+-- name: synchronous.sqlite
+PRAGMA synchronous = NORMAL;
+
+-- name: begin.sqlite
+-- the whole file held from the start: no write of another connection between a read and the write it decides
+BEGIN IMMEDIATE;
+
+-- name: commit.sqlite
+COMMIT;
+
+-- name: rollback.sqlite
+ROLLBACK;
+
+-- name: configure.postgresql
+-- each connection's server settings: names and values as two arrays
+SELECT set_config(s.name, s.value, false) FROM unnest(CAST(? AS text[]), CAST(? AS text[])) AS s(name, value);
+
+-- name: ping
+SELECT 1;
+
+-- ============================================================ files
+
+-- name: file_get
+SELECT id, purpose, filename, bytes, created_at, owner FROM files WHERE id = ?;
+
+-- name: files_list
+-- every file (owner NULL), or one owner's
+SELECT id, purpose, filename, bytes, created_at, owner FROM files
+WHERE CAST(? AS TEXT) IS NULL OR owner = ? ORDER BY created_at;
+
+-- name: file_insert
+INSERT INTO files (id, purpose, filename, bytes, created_at, owner) VALUES (?, ?, ?, ?, {now_s}, ?);
+
+-- name: file_size
+SELECT bytes FROM files WHERE id = ?;
+
+-- name: file_owner
+SELECT owner FROM files WHERE id = ?;
+
+-- name: file_delete
+DELETE FROM files WHERE id = ?;
+
+-- name: chunk_insert
+-- at: when the upload was last written to, on the database's clock (replicas sweep what another stopped writing)
+INSERT INTO file_chunks (file_id, seq, data, at) VALUES (?, ?, ?, {now});
+
+-- name: chunk_get
+SELECT data FROM file_chunks WHERE file_id = ? AND seq = ?;
+
+-- name: chunks_delete
+DELETE FROM file_chunks WHERE file_id = ?;
+
+-- name: chunks_sweep
+-- the chunks of uploads without a file whose last chunk is older than ? seconds
+DELETE FROM file_chunks WHERE file_id IN (
+  SELECT file_id FROM file_chunks WHERE file_id NOT IN (SELECT id FROM files)
+  GROUP BY file_id HAVING MAX(at) <= {now} - ?);
+
+-- ============================================================ batches
+
+-- name: batch_insert
+-- validating, its creation under a lease; seq: the database's clock, always past the newest batch's
+INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, metadata, created_at, expires_at, total,
+  owner, priority, seq, creating_until, tenant_role)
+VALUES (?, ?, ?, ?, 'validating', ?, {now_s}, {now_s} + ?, 0, ?, ?,
+  {greatest}({now_us}, COALESCE((SELECT MAX(seq) FROM batches), 0) + 1), {now} + ?, ?);
+
+-- name: batch_creating
+UPDATE batches SET creating_until = {now} + ? WHERE id = ?;
+
+-- name: batch_created
+-- its lines all in: in progress with its total (or, cancelled meanwhile, left to settle with it)
+UPDATE batches SET total = ?, queued = ?,
+  in_progress_at = CASE status WHEN 'validating' THEN {now_s} END,
+  status = CASE status WHEN 'validating' THEN 'in_progress' ELSE status END
+WHERE id = ?;
+
+-- name: batch_delete
+DELETE FROM batches WHERE id = ?;
+
+-- name: batch_get
+SELECT * FROM batches WHERE id = ?;
+
+-- name: batches_list
+-- newest first; owner (or NULL: every owner's); after (or NULL): those older than that batch of the owner's
+SELECT * FROM batches
+WHERE (CAST(? AS TEXT) IS NULL OR owner = ?)
+  AND (CAST(? AS TEXT) IS NULL
+       OR seq < (SELECT seq FROM batches WHERE id = ? AND (CAST(? AS TEXT) IS NULL OR owner = ?)))
+ORDER BY seq DESC LIMIT ?;
+
+-- name: batch_counts
+SELECT queued, inflight, done, failed FROM batches WHERE id = ?;
+
+-- name: batch_cancel
+UPDATE batches SET status = 'cancelling', cancelling_at = {now_s} WHERE id = ? AND status IN ('validating', 'in_progress');
+
+-- name: batches_open
+SELECT id FROM batches WHERE status IN ('in_progress', 'cancelling') ORDER BY id;
+
+-- name: batch_failed_codes
+SELECT {json_code} AS code, COUNT(*) AS n FROM lines WHERE batch_id = ? AND state = 'failed' GROUP BY code;
+
+-- name: totals
+SELECT COALESCE(SUM(queued), 0) AS queued, COALESCE(SUM(inflight), 0) AS inflight, COALESCE(SUM(done), 0) AS done,
+  COALESCE(SUM(failed), 0) AS failed, COALESCE(SUM(retried), 0) AS retried, COALESCE(SUM(tokens), 0) AS tokens
+FROM batches;
+
+-- ============================================================ a batch's end (timeslice_verl.batch.settle)
+
+-- name: lock_batch
+SELECT id FROM batches WHERE id = ?{lock};
+
+-- name: settle_read
+SELECT status, expires_at, expired_at, in_progress_at, queued, inflight, {now_s} AS now FROM batches WHERE id = ?;
+
+-- name: batch_expire
+UPDATE batches SET status = 'cancelling', expired_at = ? WHERE id = ?;
+
+-- name: lines_fail_queued
+UPDATE lines SET state = 'failed', error = ? WHERE batch_id = ? AND state = 'queued';
+
+-- name: batch_unqueued
+UPDATE batches SET queued = queued - ? WHERE id = ?;
+
+-- name: batch_cancelled
+UPDATE batches SET status = 'cancelled', cancelled_at = ? WHERE id = ?;
+
+-- name: batch_expired
+UPDATE batches SET status = 'expired', expired_at = ? WHERE id = ?;
+
+-- name: batch_completed
+UPDATE batches SET status = 'completed', finalizing_at = ?, completed_at = ? WHERE id = ?;
+
+-- ============================================================ lines in motion (timeslice_verl.batch.claims)
+
+-- name: lines_insert
+INSERT INTO lines (batch_id, idx, custom_id, body, state, error) VALUES (?, ?, ?, ?, ?, ?);
+
+-- name: lines_delete
+DELETE FROM lines WHERE batch_id = ?;
+
+-- name: creations_stopped
+-- batches being created: all (? = 1: one node at its start), else those whose creator's lease ran out
+SELECT id FROM batches WHERE status IN ('validating', 'cancelling') AND in_progress_at IS NULL
+  AND (? = 1 OR creating_until < {now}) ORDER BY id;
+
+-- name: creation_interrupted
+UPDATE batches SET status = CASE status WHEN 'validating' THEN 'failed' ELSE 'cancelled' END,
+  failed_at = CASE status WHEN 'validating' THEN {now_s} END,
+  cancelled_at = CASE status WHEN 'validating' THEN NULL ELSE {now_s} END,
+  errors = ?, total = 0, queued = 0, failed = 0
+WHERE id = ? AND status IN ('validating', 'cancelling') AND in_progress_at IS NULL
+  AND (? = 1 OR creating_until < {now});
+
+-- name: batches_inflight
+SELECT id FROM batches WHERE inflight > 0 ORDER BY id;
+
+-- name: lines_take_back
+-- a batch's lines in flight back to the queue: all (? = 1), else those whose lease ran out
+UPDATE lines SET state = 'queued', next_at = 0, holder = NULL
+WHERE batch_id = ? AND idx IN (
+  SELECT idx FROM lines WHERE batch_id = ? AND state = 'inflight' AND (? = 1 OR lease_until < {now})
+  ORDER BY idx{lock})
+  AND state = 'inflight';
+
+-- name: batch_requeued
+UPDATE batches SET inflight = inflight - ?, queued = queued + ? WHERE id = ?;
+
+-- name: claim_candidates
+-- the batches with lines to send; expires_at: the deadline the share orders them by
+SELECT id, endpoint, priority, owner, seq, queued, inflight, expires_at FROM batches
+WHERE status = 'in_progress' AND queued > 0 AND tenant_role = ? ORDER BY id;
+
+-- name: claim_batches.sqlite
+-- the planned batches (a JSON array), held in id order; rows another transaction holds passed over (PostgreSQL)
+SELECT id FROM batches WHERE id IN (SELECT value FROM json_each(?)) AND status = 'in_progress' ORDER BY id;
+
+-- name: claim_batches.postgresql
+SELECT id FROM batches WHERE id IN (SELECT json_array_elements_text(CAST(? AS json))) AND status = 'in_progress'
+ORDER BY id FOR UPDATE SKIP LOCKED;
+
+-- name: claim_batches_wait.sqlite
+-- the same, waiting for rows another transaction holds (PostgreSQL)
+SELECT id FROM batches WHERE id IN (SELECT value FROM json_each(?)) AND status = 'in_progress' ORDER BY id;
+
+-- name: claim_batches_wait.postgresql
+SELECT id FROM batches WHERE id IN (SELECT json_array_elements_text(CAST(? AS json))) AND status = 'in_progress'
+ORDER BY id FOR UPDATE;
+
+-- name: claim_lines
+-- one statement: a batch's next ready lines (its first ? by input order, passing over those another feeder holds:
+-- only the rows taken are locked), in flight for holder ? under a lease of ? s of the database's clock, one more
+-- try each and a new fencing token; what they now are
+WITH picked AS MATERIALIZED (
+  SELECT idx AS pick FROM lines WHERE batch_id = ? AND state = 'queued' AND next_at <= {now}
+  ORDER BY idx LIMIT ?{skip_locked})
+UPDATE lines SET state = 'inflight', attempts = attempts + 1, holder = ?, lease_until = {now} + ?, token = token + 1
+WHERE batch_id = ? AND idx IN (SELECT pick FROM picked) AND state = 'queued'
+RETURNING idx, custom_id, body, attempts, token;
+
+-- name: batch_taken
+UPDATE batches SET queued = queued - ?, inflight = inflight + ?, retried = retried + ? WHERE id = ?;
+
+-- name: lines_renew
+-- holder ?'s lines in flight, their leases extended by ? s of the database's clock; rows locked in id order
+UPDATE lines SET lease_until = {now} + ?
+WHERE (batch_id, idx) IN (
+  SELECT batch_id, idx FROM lines WHERE holder = ? AND state = 'inflight' ORDER BY batch_id, idx{lock})
+  AND holder = ? AND state = 'inflight'
+RETURNING batch_id, idx, token;
+
+-- name: line_release
+UPDATE lines SET state = 'queued', attempts = attempts - 1, holder = NULL
+WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
+
+-- name: batch_released
+UPDATE batches SET inflight = inflight - ?, queued = queued + ?, retried = retried - ? WHERE id = ?;
+
+-- name: line_done
+UPDATE lines SET state = 'done', response = ?, tokens = ?, done_at = {now}, holder = NULL
+WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
+
+-- name: line_again
+-- queued again, ready ? s from now on the database's clock
+UPDATE lines SET state = 'queued', next_at = {now} + ?, holder = NULL
+WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
+
+-- name: line_failed
+UPDATE lines SET state = 'failed', error = ?, response = ?, holder = NULL
+WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
+
+-- name: batch_recorded
+UPDATE batches SET inflight = inflight - ?, queued = queued + ?, done = done + ?, failed = failed + ?,
+  tokens = tokens + ?
+WHERE id = ?;
+
+-- name: results
+SELECT idx, custom_id, response, error FROM lines WHERE batch_id = ? AND state = ? ORDER BY idx;
+
+-- ============================================================ owners' quotas (timeslice_verl.batch.quota)
+-- An owner's tokens are summed from its answers (lines.tokens: the usage each reported; lines.done_at: when it was
+-- recorded, on the database's clock), reading only the batches open within the window: a batch ended (its end on the
+-- database's clock too, in whole seconds: one second for the rounding) before the window began is passed over.
+
+-- name: owner_usage
+-- (hour, day, owner, day) -> the owner's tokens over the last hour and over the last day
+SELECT COALESCE(SUM(CASE WHEN l.done_at >= {now} - ? THEN l.tokens ELSE 0 END), 0) AS hour,
+  COALESCE(SUM(l.tokens), 0) AS day
+FROM lines l
+WHERE l.state = 'done' AND l.done_at >= {now} - ? AND l.batch_id IN (
+  SELECT id FROM batches WHERE owner = ?
+    AND COALESCE(completed_at, cancelled_at, expired_at, failed_at, {now}) + 1 >= {now} - ?);
+
+-- name: owner_frees
+-- (window, window, owner, window) -> each answer's tokens in the window and the seconds until it leaves it, oldest
+-- first
+SELECT l.done_at + ? - {now} AS frees_in, l.tokens AS tokens
+FROM lines l
+WHERE l.state = 'done' AND l.done_at >= {now} - ? AND l.batch_id IN (
+  SELECT id FROM batches WHERE owner = ?
+    AND COALESCE(completed_at, cancelled_at, expired_at, failed_at, {now}) + 1 >= {now} - ?)
+ORDER BY l.done_at;
+
+-- ============================================================ feeders woken (PostgreSQL: timeslice_verl.batch.pgnotify)
+
+-- name: notify_lines.postgresql
+-- lines became claimable (a batch created, lines put back): sent at the commit to every listening feeder
+SELECT pg_notify('timeslice_batch_lines', '');
+
+-- name: listen_lines.postgresql
+LISTEN timeslice_batch_lines;
