@@ -137,6 +137,7 @@ def row(out: Path) -> dict[str, Any]:
         "steps": len(set(GLOBAL_STEP_RE.findall(log))),
         "step_s_median": _med(step_s),
         "step_s_mean": round(statistics.mean(step_s), 3) if step_s else None,
+        "update_s_median": _med([f["timing_s/update_actor"] for f in trained.values() if "timing_s/update_actor" in f]),
         "param_sync_s_median": _med([float(t) for t, version in SYNC_RE.findall(log) if int(version) > 0]),
         **timeline_figures(records),
         "batch_completed": load.get("completed"),
@@ -144,6 +145,7 @@ def row(out: Path) -> dict[str, Any]:
         "batch_retried": load.get("retried") if load else None,
         "tenant_tokens": load.get("tokens") if load else None,
         "validation": validation(steps) or None,
+        "validation_runs": _validation_runs(records),
         **one_gpu_figures(out, run, log, records),
         "final": {k: last[k] for k in FINAL_KEYS if k in last},
         **faults(out),
@@ -160,6 +162,13 @@ def faults(out: Path) -> dict[str, Any]:
     agent = (out / "agent.log").read_text(errors="replace") if (out / "agent.log").exists() else ""
     return {"faults": made, "tenant_restarts": max(0, tenant.count("tenant: started ") - 1),
             "agent_restarts": agent.count("agent exited: ")}
+
+
+def _validation_runs(records: list[dict[str, Any]]) -> str | None:
+    """The validations in the valleys the timeline reports, answered / failed (None where none was due)."""
+    ends = [r for r in records if r.get("hook") == "validation_end"]
+    failed = sum(1 for r in ends if r.get("error"))
+    return f"{len(ends) - failed} / {failed}" if ends else None
 
 
 def _cell(value: Any) -> str:
@@ -189,10 +198,10 @@ COLUMNS = [
 
 BRIEF = [
     ("rc", "exit status"), ("steps", "trainer steps"), ("step_s_mean", "step s (mean)"), ("step_s_median", "step s (median)"),
-    ("rollout_tok_s_tenant_asleep", "rollout tokens/s, tenant asleep"), ("rollout_tok_s_tenant_awake", "rollout tokens/s, tenant awake"),
+    ("update_s_median", "update_actor s (median)"), ("rollout_tok_s_tenant_asleep", "rollout tokens/s, tenant asleep"), ("rollout_tok_s_tenant_awake", "rollout tokens/s, tenant awake"),
     ("rollout_windows", "rollout windows asleep, awake"), ("tenant_tokens", "tenant tokens served"),
     ("batch_completed", "tenant lines completed"), ("batch_failed", "tenant lines failed/lost"),
-    ("validation", "validation (step: score)"), ("memory_gib", "GPU GiB by process (peak)"), ("gpu_peak_gib", "GPU GiB used (peak)"),
+("validation_runs", "validations in the valleys (answered / failed)"), ("validation", "validation (step: score)"), ("memory_gib", "GPU GiB by process (peak)"), ("gpu_peak_gib", "GPU GiB used (peak)"),
     ("tenant_wakes", "tenant wakes"), ("tenant_awake_s", "tenant awake s"), ("freezes", "trainer freezes"),
     ("trainer_wait_s_median", "trainer wait s (median)"), ("trainer_wait_s_max", "trainer wait s (max)"),
     ("param_sync_s_median", "weight sync s (median)"), ("failed_transitions", "failed transitions"), ("final", "final metrics"),
