@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import json
 import os
@@ -34,6 +35,7 @@ from typing import Any
 import aiohttp
 
 from timeslice_verl.backoff import Backoff
+from timeslice_verl.batch.background import spawn
 from timeslice_verl.batch.concurrency import Follower, Policy, Sample, parse_metrics, shed_to
 from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.idle import Waker
@@ -182,14 +184,12 @@ class Feeder:
             free -= go
             if len(self._ready) < self.stats.limit and not self._claiming:
                 self._claiming = True
-                asyncio.create_task(self._claim(self.stats.limit - len(self._ready) + max(0, free)))
+                spawn(self._claim(self.stats.limit - len(self._ready) + max(0, free)), "batch-claim")
             self._room.clear()
             wait = self.waker.poll_s if free > 0 and not self._ready else 0.2 if free <= 0 else \
                 min(0.2, max(0.001, self._pacer.wait_s(self.stats.limit, self.latency.mean_s)))  # the pacer's next send
-            try:
-                await asyncio.wait_for(self._room.wait(), timeout=wait)  # a slot, claimed lines, a new batch, a backoff
-            except asyncio.TimeoutError:
-                pass
+            with contextlib.suppress(asyncio.TimeoutError):  # a slot, claimed lines, a new batch, a backoff
+                await asyncio.wait_for(self._room.wait(), timeout=wait)
 
     async def _claim(self, n: int) -> None:
         start, woken = time.monotonic(), self.waker.woken
@@ -259,7 +259,7 @@ class Feeder:
         elif shed:
             self._shed_lines.append(line)
             if len(self._shed_lines) == 1:
-                asyncio.get_running_loop().create_task(self._release_shed())
+                spawn(self._release_shed(), "batch-release-shed")
         # else the service stops: the line's lease lapses and it goes back to the queue then
 
     async def _release_shed(self) -> None:

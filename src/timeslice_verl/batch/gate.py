@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from timeslice_verl.agent.client import AgentClient, AgentError
+from timeslice_verl.batch.background import spawn
 from timeslice_verl.batch.status import AGENT_SILENT
 from timeslice_verl.log import get_logger
 
@@ -87,7 +88,7 @@ class Gate:
             finally:
                 self._probing = False
 
-        asyncio.get_running_loop().create_task(probe())
+        spawn(probe(), "batch-gate-probe")
 
     async def wait_open(self) -> None:
         while not self.open:
