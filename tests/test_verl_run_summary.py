@@ -133,15 +133,21 @@ GRANDCHILD = (f"import subprocess, sys; c = subprocess.Popen(['{sys.executable}'
 are then its own); the child's sys.executable is gone once ``exec -a`` renamed it, so the path is given."""
 
 
-@pytest.mark.parametrize("title, env, role", [
-    ("ray::WorkerDict.actor_update_actor", {}, "trainer"),
-    ("ray::vLLMHttpServer", {}, "rollout vLLM"),
-    ("python3", {gpumem.ROLE_ENV: "tenant"}, "tenant"),
-    ("python3", {}, "other"),
+UNTAGGED = GRANDCHILD.replace("stdout=subprocess.PIPE)", "stdout=subprocess.PIPE, env={k: v for k, v in "
+                              f"__import__('os').environ.items() if k != '{gpumem.ROLE_ENV}'}})")
+"""The same, its grandchild's environment without the tag (as vLLM's engine core reads once it set its title)."""
+
+
+@pytest.mark.parametrize("title, env, role, code", [
+    ("ray::WorkerDict.actor_update_actor", {}, "trainer", GRANDCHILD),
+    ("ray::vLLMHttpServer", {}, "rollout vLLM", GRANDCHILD),
+    ("python3", {gpumem.ROLE_ENV: "tenant"}, "tenant", GRANDCHILD),
+    ("python3", {gpumem.ROLE_ENV: "policy"}, "policy", UNTAGGED),
+    ("python3", {}, "other", GRANDCHILD),
 ])
-def test_a_gpu_process_gets_its_role_from_an_ancestors_title_or_its_tag(title, env, role):
-    """vLLM's workers hold the memory two levels below the Ray actor that names them."""
-    proc, (grandchild,) = _start(["bash", "-c", f'exec -a "{title}" {sys.executable} -c "{GRANDCHILD}"'], **env)
+def test_a_gpu_process_gets_its_role_from_an_ancestors_title_or_its_tag(title, env, role, code):
+    """vLLM's workers hold the memory two levels below the Ray actor that names them, or below the tagged server."""
+    proc, (grandchild,) = _start(["bash", "-c", f'exec -a "{title}" {sys.executable} -c "{code}"'], **env)
     try:
         assert gpumem.role_of(grandchild) == role
         assert gpumem.role_of(proc.pid) == role

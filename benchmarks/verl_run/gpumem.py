@@ -45,11 +45,21 @@ def parent(pid: int) -> int:
     return int(fields[1]) if len(fields) > 1 else 0
 
 
-def role_of(pid: int) -> str:
-    """The process's role in the run: from its environment's tag, else its or an ancestor's title."""
+def _tag(pid: int) -> str:
     for entry in _read(f"/proc/{pid}/environ").split(b"\0"):
         if entry.startswith(ROLE_ENV.encode() + b"="):
             return entry.split(b"=", 1)[1].decode()
+    return ""
+
+
+def role_of(pid: int) -> str:
+    """The process's role in the run: from its or an ancestor's tag (vLLM's ``VLLM::EngineCore`` sets its title over
+    its own environment's memory, so its tag is read from its parent), else its or an ancestor's title."""
+    walk, seen = pid, 0
+    while walk > 1 and seen < 3:
+        if tag := _tag(walk):
+            return tag
+        walk, seen = parent(walk), seen + 1
     walk, seen = pid, 0
     while walk > 1 and seen < 8:
         text = title(walk)
