@@ -35,13 +35,17 @@ def test_budgets_split_the_deadline(deadline, polite, abort, kill):
         assert b.polite_s + b.abort_s + b.kill_s == pytest.approx(deadline)
 
 
-def _setup(tmp_path, procs, *fault: str, tagged: bool = True):
+def _setup(tmp_path, procs, *fault: str, tagged: bool = True, awake: bool = True):
     vllm = FakeVllmProc(*fault, tagged=tagged)
     procs.append(vllm)
     agent = AgentProc(tmp_path, tenant_url=vllm.url, extra=(DEADLINE,)).start()
     procs.append(agent)
     worker = spawn_worker("job-a")
     procs.append(worker)
+    # the agent takes the tenant at its first answer; a slow one under load may answer after the agent's start
+    if awake:
+        eventually(lambda: agent.status()["tenant"]["state"] == "awake", what="the agent seeing the tenant awake",
+                   timeout=HUNG_FOR_MINUTES)
     return vllm, agent
 
 
@@ -98,7 +102,7 @@ def test_a_tenant_that_dies_mid_yield_leaves_the_trainer_its_gpu(tmp_path, procs
 
 def test_a_hanging_health_check_never_delays_the_trainer(tmp_path, procs):
     """Neither the agent's start nor the trainer waits on it: the tenant is taken for dead and retried."""
-    vllm, agent = _setup(tmp_path, procs, "--hang", "health")
+    vllm, agent = _setup(tmp_path, procs, "--hang", "health", awake=False)
     reply, yields, status = _acquire(agent)
     assert status["owner"] == "job:job-a" and status["tenant"]["state"] == "dead"
     assert "no answer" in status["tenant"]["error"] and not status["ladder"]["last"]
