@@ -48,3 +48,25 @@ def open_store(request: Any, tmp_path: Path, name: str) -> Any:
     from timeslice_verl.batch.pg import PostgresEngine
 
     return Store(PostgresEngine(fresh_database(request.getfixturevalue("server"), name)))
+
+
+def service_app(store: Any, **overrides: Any) -> Any:
+    """The batch service's app on ``store`` with no tenant, no feeder and a 1 MiB file limit (the API alone)."""
+    from timeslice_verl.batch.app import make_app
+
+    kwargs = dict(models=lambda role: {"m"}, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
+                  max_file_bytes=1 << 20)
+    return make_app(store, **{**kwargs, **overrides})
+
+
+def store_fixture(name: str) -> Any:
+    """A module's ``store`` fixture: one batch store per engine of :data:`ENGINES` (its database named ``name``),
+    closed after the test."""
+
+    @pytest.fixture(params=ENGINES)
+    def store(request: Any, tmp_path: Path) -> Any:
+        s = open_store(request, tmp_path, name)
+        yield s
+        s.close()
+
+    return store

@@ -11,11 +11,11 @@ from typing import Iterator
 
 import pytest
 
-from pg_support import ENGINES, open_store, server  # noqa: F401 (server: a fixture)
+from pg_support import server, store_fixture  # noqa: F401 (server: a fixture)
 from timeslice_verl.batch.files import Files
 from timeslice_verl.batch.lines import RequestLine, parse
 from timeslice_verl.batch.policy import Window
-from timeslice_verl.batch.store import Outcome, Store
+from timeslice_verl.batch.store import Outcome
 
 CHAT = "/v1/completions"
 HOUR, DAY = 3600.0, 86400.0
@@ -29,11 +29,7 @@ class Clock:
         monkeypatch.setattr(time, "time", lambda: real() + self.off)
 
 
-@pytest.fixture(params=ENGINES)
-def store(request, tmp_path):
-    s = open_store(request, tmp_path, "clock")
-    yield s
-    s.close()
+store = store_fixture("clock")
 
 
 def _lines(n: int) -> Iterator[RequestLine]:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import pytest
 
-from pg_support import ENGINES, open_store, server  # noqa: F401 (server: a fixture)
+from pg_support import server, store_fixture  # noqa: F401 (server: a fixture)
 
 pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
 
@@ -35,11 +35,7 @@ def _file(n: int) -> bytes:
     return "".join(_line(f"r{i}") + "\n" for i in range(n)).encode()
 
 
-@pytest.fixture(params=ENGINES)
-def store(request, tmp_path):
-    s = open_store(request, tmp_path, "create")
-    yield s
-    s.close()
+store = store_fixture("create")
 
 
 @pytest.fixture

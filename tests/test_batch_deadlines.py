@@ -9,30 +9,24 @@ import json
 
 import pytest
 
-from pg_support import ENGINES, open_store, server  # noqa: F401 (server: a fixture)
+from pg_support import server, service_app, store_fixture  # noqa: F401 (server: a fixture)
 
 pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from timeslice_verl.batch.app import make_app  # noqa: E402
 from timeslice_verl.batch.bodies import window_seconds  # noqa: E402
 from timeslice_verl.batch.store import Outcome, Store  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 
 
-@pytest.fixture(params=ENGINES)
-def store(request, tmp_path):
-    s = open_store(request, tmp_path, "deadlines")
-    yield s
-    s.close()
+store = store_fixture("deadlines")
 
 
 @pytest.fixture
 def client(store):
-    app = make_app(store, models=lambda role: {"m"}, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
-                   max_file_bytes=1 << 20)
+    app = service_app(store)
     with TestClient(app) as c:
         yield c
 

@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from pg_support import ENGINES, Postgres, need_postgres, open_store, server  # noqa: F401 (server: a fixture)
+from pg_support import Postgres, need_postgres, server, service_app, store_fixture  # noqa: F401 (server: a fixture)
 
 pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
 
@@ -35,17 +35,12 @@ MISSING_FILE, MISSING_BATCH = "file_" + "0" * 24, "batch_" + "0" * 24
 """Ids of the shape the service gives, that name nothing."""
 
 
-@pytest.fixture(params=ENGINES)
-def store(request, tmp_path):
-    s = open_store(request, tmp_path, "keys")
-    yield s
-    s.close()
+store = store_fixture("keys")
 
 
 @pytest.fixture
 def api(store):
-    app = make_app(store, models=lambda role: {"m"}, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
-                   max_file_bytes=1 << 20)
+    app = service_app(store)
     with TestClient(RequireKey(app, parse_keys(KEY_FILE.splitlines(), "keys"))) as client:
         yield client
 

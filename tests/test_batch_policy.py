@@ -13,13 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pg_support import ENGINES, open_store, server  # noqa: F401 (server: a fixture)
+from pg_support import server, service_app, store_fixture  # noqa: F401 (server: a fixture)
 
 pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from timeslice_verl.batch.app import make_app  # noqa: E402
 from timeslice_verl.batch.auth import KEY_ENV, KeyRing, RequireKey  # noqa: E402
 from timeslice_verl.batch.keys import KeyLineError, parse_keys, parse_line  # noqa: E402
 from timeslice_verl.batch.lines import parse  # noqa: E402
@@ -53,17 +52,12 @@ def _key_file(path: Path, text: str) -> Path:
     return path
 
 
-@pytest.fixture(params=ENGINES)
-def store(request, tmp_path):
-    s = open_store(request, tmp_path, "policy")
-    yield s
-    s.close()
+store = store_fixture("policy")
 
 
 def _client(store: Store, ring: KeyRing) -> TestClient:
     store.queue.quotas.policy_of = ring.policy
-    app = make_app(store, models=lambda role: {"m"}, kick=lambda: None, summary=lambda: {}, metrics=lambda: b"",
-                   max_file_bytes=1 << 20, problem=lambda: ring.problem)
+    app = service_app(store, problem=lambda: ring.problem)
     return TestClient(RequireKey(app, ring))
 
 

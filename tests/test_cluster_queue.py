@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pg_support import ENGINES, open_store, server  # noqa: F401 (server: a fixture)
+from pg_support import server, store_fixture  # noqa: F401 (server: a fixture)
 from timeslice_verl.batch.lines import parse
 from timeslice_verl.batch.share import Waiting, plan
 from timeslice_verl.batch.store import Outcome, Store
@@ -36,11 +36,7 @@ def test_a_claim_takes_priority_first_then_shares_between_owners_then_creation_o
     assert plan(batches, n) == want
 
 
-@pytest.fixture(params=ENGINES)
-def store(request, tmp_path):
-    s = open_store(request, tmp_path, "t")
-    yield s
-    s.close()
+store = store_fixture("t")
 
 
 def _batch(store: Store, n: int, owner: str = "", priority: int = 0) -> str:
