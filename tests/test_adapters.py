@@ -106,6 +106,30 @@ def test_the_backlog_is_read_off_verls_trainer_and_its_message_queue(ray_local, 
     assert lifecycle_for(trainer, "stock").backlog() == (1, required)
 
 
+def test_the_backlog_counts_the_samples_the_trainer_already_took_for_its_batch(ray_local):
+    """verl's trainer pops samples one at a time as they come: mid-collection, those it holds count (verl's own
+    message queue actor and client, as fully_async_main makes them)."""
+    import ray
+    from omegaconf import OmegaConf
+    from verl.experimental.fully_async_policy.message_queue import MessageQueue, MessageQueueClient
+
+    from timeslice_verl.adapters.common import fully_async_backlog
+
+    client = MessageQueueClient(MessageQueue.remote(OmegaConf.create({}), max_queue_size=16))
+    trainer = type("Trainer", (), {})()
+    trainer.message_queue_client, trainer.required_samples = client, 4
+    for i in range(3):
+        ray.get(client.queue_actor.put_sample.remote(f"sample {i}"))
+    assert fully_async_backlog(trainer) == (3, 4)
+    client.get_sample_sync()  # the trainer took one for its batch: three still toward it, not two
+    assert fully_async_backlog(trainer) == (3, 4)
+    for i in range(3, 7):
+        ray.get(client.queue_actor.put_sample.remote(f"sample {i}"))
+    for _ in range(3):
+        client.get_sample_sync()  # its batch is complete (4 taken): the 3 left are toward the next one
+    assert fully_async_backlog(trainer) == (3, 4)
+
+
 def test_trigger_2_syncs_every_other_step(ray_local, tmp_path):
     cfg = h.trainer_config(tmp_path, trigger=2)
     run(h.build_trainer(verl_trainer_module.FullyAsyncTrainer, cfg, steps=4))

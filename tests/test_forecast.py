@@ -126,6 +126,9 @@ TAIL_1 = (0.1, 0.2, 0.3, 0.4, 0.5, 1.0, 2.0, 4.0)  # what the last sample took, 
         (ValleyPlan(rate=2.0, way_back_s=0.2), 4, 4.0, 0.0, erlang_quantile(0.2, 4, 4.0) - 0.2),  # the given rate wins
         # the next sample 0.25 s along at 2/s: half of it done
         (ValleyPlan(rate=2.0, way_back_s=0.2), 4, None, 0.25, erlang_quantile(0.2, 4, 2.0) - 0.25 - 0.2),
+        # two missing after a train step with no sample (4 s at 0.2/s): the next may be near, not the one after it
+        (ValleyPlan(rate=0.2, way_back_s=0.0), 2, None, 4.0, erlang_quantile(0.2, 1, 0.2)),
+        (ValleyPlan(rate=0.2, way_back_s=0.0), 1, None, 4.0, 0.0),  # one missing and overdue: now
         (ValleyPlan(rate=None, way_back_s=0.2), 4, None, 0.0, None),  # nothing to go on
         (ValleyPlan(rate=2.0, way_back_s=0.2, lead_s=1.0), 4, None, 0.0, 1.0),  # a fixed lead
         # one missing, a tail measured: the level (20 %) quantile of the waits that outlast the age, less w

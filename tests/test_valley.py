@@ -77,6 +77,8 @@ def test_a_prepared_acquire_waits_for_nothing_and_the_trainers_thread_applies_wh
     assert out.detail == "prepared ahead of need" and out.early_s >= 0
     assert [(r.action, r.point) for r in reports][-2:] == [("acquire", "prepare"), ("acquire", "pre_train_step")]
     assert reports[-2].at > 0, "the background acquire carries the time it happened"
+    assert reports[-2].detail.startswith("20/20 samples") and reports[-2].detail.endswith("due"), \
+        "the timeline says what the way back read when it fired"
 
 
 @pytest.mark.parametrize("swap", ["checkpoint", "resident"])

@@ -229,6 +229,9 @@ class FakeMessageQueueClient:
     def get_queue_size_sync(self) -> int:
         return self.remaining
 
+    def get_statistics_sync(self) -> dict[str, int]:
+        return {"queue_size": self.remaining, "total_consumed": self.served}
+
 
 def build_trainer(trainer_cls: Any, config, *, steps: int, fail_sync_at: int | None = None, wait_s: float = 0.0):
     """A FullyAsyncTrainer wired to the fakes, ready for ``init_workers`` (as fully_async_main wires it)."""

@@ -107,13 +107,16 @@ def _bind(trainer: Any) -> Lifecycle | object:
 
 
 def fully_async_backlog(trainer: Any) -> tuple[int, int] | None:
-    """(samples in the message queue, samples a step takes) of verl's fully-async trainer; None before the
-    queue exists."""
+    """(samples toward the next step, samples a step takes) of verl's fully-async trainer; None before the
+    queue exists. The trainer takes samples off the queue one at a time as they come, so those it already holds
+    for the batch it is collecting count too (the queue alone read "none" through the whole valley): every batch
+    takes ``required`` samples, so they are the queue's consumed count modulo ``required``."""
     client = getattr(trainer, "message_queue_client", None)
     required = int(getattr(trainer, "required_samples", 0) or 0)
     if client is None or not required:
         return None
-    return int(client.get_queue_size_sync()), required
+    stats = client.get_statistics_sync()
+    return int(stats["queue_size"]) + int(stats["total_consumed"]) % required, required
 
 
 def v1_backlog(trainer: Any) -> tuple[int, int] | None:

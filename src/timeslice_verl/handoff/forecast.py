@@ -15,7 +15,8 @@
   outlasted ``a``, less ``a``: even arrivals give one exact answer, a long tail a spread, Poisson arrivals forget
   the age — whatever the rollout's shape, from its own record. Until a count has :data:`MIN_TAIL` of them, the
   same quantile of the time to ``k`` Poisson arrivals at rate ``λ`` (an Erlang's), less the next one's progress
-  ``min(λa, 0.95) / λ``, stands in (the expectation did before: a way back late in half the valleys of a short run).
+  ``min(λa, 0.95) / λ`` but never below the quantile for ``k - 1`` (a long wait says the next sample may be near,
+  not the rest), stands in (the expectation did before: a way back late in half the valleys of a short run).
   The way back trusts its own valley's rate after :data:`MIN_ARRIVALS` samples, the release's until then.
 * **When to come back.** Starting the way back (``w`` seconds: the tenant's yield, the thaw, the unpark) at ``f``
   costs ``late_cost`` per second the trainer then waits and 1 per second the GPU sits back with the trainer
@@ -181,6 +182,14 @@ class ValleyPlan:
         own = arrivals.rate() if arrivals.count >= MIN_ARRIVALS else None
         return own or self.rate
 
+    def erlang_wait(self, missing: int, rate: float, age_s: float) -> float:
+        """The level's quantile of the wait for ``missing`` Poisson arrivals, less the next one's progress after
+        ``age_s`` — never below the quantile for the ones after it: a long wait since the last sample says the next
+        may be near, not the rest (two missing after a long train step read "now" and the GPUs came back a whole
+        valley early)."""
+        progress = min(rate * max(0.0, age_s), PROGRESS_CAP) / rate
+        return max(erlang_quantile(self.level, missing, rate) - progress, erlang_quantile(self.level, missing - 1, rate))
+
     def expected(self, missing: int | None, rate: float | None, age_s: float) -> float | None:
         rate = rate or self.rate
         if missing is None or not rate:
@@ -199,8 +208,7 @@ class ValleyPlan:
             if self.lead_s > 0:
                 return max(0.0, remaining(missing, rate, age_s) - self.lead_s)
             if len(tail) < MIN_TAIL:  # the level's quantile of the time to ``missing`` arrivals at this rate
-                progress = min(rate * max(0.0, age_s), PROGRESS_CAP) / rate
-                return max(0.0, erlang_quantile(self.level, missing, rate) - progress - self.way_back_s)
+                return max(0.0, self.erlang_wait(missing, rate, age_s) - self.way_back_s)
             ahead = [u / rate - age_s for u in tail if u / rate > age_s]
             if not ahead:  # longer than any valley of this run at this count: now
                 return 0.0

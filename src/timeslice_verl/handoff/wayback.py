@@ -36,6 +36,8 @@ class Outcome:
     """The backlog as read during the valley, in order."""
     fired: float | None = None
     """When it began bringing the GPUs back; None: it did not."""
+    why: str = ""
+    """What the read that fired it said (the prepare's detail in the timeline)."""
     done: float | None = None
     figures: Any = None
     """The background acquire's figures (the trainer reports them, with the time they carry)."""
@@ -102,7 +104,7 @@ class WayBack:
                     if due is None and backlog is None:
                         return  # nothing to go on: the trainer's acquire does the way back
                     if due is not None and due <= 0:
-                        run.fired = now
+                        run.fired, run.why = now, _why(backlog, rate, age, now - run.released)
                 if run.fired is None:  # no rate yet: the batch's completion still says "now"
                     cancel.wait(self.poll_s if due is None else min(due, self.poll_s))
                     continue
@@ -114,11 +116,22 @@ class WayBack:
     def _bring(self, run: Outcome) -> None:
         try:
             run.figures, run.granted, run.unparked = self.bring_back()
+            if run.figures is not None and not run.figures.detail:
+                run.figures.detail = run.why
         except BaseException as exc:  # the trainer's acquire sees it and tries again
             run.error = exc
             log.warning("[timeslice] the way back ahead of need failed (the acquire tries again): %s", exc)
         finally:
             run.done = time.monotonic()
+
+
+def _why(backlog: tuple[int, int] | None, rate: float | None, age_s: float, elapsed_s: float) -> str:
+    if backlog is None:
+        return f"no backlog: the valleys' own lengths say due, {elapsed_s:.2f} s after the release"
+    queued, required = backlog
+    pace = f" at {rate:.2f}/s" if rate else ""
+    return (f"{queued}/{required} samples{pace}, {age_s:.2f} s after the last one and {elapsed_s:.2f} s after the "
+            "release: due")
 
 
 __all__ = ["POLL_S", "Outcome", "WayBack"]
