@@ -8,6 +8,8 @@ shape: ``{"error": {"message", "type", "param", "code"}}`` with a 4xx that names
 Each file and batch is its owner's (the owner the caller's key names, :mod:`~timeslice_verl.batch.auth`): another
 owner's id answers exactly as a missing one, the lists hold the caller's alone, an ``admin`` key reaches all. An
 owner over a token quota (:mod:`~timeslice_verl.batch.quota`) gets 429 with ``Retry-After`` for a new batch.
+
+A batch object carries its ETA in the extension field ``timeslice`` (:mod:`~timeslice_verl.batch.estimates`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from timeslice_verl.batch.bodies import CreateBatch
+from timeslice_verl.batch.estimates import FIELD, Estimates
+from timeslice_verl.batch.eta import Rate
 from timeslice_verl.batch.files import Files, TooLarge
 from timeslice_verl.batch.keys import ALL_PRIORITIES, ApiKey, KeyRole
 from timeslice_verl.batch.lines import BatchRefused, error_lines, output_lines, parse_stream
@@ -53,9 +57,9 @@ def file_object(row: dict[str, Any]) -> dict[str, Any]:
             "filename": row["filename"], "purpose": row["purpose"], "status": "processed"}
 
 
-def batch_object(store: Store, row: dict[str, Any]) -> dict[str, Any]:
+def batch_object(store: Store, row: dict[str, Any], eta: dict[str, Any] | None = None) -> dict[str, Any]:
     """The batch as OpenAI shows it: its lines never sent (cancelled, expired) are in its error file, and in its total
-    only — neither completed nor failed."""
+    only — neither completed nor failed; ``eta``: its ``timeslice`` field, if given."""
     counts = store.counts(row["id"])
     ended = row["status"] not in OPEN
     out = {"id": row["id"], "object": "batch", "endpoint": row["endpoint"],
@@ -68,20 +72,24 @@ def batch_object(store: Store, row: dict[str, Any]) -> dict[str, Any]:
     for key in ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
                 "cancelling_at", "cancelled_at"):
         out[key] = row[key]
+    if eta is not None:
+        out[FIELD] = eta
     return out
 
 
 def make_app(store: Store, *, models: Callable[[TenantRole], set[str] | None], kick: Callable[[], None], summary: Callable[[], dict],
              metrics: Callable[[], bytes], max_file_bytes: int, problem: Callable[[], str] = lambda: "",
-             chunk_bytes: int = 4 << 20, api: bool = True) -> FastAPI:
+             chunk_bytes: int = 4 << 20, api: bool = True, rate: Callable[[], Rate | None] = lambda: None) -> FastAPI:
     """The service's app over ``store`` (``models``: what the tenant serves, if known; ``kick``: new lines to send;
     ``problem``: why the service cannot do its work now, if it cannot; ``chunk_bytes``: the most of a file held at
-    once; ``api``: the OpenAI Batch API too, else only health, figures and metrics — a feeder of a cluster)."""
+    once; ``api``: the OpenAI Batch API too, else only health, figures and metrics — a feeder of a cluster; ``rate``:
+    the speed the service measured, for the ETAs — None while it has none)."""
     app = FastAPI(title="timeslice-verl batch", version="1")
     if api:
         files = Files(store)
         _files(app, store, files, max_file_bytes, chunk_bytes)
-        _batches(app, store, files, models, kick)
+        etas = Estimates(store, rate, lambda owner: store.queue.quotas.policy_of(owner).weight)
+        _batches(app, store, files, models, kick, etas)
 
     @app.middleware("http")
     async def no_nul(request: Request, call_next: Callable[[Request], Any]) -> Any:
@@ -201,7 +209,7 @@ def _result_file(store: Store, fid: str, key: ApiKey) -> dict[str, Any] | None:
 
 
 def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[TenantRole], set[str] | None],
-             kick: Callable[[], None]) -> None:
+             kick: Callable[[], None], etas: Estimates) -> None:
     @app.post("/v1/batches")
     async def create(body: CreateBatch, request: Request) -> Any:
         fid, key = body.input_file_id, caller(request)
@@ -224,11 +232,13 @@ def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[TenantR
         try:
             bid = await asyncio.to_thread(store.create_batch, body.endpoint, fid, body.window_s, body.completion_window,
                                           body.metadata, lines, owner=getattr(request.state, "owner", ""),
-                                          priority=body.priority, role=body.tenant_role)
+                                          priority=body.priority, role=body.tenant_role,
+                                          admit=etas.admit(key.policy.refuse_late))
         except BatchRefused as exc:  # a bad line, the file deleted meanwhile (409): no batch was made
             return refuse(exc.status, exc.message, exc.param, exc.code)
         kick()
-        return batch_object(store, store.batch(bid))  # type: ignore[arg-type]
+        row = await asyncio.to_thread(store.batch, bid)
+        return batch_object(store, row, await asyncio.to_thread(etas.field, row))  # type: ignore[arg-type]
 
     @app.get("/v1/batches")
     def list_batches(request: Request, limit: int = 20, after: str | None = None) -> Any:
@@ -236,14 +246,16 @@ def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[TenantR
             return refuse(400, f"limit {limit} is not between 1 and 100", "limit")
         key = caller(request)
         rows = store.batches(limit + 1, after, None if key.admin else key.owner)
-        data = [batch_object(store, r) for r in rows[:limit]]
+        shown = etas.fields(rows[:limit])
+        data = [batch_object(store, r, shown[r["id"]]) for r in rows[:limit]]
         return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                 "last_id": data[-1]["id"] if data else None, "has_more": len(rows) > limit}
 
     @app.get("/v1/batches/{bid}")
     def get_batch(bid: str, request: Request) -> Any:
         row = owned(store.batch(bid), caller(request))
-        return batch_object(store, row) if row else refuse(404, f"no batch {bid!r}", "batch_id", "not_found")
+        return batch_object(store, row, etas.field(row)) if row else \
+            refuse(404, f"no batch {bid!r}", "batch_id", "not_found")
 
     @app.post("/v1/batches/{bid}/cancel")
     def cancel(bid: str, request: Request) -> Any:
@@ -253,7 +265,8 @@ def _batches(app: FastAPI, store: Store, files: Files, models: Callable[[TenantR
         if row["status"] not in OPEN:
             return refuse(409, f"batch {bid!r} is {row['status']}: it cannot be cancelled", "batch_id", "batch_ended")
         store.cancel(bid)
-        return batch_object(store, store.batch(bid))  # type: ignore[arg-type]
+        row = store.batch(bid)
+        return batch_object(store, row, etas.field(row))  # type: ignore[arg-type]
 
 
 __all__ = ["make_app"]

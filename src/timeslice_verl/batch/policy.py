@@ -7,6 +7,8 @@ as vLLM generates a token per running sequence per step, receive tokens — in p
 last hour (day) reach N, its new batches answer 429 with ``Retry-After`` and its running batches pause (their lines
 are not claimed) until the window frees enough; nothing fails for it. Several keys may name one owner: a field given
 on more than one of its lines must say the same on each (one owner, one policy).
+``refuse_late=true`` (default false): a new batch whose ETA (:mod:`~timeslice_verl.batch.estimates`) is past the
+end of its ``completion_window`` is refused (400) instead of made and flagged ``late``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class OwnerPolicy:
     weight: float = 1.0
     tokens_per_hour: int | None = None
     tokens_per_day: int | None = None
+    refuse_late: bool = False
+    """A new batch that would end past its window is refused rather than flagged."""
 
     def quota(self, window: Window) -> int | None:
         return self.tokens_per_hour if window is Window.hour else self.tokens_per_day
@@ -51,7 +55,9 @@ class OwnerPolicy:
         return self.tokens_per_hour is not None or self.tokens_per_day is not None
 
     def __str__(self) -> str:
-        given = [f"{f.name}={getattr(self, f.name):g}" if f.name == "weight" else f"{f.name}={getattr(self, f.name)}"
+        given = [f"{f.name}={getattr(self, f.name):g}" if f.name == "weight" else
+                 f"{f.name}={str(getattr(self, f.name)).lower()}" if f.name == "refuse_late" else
+                 f"{f.name}={getattr(self, f.name)}"
                  for f in fields(self) if getattr(self, f.name) != f.default]
         return " ".join(given) or "weight=1"
 
@@ -61,8 +67,12 @@ NAMES = tuple(f.name for f in fields(OwnerPolicy))
 DEFAULT = OwnerPolicy()
 
 
-def parse_field(name: str, text: str) -> float | int:
+def parse_field(name: str, text: str) -> float | int | bool:
     """One policy field's value, or :class:`PolicyError` naming the field."""
+    if name == "refuse_late":
+        if text not in ("true", "false"):
+            raise PolicyError(f"refuse_late={text!r} is not true or false (e.g. refuse_late=true)")
+        return text == "true"
     if name == "weight":
         try:
             weight = float(text)

@@ -21,6 +21,8 @@ import httpx
 
 from timeslice_verl.batch.auth import KeyRing, RequireKey
 from timeslice_verl.batch.concurrency import Policy
+from timeslice_verl.batch.estimates import FIELD, Estimates
+from timeslice_verl.batch.eta import Meter, Rate, Sample
 from timeslice_verl.batch.feeder import Feeder
 from timeslice_verl.batch.files import Files
 from timeslice_verl.batch.gate import Gate
@@ -32,6 +34,8 @@ from timeslice_verl.log import get_logger
 log = get_logger("batch")
 
 MODELS_TTL_S = 60.0
+SAMPLE_S = 2.0
+"""How often the service samples its counters for the speed the ETAs rest on (valleys last seconds and more)."""
 
 
 def default_db() -> Path:
@@ -121,11 +125,14 @@ class Service:
                                request_timeout_s=b.request_timeout_s, settle=i == 0, lease_s=b.lease_s, role=which,
                                spread=b.spread)
                         for i, ((url, which), gate) in enumerate(zip(fed, self.gates))]
+        self.meter = Meter()
+        """This node's speed while its gate is open and its valley share, recent (:mod:`~timeslice_verl.batch.eta`)."""
+        self.etas = Estimates(self.store, self.rate, lambda owner: self.keys.policy(owner).weight)
         self.metrics = BatchMetrics(self)
         served = {TenantRole.batch: Models(self.url) if self.url else None,
                   TenantRole.policy: Models(self.policy_url) if self.policy_url else None}
         self.app = make_app(self.store, models=lambda which: served[which]() if served[which] else None, kick=self.kick,
-                            summary=self.summary, api=role is not Role.feed,
+                            summary=self.summary, api=role is not Role.feed, rate=self.rate,
                             metrics=self.metrics.render, max_file_bytes=int(b.max_file_mb * 2**20),
                             chunk_bytes=max(1, int(b.chunk_mb * 2**20)),
                             problem=lambda: "; ".join(p for p in (*(f.problem for f in self.feeders), self.keys.problem)
@@ -147,6 +154,8 @@ class Service:
             if recovered:
                 log.warning("batch: %d line(s) were in flight when their feeder stopped: queued again", recovered)
         tasks = [asyncio.create_task(f.run(), name=f"batch-feeder-{i}") for i, f in enumerate(self.feeders)]
+        if self.gates:
+            tasks.append(asyncio.create_task(self._sample(), name="batch-eta-sample"))
         if self.role is not Role.feed:
             tasks.append(asyncio.create_task(sweep_uploads(Files(self.store), self.settings.batch.upload_idle_s),
                                              name="batch-upload-sweep"))
@@ -170,6 +179,23 @@ class Service:
         for feeder in self.feeders:
             feeder.kick()
 
+    def rate(self) -> Rate | None:
+        """The speed this node measured recently (None: too little yet, or an API replica, which feeds nothing)."""
+        return self.meter.rate()
+
+    async def _sample(self) -> None:
+        """Every :data:`SAMPLE_S`, the counters the speed is measured from: the gate's open seconds (the users'
+        tenants', each tenant's share averaged: their speeds add up), the tokens and lines answered, the backlog."""
+        gates = [g for g, f in zip(self.gates, self.feeders) if f.role is TenantRole.batch] or self.gates
+        while True:
+            await asyncio.sleep(SAMPLE_S)
+            try:
+                t = await asyncio.to_thread(self.store.totals)
+            except StoreUnavailable:
+                continue
+            self.meter.add(Sample(time.monotonic(), sum(g.seconds_open() for g in gates) / len(gates), t["tokens"],
+                                  t["done"], t["queued"] + t["inflight"]))
+
     def seconds_open(self) -> float:
         """Tenant-GPU seconds: each tenant's time with its GPU, summed."""
         return sum(g.seconds_open() for g in self.gates)
@@ -178,9 +204,12 @@ class Service:
         """What ``timeslice-verl status`` shows: the lines over every batch, the open batches, the tenant's share."""
         totals = self.store.totals()
         open_s = self.seconds_open()
+        rows = [r for r in self.store.batches(limit=10) if r["status"] in OPEN]
+        etas = self.etas.fields(rows)
         batches = [{"id": r["id"], "status": r["status"], "total": r["total"], "tenant_role": r["tenant_role"],
-                    "validation_version": _validation_version(r["metadata"]), **self.store.counts(r["id"])}
-                   for r in self.store.batches(limit=10) if r["status"] in OPEN]
+                    "validation_version": _validation_version(r["metadata"]), **self.store.counts(r["id"]),
+                    FIELD: etas[r["id"]]} for r in rows]
+        rate = self.rate()
         each = [{"tenant": f.url, "open": g.open, "open_s": round(g.seconds_open(), 3), **_stats(f)}
                 for f, g in zip(self.feeders, self.gates)]
         feeder = {k: sum(e[k] for e in each) for k in ("limit", "inflight", "sent", "answered", "written", "writes", "shed",
@@ -193,7 +222,11 @@ class Service:
                 "gate": {"open": any(g.open for g in self.gates), "source": self.gates[0].source if self.gates else "-",
                          "why": "; ".join(dict.fromkeys(g.why for g in self.gates if g.why)), "open_s": round(open_s, 3)},
                 "feeder": feeder, "lines": totals, "open_batches": batches,
-                "tokens_per_s_open": round(totals["tokens"] / open_s, 3) if open_s > 0 else None}
+                "tokens_per_s_open": round(totals["tokens"] / open_s, 3) if open_s > 0 else None,
+                "speed": None if rate is None else {
+                    "basis": str(rate.basis), "tokens_per_open_s": round(rate.tokens_per_open_s, 3),
+                    "lines_per_open_s": round(rate.lines_per_open_s, 3), "open_share": round(rate.open_share, 4),
+                    "window_s": round(rate.window_s, 1)}}
 
 
 async def sweep_uploads(files: Files, idle_s: float) -> None:

@@ -126,7 +126,7 @@ class Store:
 
     def create_batch(self, endpoint: str, input_file_id: str, window_s: int, window: str, metadata: Any,
                      lines: Iterable[RequestLine], *, owner: str = "", priority: int = 0,
-                     role: TenantRole = TenantRole.batch) -> str:
+                     role: TenantRole = TenantRole.batch, admit: Callable[[str, int], None] | None = None) -> str:
         """A batch of ``lines`` (:class:`~timeslice_verl.batch.lines.RequestLine`), usable once they all are in.
 
         ``lines`` may be a generator that checks the file as it reads it: they are inserted as they come, a chunk a
@@ -134,7 +134,8 @@ class Store:
         claimed, its total 0 — under a lease each chunk renews. An exception from ``lines`` (a bad line, a file
         deleted while read) deletes the batch and what was inserted, and is raised: no part of a file is ever a
         batch. The last transaction makes it ``in_progress`` with its total; cancelled meanwhile, it ends
-        ``cancelled`` there, with that total, its lines never sent."""
+        ``cancelled`` there, with that total, its lines never sent. ``admit(id, total)``, called once every line is
+        in and before any can be claimed, may refuse the batch by raising: then nothing of it is left."""
         bid, sql = new_id("batch"), self.dialect.sql
         with self.transaction() as db:
             db.execute(sql("batch_insert"), (bid, endpoint, input_file_id, window, json.dumps(metadata) if metadata else None,
@@ -148,6 +149,8 @@ class Store:
                 if len(chunk) >= INSERT_CHUNK:
                     self._insert(bid, chunk)
             self._insert(bid, chunk)
+            if admit is not None:
+                admit(bid, total)
         except BaseException:
             with contextlib.suppress(StoreUnavailable), self.transaction() as db:  # else swept as an expired creation
                 db.execute(sql("lines_delete"), (bid,))

@@ -308,3 +308,13 @@ SELECT pg_notify('timeslice_batch_lines', '');
 
 -- name: listen_lines.postgresql
 LISTEN timeslice_batch_lines;
+
+-- ============================================================ estimates (timeslice_verl.batch.estimates)
+
+-- name: eta_open
+-- (tenant role) -> the batches its feeders send lines of, what each has left and has done, and the database's clock
+SELECT id, priority, owner, seq, expires_at, queued, inflight, done, failed, tokens, {now} AS now FROM batches
+WHERE status = 'in_progress' AND tenant_role = ? ORDER BY seq;
+
+-- name: clock
+SELECT {now} AS now;

@@ -1,0 +1,204 @@
+"""A batch's ETA: the measured speed (tokens per open second while work waited, the share of wall time the gate was
+open), the work ahead of a batch as the claim orders it, the ``timeslice`` field of the batch object as lines
+complete, a batch that cannot meet its window flagged (or refused, where its owner's key policy says so), and a cold
+service that flags nothing — the pure part as tables, the API on SQLite and on a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pg_support import server, service_app, store_fixture  # noqa: F401 (server: a fixture)
+
+pytest.importorskip("fastapi", reason="the batch service needs the 'batch' extra (in the test extra)")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from timeslice_verl.batch.auth import RequireKey  # noqa: E402
+from timeslice_verl.batch.estimates import COLD  # noqa: E402
+from timeslice_verl.batch.eta import Basis, Meter, Rate, Sample, Work, estimate, late  # noqa: E402
+from timeslice_verl.batch.keys import parse_keys  # noqa: E402
+from timeslice_verl.batch.policy import PolicyError, parse_field  # noqa: E402
+
+CHAT = "/v1/chat/completions"
+ADMIN, STRICT = "admin-key-0123456789", "strict-key-0123456789"
+KEY_FILE = f"{ADMIN}\n{STRICT} owner=strict refuse_late=true\n"
+
+store = store_fixture("eta")
+
+# --------------------------------------------------------------------------- the measurement
+
+
+def _steady(meter: Meter, seconds: int, share: float = 0.5, tokens_per_open_s: float = 100.0,
+            tokens_per_line: float = 10.0, backlog: int = 50, start: int = 0) -> None:
+    """Samples every 2 s of a service whose gate is open ``share`` of the time, answering at that speed."""
+    for t in range(start, start + seconds + 1, 2):
+        opened = t * share
+        tokens = opened * tokens_per_open_s
+        meter.add(Sample(float(t), opened, int(tokens), int(tokens / tokens_per_line), backlog))
+
+
+def test_the_meter_gives_the_speed_per_open_second_and_the_share_of_wall_time_open():
+    meter = Meter()
+    _steady(meter, 120, share=0.4, tokens_per_open_s=200.0, tokens_per_line=20.0)
+    rate = meter.rate()
+    assert rate is not None and rate.basis is Basis.tokens
+    assert rate.tokens_per_open_s == pytest.approx(200.0, rel=0.02) and rate.open_share == pytest.approx(0.4)
+    assert rate.tokens_per_line == pytest.approx(20.0, rel=0.02)
+    assert rate.per_wall_s() == pytest.approx(80.0, rel=0.02)
+
+
+@pytest.mark.parametrize("seconds, share, backlog, measured", [
+    (10, 0.5, 50, False),   # too short a span for the share
+    (120, 0.02, 50, False),  # the gate open too little to measure the speed
+    (120, 0.5, 0, False),   # nothing waited: the speed of the arrivals, not of the service
+    (120, 0.5, 50, True),
+])
+def test_the_meter_gives_nothing_until_it_rests_on_enough(seconds, share, backlog, measured):
+    meter = Meter()
+    _steady(meter, seconds, share=share, backlog=backlog)
+    assert (meter.rate() is not None) is measured
+
+
+def test_the_meter_forgets_what_is_older_than_its_window_and_starts_over_on_counters_that_went_back():
+    meter = Meter(window_s=60.0)
+    _steady(meter, 200, tokens_per_open_s=100.0)
+    _steady(meter, 100, tokens_per_open_s=300.0, start=202)  # counters went back (a restart): only the new speed
+    assert meter.rate().tokens_per_open_s == pytest.approx(300.0, rel=0.05)
+    assert meter.samples[-1].at - meter.samples[0].at <= 62.0
+
+
+def test_an_interval_with_nothing_waiting_counts_for_the_share_alone():
+    meter = Meter()
+    for t in range(0, 61, 2):  # busy for a minute at 100 tokens per open second, the gate open half the time
+        meter.add(Sample(float(t), t * 0.5, int(t * 50), int(t * 5), 10))
+    for t in range(62, 121, 2):  # then idle, the gate open all the time: the share rises, the speed stays
+        meter.add(Sample(float(t), 30.0 + (t - 60), 3000, 300, 0))
+    rate = meter.rate()
+    assert rate.tokens_per_open_s == pytest.approx(100.0) and rate.open_share == pytest.approx(0.75)
+
+
+# --------------------------------------------------------------------------- the estimate
+
+RATE = Rate(tokens_per_open_s=200.0, lines_per_open_s=10.0, open_share=0.5, tokens_per_line=20.0, window_s=300.0)
+"""100 tokens per wall second; a line of a batch without answers yet costs 20 tokens."""
+
+
+@pytest.mark.parametrize("batches, expected", [
+    # alone: 50 lines x 20 tokens at 100 tokens/s
+    ([Work("a", 0, "x", 1, 1e9, 50)], {"a": 10.0}),
+    # its own mean so far (40 tokens a line) rather than the service's
+    ([Work("a", 0, "x", 1, 1e9, 50, answered=10, tokens=400)], {"a": 20.0}),
+    # a higher priority goes first, whatever its age
+    ([Work("a", 0, "x", 1, 1e9, 50), Work("b", 5, "x", 2, 1e9, 50)], {"b": 10.0, "a": 20.0}),
+    # one owner: earliest deadline first, then creation order
+    ([Work("a", 0, "x", 1, 1e9, 50), Work("b", 0, "x", 2, 5e8, 50), Work("c", 0, "x", 3, 1e9, 50)],
+     {"b": 10.0, "a": 20.0, "c": 30.0}),
+    # two owners share the speed: each at 50 tokens/s until the first ends, then the other alone
+    ([Work("a", 0, "x", 1, 1e9, 50), Work("b", 0, "y", 2, 1e9, 100)], {"a": 20.0, "b": 30.0}),
+    # by weight: y (weight 3) at 75 tokens/s, x at 25 (500 of its 1000 tokens by then, the rest at 100/s)
+    ([Work("a", 0, "x", 1, 1e9, 50), Work("b", 0, "y", 2, 1e9, 75, weight=3.0)], {"b": 20.0, "a": 25.0}),
+    # nothing left (its last lines being written): it ends now, and holds nobody up
+    ([Work("a", 0, "x", 1, 1e9, 0), Work("b", 0, "x", 2, 1e9, 50)], {"a": 0.0, "b": 10.0}),
+])
+def test_the_estimate_counts_the_work_ahead_as_the_claim_orders_it(batches, expected):
+    got = estimate(batches, RATE)
+    assert got == pytest.approx(expected)
+
+
+def test_without_usage_the_estimate_counts_lines_and_without_a_measurement_there_is_none():
+    lines = Rate(0.0, 10.0, 0.5, None, 300.0)
+    assert lines.basis is Basis.lines
+    assert estimate([Work("a", 0, "x", 1, 1e9, 50)], lines) == {"a": 10.0}
+    assert estimate([Work("a", 0, "x", 1, 1e9, 50)], None) == {}
+    assert estimate([Work("a", 0, "x", 1, 1e9, 50)], Rate(200.0, 10.0, 0.0, 20.0, 300.0)) == {}  # never open
+    assert RATE.with_share(0.25).per_wall_s() == pytest.approx(50.0) and RATE.with_share(None) is RATE
+
+
+@pytest.mark.parametrize("eta_s, now, deadline, expected", [
+    (10.0, 100.0, 120.0, False), (30.0, 100.0, 120.0, True), (None, 100.0, 120.0, None)])
+def test_late_means_past_the_end_of_the_window(eta_s, now, deadline, expected):
+    assert late(eta_s, now, deadline) is expected
+
+
+def test_refuse_late_is_read_from_the_key_file_as_true_or_false():
+    assert parse_field("refuse_late", "true") is True and parse_field("refuse_late", "false") is False
+    with pytest.raises(PolicyError, match="refuse_late='yes' is not true or false"):
+        parse_field("refuse_late", "yes")
+    keys = parse_keys(KEY_FILE.splitlines(), "keys")
+    assert [k.policy.refuse_late for k in keys] == [False, True]
+
+
+# --------------------------------------------------------------------------- the API, on both engines
+
+
+def _as(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _create(client: TestClient, key: str, lines: int, window: str = "24h"):
+    content = "".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": CHAT,
+                                  "body": {"model": "m", "messages": []}}) + "\n" for i in range(lines)).encode()
+    fid = client.post("/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": "batch"},
+                      headers=_as(key)).json()["id"]
+    return client.post("/v1/batches", json={"input_file_id": fid, "endpoint": CHAT, "completion_window": window},
+                       headers=_as(key))
+
+
+def _client(store, rate: Rate | None) -> TestClient:
+    return TestClient(RequireKey(service_app(store, rate=lambda: rate), parse_keys(KEY_FILE.splitlines(), "keys")))
+
+
+def test_the_eta_appears_and_moves_as_lines_complete(store):
+    with _client(store, RATE) as api:
+        made = _create(api, ADMIN, 40)
+        assert made.status_code == 200, made.text
+        bid, first = made.json()["id"], made.json()["timeslice"]
+        assert first["basis"] == "tokens" and first["eta_s"] == pytest.approx(8.0) and first["late"] is False
+        assert first["eta_at"] >= made.json()["created_at"] + 8
+        for line in store.claim(20):  # half answered, 30 tokens each: its own mean now, 20 lines x 30 tokens left
+            store.done(line, {"choices": []}, 30)
+        now = api.get(f"/v1/batches/{bid}", headers=_as(ADMIN)).json()["timeslice"]
+        assert now["eta_s"] == pytest.approx(6.0)
+        listed = api.get("/v1/batches", headers=_as(ADMIN)).json()["data"][0]["timeslice"]
+        assert listed["eta_s"] == pytest.approx(6.0)
+        for line in store.claim(20):
+            store.done(line, {"choices": []}, 30)
+        ended = api.get(f"/v1/batches/{bid}", headers=_as(ADMIN)).json()
+        assert ended["status"] == "completed" and ended["timeslice"] == {
+            "eta_at": None, "eta_s": None, "basis": "ended", "late": None, "why": None}
+
+
+def test_a_batch_that_cannot_meet_its_window_is_flagged_and_the_work_ahead_counts(store):
+    slow = Rate(tokens_per_open_s=2.0, lines_per_open_s=0.1, open_share=0.5, tokens_per_line=20.0, window_s=300.0)
+    with _client(store, slow) as api:  # 10 lines: 200 tokens at 1 token/s, 200 s: within a 5-minute window
+        alone = _create(api, ADMIN, 10, "5m").json()["timeslice"]
+        assert alone["late"] is False and alone["why"] is None
+        behind = _create(api, ADMIN, 10, "5m").json()  # the first batch's deadline is earlier: 400 s, past 300
+        assert behind["status"] == "in_progress" and behind["timeslice"]["late"] is True
+        assert behind["timeslice"]["eta_s"] == pytest.approx(400.0)
+        assert "completion_window '5m'" in behind["timeslice"]["why"] and "400 s" in behind["timeslice"]["why"]
+
+
+def test_refuse_late_answers_4xx_naming_the_window_and_the_eta_and_makes_nothing(store):
+    slow = Rate(tokens_per_open_s=2.0, lines_per_open_s=0.1, open_share=0.5, tokens_per_line=20.0, window_s=300.0)
+    with _client(store, slow) as api:
+        refused = _create(api, STRICT, 20, "5m")  # 400 s of work in a 300 s window
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "completion_window_too_short" and error["param"] == "completion_window"
+        assert "completion_window '5m'" in error["message"] and "should end in 400 s" in error["message"]
+        assert api.get("/v1/batches", headers=_as(ADMIN)).json()["data"] == []
+        assert store.totals()["queued"] == 0 and store.query(store.dialect.sql("eta_open"), ("batch",)) == []
+        assert _create(api, STRICT, 10, "5m").status_code == 200  # one that fits is made
+        assert _create(api, ADMIN, 20, "5m").json()["timeslice"]["late"] is True  # another owner's: flagged only
+
+
+def test_a_cold_service_flags_nothing_and_says_so(store):
+    with _client(store, None) as api:
+        strict = _create(api, STRICT, 500, "5m")
+        assert strict.status_code == 200, strict.text
+        field = strict.json()["timeslice"]
+        assert field == {"eta_at": None, "eta_s": None, "basis": "cold", "late": None, "why": COLD}
+        assert "nothing is flagged" in COLD
