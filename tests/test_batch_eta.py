@@ -202,3 +202,23 @@ def test_a_cold_service_flags_nothing_and_says_so(store):
         field = strict.json()["timeslice"]
         assert field == {"eta_at": None, "eta_s": None, "basis": "cold", "late": None, "why": COLD}
         assert "nothing is flagged" in COLD
+
+
+# --------------------------------------------------------------------------- what the commands show
+
+
+def test_batch_status_and_the_nodes_status_show_the_eta_and_a_late_flag():
+    from timeslice_verl.batch.client import describe, eta_words
+    from timeslice_verl.tools.status import render_batch
+
+    batch = {"id": "batch_1", "status": "in_progress", "endpoint": CHAT, "request_counts": {"total": 10, "completed": 4,
+             "failed": 0}, "timeslice": {"eta_at": 1, "eta_s": 600.0, "basis": "tokens", "late": True, "why": "w"}}
+    assert "ETA 10 min — LATE: past the end of its completion_window" in describe(batch)
+    assert eta_words({"eta_s": None, "basis": "cold"}) == "ETA: not measured yet"
+    assert eta_words({"basis": "ended"}) == "" and eta_words(None) == ""
+    shown = render_batch({"tenant": "http://t", "gate": {"open": True, "source": "agent"}, "lines": {},
+                          "speed": {"basis": "tokens", "tokens_per_open_s": 250.0, "lines_per_open_s": 8.0,
+                                    "open_share": 0.42, "window_s": 300.0},
+                          "open_batches": [{"id": "batch_1", "status": "in_progress", "total": 10, "completed": 4,
+                                            "timeslice": {"eta_s": 45.0, "late": False, "basis": "tokens"}}]})
+    assert "250 tokens/s while sending, the gate open 42 % of the time" in shown and "4/10 (40 %), 0 failed, ETA 45 s" in shown

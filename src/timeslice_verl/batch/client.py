@@ -163,8 +163,20 @@ def describe(batch: dict[str, Any], unsent: int = 0) -> str:
     c = batch["request_counts"]
     files = "  ".join(f"{k}={batch[k]}" for k in ("output_file_id", "error_file_id") if batch.get(k))
     apart = f", {unsent} not sent ({'expired' if batch['status'] == 'expired' else 'cancelled'})" if unsent else ""
+    eta = eta_words(batch.get("timeslice"))
     return (f"{batch['id']}  {batch['status']:11}  {c['completed']}/{c['total']} done, {c['failed']} failed"
-            f"{apart}  {batch['endpoint']}  {files}").rstrip()
+            f"{apart}{'  ' + eta if eta else ''}  {batch['endpoint']}  {files}").rstrip()
 
 
-__all__ = ["NOT_SENT", "BatchClient", "BatchClientError", "describe", "endpoint_of", "follow", "not_sent", "served_model"]
+def eta_words(field: dict[str, Any] | None) -> str:
+    """A batch's ``timeslice`` field (its ETA) in words: "" for an ended batch or a service without the field."""
+    if not field or field.get("basis") == "ended":
+        return ""
+    if field.get("eta_s") is None:
+        return "ETA: not measured yet"
+    s = float(field["eta_s"])
+    when = f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+    return f"ETA {when}" + (" — LATE: past the end of its completion_window" if field.get("late") else "")
+
+
+__all__ = ["NOT_SENT", "BatchClient", "BatchClientError", "describe", "endpoint_of", "eta_words", "follow", "not_sent", "served_model"]

@@ -75,7 +75,9 @@ def _tenant_lines(tenant: dict[str, Any] | None, ladder: dict[str, Any]) -> list
 
 
 def render_batch(summary: dict[str, Any]) -> str:
-    """The node's batch service (its ``/timeslice/summary``): lines by state, the open batches' progress."""
+    """The node's batch service (its ``/timeslice/summary``): lines by state, the open batches' progress and ETAs."""
+    from timeslice_verl.batch.client import eta_words
+
     if summary.get("error"):
         return f"batch service: {clean(summary['error'])}"
     lines, gate = summary.get("lines") or {}, summary.get("gate") or {}
@@ -87,6 +89,10 @@ def render_batch(summary: dict[str, Any]) -> str:
            f"completed {lines.get('done', 0)}, "
            f"retried {lines.get('retried', 0)}, failed {lines.get('failed', 0)}"
            + (f"; {rate:.0f} tokens/s while the tenant had the GPU" if rate else "")]
+    speed = summary.get("speed")
+    if speed:
+        out.append(f"  measured over the last {speed['window_s']:.0f} s: {speed['tokens_per_open_s']:.0f} tokens/s while "
+                   f"sending, the gate open {speed['open_share'] * 100:.0f} % of the time (the batches' ETAs rest on it)")
     for t in summary.get("tenants") or []:
         out.append(f"  to {clean(t.get('tenant', '?'))}: {t.get('inflight', 0)} requests open at the tenant, of a limit of {t.get('limit', 0)} "
                    f"(it follows vLLM); {t.get('sent', 0)} sent, {t.get('answered', 0)} answered"
@@ -96,6 +102,7 @@ def render_batch(summary: dict[str, Any]) -> str:
     for b in summary.get("open_batches") or []:
         done = b.get("completed", 0) + b.get("failed", 0)
         what = f"  validation of version {b['validation_version']}" if b.get("validation_version") is not None else ""
+        eta = eta_words(b.get("timeslice"))
         out.append(f"  {clean(b['id'])}  {b['status']:11} {done}/{b['total']} ({done / max(1, b['total']) * 100:.0f} %), "
-                   f"{b.get('failed', 0)} failed{what}")
+                   f"{b.get('failed', 0)} failed{what}{', ' + eta if eta else ''}")
     return "\n".join(out)
