@@ -222,3 +222,23 @@ def test_batch_status_and_the_nodes_status_show_the_eta_and_a_late_flag():
                           "open_batches": [{"id": "batch_1", "status": "in_progress", "total": 10, "completed": 4,
                                             "timeslice": {"eta_s": 45.0, "late": False, "basis": "tokens"}}]})
     assert "250 tokens/s while sending, the gate open 42 % of the time" in shown and "4/10 (40 %), 0 failed, ETA 45 s" in shown
+
+
+def test_the_services_status_json_carries_each_open_batchs_eta_and_a_fresh_service_is_cold(tmp_path, procs):
+    from batch_support import BatchServiceProc, create_batch, write_requests
+    from timeslice_verl.standin.server import StandinServer
+
+    tenant = StandinServer(model="m").start()
+    tenant.engine.pause("keep")  # nothing is answered: the service measures nothing, the batch stays open
+    try:
+        service = BatchServiceProc(tmp_path, tenant.url).start()
+        procs.append(service)
+        write_requests(tmp_path / "in.jsonl", 3)
+        bid = create_batch(service.http(), tmp_path / "in.jsonl")
+        summary = service.get("/timeslice/summary")
+        assert summary["speed"] is None
+        assert [(b["id"], b["timeslice"]["basis"], b["timeslice"]["late"]) for b in summary["open_batches"]] == \
+            [(bid, "cold", None)]
+    finally:
+        tenant.engine.resume()
+        tenant.stop()
