@@ -9,6 +9,8 @@ counts as the claim orders it (:mod:`~timeslice_verl.batch.share`): a higher pri
 the owners share the speed by weight, each owner's batches earliest deadline first, then in creation order.
 
 No measurement yet (a cold service, or the gate shut for the whole window): no ETA, and nothing is called late.
+A forecast of the valley share (the trainer's valley forecast) would take the measured share's place through
+:meth:`Rate.with_share`; the node's agent does not publish one to the service today, so the share is measured.
 """
 
 from __future__ import annotations
