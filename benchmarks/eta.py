@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,13 @@ ENDED = ("completed", "failed", "expired", "cancelled")
 KEYS = ("eta-bench-admin-key-0000000000", "eta-bench-team-key-0000000000")
 
 
-def valleys(profile: str, required: int, valley_s: float, train_s: float, seconds: float, seed: int) -> list[tuple[float, float]]:
+def valleys(profile: str, required: int, valley_s: float, train_s: float, seconds: float, seed: int,
+            drift: float | None = None) -> list[tuple[float, float]]:
     """``(open_at, close_at)`` of each valley over ``seconds``: the trainer waits for ``required`` samples (the gate
-    open), trains ``train_s`` (closed, production goes on), syncs its weights, and so on."""
-    sim = RolloutSim(scaled(PROFILES[profile], required=required, valley_s=valley_s), required, seed)
+    open), trains ``train_s`` (closed, production goes on), syncs its weights, and so on (``drift``: how much longer
+    responses grow per step, instead of the profile's)."""
+    shape = PROFILES[profile] if drift is None else replace(PROFILES[profile], drift=drift)
+    sim = RolloutSim(scaled(shape, required=required, valley_s=valley_s), required, seed)
     out, t = [], 0.0
     while t < seconds:
         if sim.take():
@@ -133,7 +137,7 @@ def drive(args: argparse.Namespace, url: str, out: Path, t0: float) -> list[dict
     todo, open_, done = plan(args), {}, []
     obs, speed = (out / "observations.jsonl").open("w"), (out / "speed.jsonl").open("w")
     end = t0 + args.minutes * 60
-    while time.monotonic() < end and (todo or open_ or time.monotonic() < t0 + args.submit_min * 60):
+    while time.monotonic() < end:  # the whole run, also once every batch has ended: the speed is still read
         while todo and time.monotonic() - t0 >= todo[0]["at"]:
             b = todo.pop(0)
             bid = submit(http, b, out, len(done) + len(open_))
@@ -169,6 +173,9 @@ def main() -> None:
     ap.add_argument("--train-s", type=float, default=8.0)
     ap.add_argument("--valley-s", type=float, default=8.0, help="a valley's length at the start (it drifts longer)")
     ap.add_argument("--required", type=int, default=64, help="samples per training step")
+    ap.add_argument("--drift", type=float, default=None,
+                    help="how much longer responses grow per step (default: the profile's, made for a dozen steps; "
+                         "this run has a hundred steps of seconds, a real trainer's last minutes)")
     ap.add_argument("--token-s", type=float, default=0.05)
     ap.add_argument("--knee", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=32, help="the stand-in runs at most this many at once too")
@@ -182,7 +189,8 @@ def main() -> None:
                              "--knee", str(args.knee), "--max-num-seqs", str(args.concurrency)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     tenant, gate_log = f"http://127.0.0.1:{port}", []
-    schedule = valleys(args.profile, args.required, args.valley_s, args.train_s, args.minutes * 60 + 60, args.seed)
+    schedule = valleys(args.profile, args.required, args.valley_s, args.train_s, args.minutes * 60 + 60, args.seed,
+                       args.drift)
     try:
         wait_http(f"{tenant}/health", fake, "the stand-in vLLM")
         proc, url, log = service(args.out / "state", tenant, args)
