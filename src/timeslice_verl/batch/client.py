@@ -179,4 +179,5 @@ def eta_words(field: dict[str, Any] | None) -> str:
     return f"ETA {when}" + (" — LATE: past the end of its completion_window" if field.get("late") else "")
 
 
-__all__ = ["NOT_SENT", "BatchClient", "BatchClientError", "describe", "endpoint_of", "eta_words", "follow", "not_sent", "served_model"]
+__all__ = ["NOT_SENT", "BatchClient", "BatchClientError", "describe", "endpoint_of", "eta_words", "follow", "not_sent",
+           "served_model"]

@@ -87,7 +87,8 @@ class Rate:
 class Meter:
     """The recent :class:`Sample` s of one service and the :class:`Rate` they give."""
 
-    def __init__(self, window_s: float = WINDOW_S, min_open_s: float = MIN_OPEN_S, min_span_s: float = MIN_SPAN_S) -> None:
+    def __init__(self, window_s: float = WINDOW_S, min_open_s: float = MIN_OPEN_S,
+                 min_span_s: float = MIN_SPAN_S) -> None:
         self.window_s, self.min_open_s, self.min_span_s = window_s, min_open_s, min_span_s
         self.samples: deque[Sample] = deque()
 

@@ -91,8 +91,9 @@ def render_batch(summary: dict[str, Any]) -> str:
            + (f"; {rate:.0f} tokens/s while the tenant had the GPU" if rate else "")]
     speed = summary.get("speed")
     if speed:
-        out.append(f"  measured over the last {speed['window_s']:.0f} s: {speed['tokens_per_open_s']:.0f} tokens/s while "
-                   f"sending, the gate open {speed['open_share'] * 100:.0f} % of the time (the batches' ETAs rest on it)")
+        out.append(f"  measured over the last {speed['window_s']:.0f} s: {speed['tokens_per_open_s']:.0f} tokens/s "
+                   f"while sending, the gate open {speed['open_share'] * 100:.0f} % of the time (the batches' ETAs "
+                   "rest on it)")
     for t in summary.get("tenants") or []:
         out.append(f"  to {clean(t.get('tenant', '?'))}: {t.get('inflight', 0)} requests open at the tenant, of a limit of {t.get('limit', 0)} "
                    f"(it follows vLLM); {t.get('sent', 0)} sent, {t.get('answered', 0)} answered"
