@@ -83,6 +83,26 @@ def points(run: Run) -> str:
     return "\n".join(lines)
 
 
+def kinds(run: Run) -> str:
+    """Every reading (:data:`MIN_LEFT_S` or more before the end) by what the ETA could not know: the batch's own
+    tokens per answer (no answer yet: the service's mean stood in) and work arriving ahead of it (priority −10:
+    every later batch of priority 0 went first)."""
+    batches = {b["id"]: b for b in jsonl(run.data / "batches.jsonl") if b.get("status") == "completed"}
+    groups: dict[str, list[float]] = {}
+    for o in jsonl(run.data / "observations.jsonl"):
+        b = batches.get(o["id"])
+        if b is None or o.get("eta_at") is None or b["ended_at"] - o["at"] < MIN_LEFT_S:
+            continue
+        error = (o["eta_at"] - b["ended_at"]) / (b["ended_at"] - o["at"]) * 100
+        kind = (f"priority {b['priority']}, " + ("before its first answer" if o["completed"] == 0 else
+                                                 "after its first answer"))
+        groups.setdefault(kind, []).append(error)
+    lines = ["| readings of | readings | median abs error, % of time left | median signed |", "|---|---|---|---|"]
+    lines += [f"| {kind} | {len(got)} | {statistics.median(abs(e) for e in got):.1f} | {statistics.median(got):+.1f} |"
+              for kind, got in sorted(groups.items(), key=lambda kv: (-int(kv[0].split(",")[0].split()[1]), kv[0]))]
+    return "\n".join(lines)
+
+
 def late(run: Run) -> str:
     """Batches flagged late when made (their first reading) against how they ended."""
     first: dict[str, Any] = {}
@@ -98,4 +118,4 @@ def late(run: Run) -> str:
 
 
 def tables(run: Run) -> dict[str, Callable[[Run], str]]:
-    return {"points": points, "late": late}
+    return {"points": points, "kinds": kinds, "late": late}
