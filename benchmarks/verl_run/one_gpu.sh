@@ -11,6 +11,7 @@
 #                                           batch tenant under load, validation in the valleys, FAULTS=1 of run.sh:
 #                                           the tenant supervised and stopped once, the agent killed once), both runs' table
 # Each call prints a short table last and leaves at most 4 files in $OUT. Both runs: RESPONSE_LEN=512, TEST_FREQ=2,
+# version 0 validated before training (VAL_BEFORE_TRAIN=True),
 # ROLLOUT_STEPS (48: 12 trainer steps), the reward of reward.py, seed 1; verl killed at what the call has left.
 # env: CALL_BUDGET_S (560), ROLLOUT_STEPS, MODE and SWAP (step 3: validate, resident), plus run.sh's (ROLLOUT_KV_GB, TENANT_KV_GB, POLICY_KV_GB...)
 set -uo pipefail
@@ -62,7 +63,7 @@ run_one() {  # MODE [overrides]: one run.sh run, killed at what this call has le
   left=$(( BUDGET - ($(date +%s) - START) - TAIL_S ))
   rm -rf "$run"; mkdir -p "$run"
   echo "== $mode: verl's deadline ${left} s, ROLLOUT_STEPS=${ROLLOUT_STEPS:-48}"
-  GPUS=1 MODEL=$MODEL DATA=$DATA OUT=$run DEADLINE_S=$left RESPONSE_LEN=512 TEST_FREQ=2 ROLLOUT_STEPS=${ROLLOUT_STEPS:-48} \
+  GPUS=1 MODEL=$MODEL DATA=$DATA OUT=$run DEADLINE_S=$left RESPONSE_LEN=512 TEST_FREQ=2 VAL_BEFORE_TRAIN=True ROLLOUT_STEPS=${ROLLOUT_STEPS:-48} \
     REWARD=benchmarks/verl_run/reward.py bash benchmarks/verl_run/run.sh "$mode" "$@" > "$run/run-sh.log" 2>&1
   echo "run.sh rc=$? $(cat "$run/run.json" 2>/dev/null)"
   grep -aE "Traceback|Error|error:|refused" "$run/verl.log" 2>/dev/null | grep -v "^\s*'" | head -15 | cut -c1-300
