@@ -19,7 +19,7 @@ from timeslice_verl.batch.concurrency import Policy
 from timeslice_verl.batch.feeder import Feeder
 from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.lines import parse
-from timeslice_verl.batch.resume import CHAT, COMPLETIONS
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 
 store = store_fixture("resume")
 BUDGET = 400
