@@ -1,6 +1,6 @@
-"""The batch store's one schema, on SQLite and on a real PostgreSQL server: a new database gets it, a database a
-development version made (before the first release) is refused with what to do and left as it was, one from a newer
-release is refused too."""
+"""The batch store's schema, on SQLite and on a real PostgreSQL server: a new database gets it, the first release's is
+brought to it in place (its lines kept), a database a development version made (before the first release) is refused
+with what to do and left as it was, one from a newer release is refused too."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from pg_support import ENGINES, Postgres, fresh_database, server  # noqa: F401 (server: a fixture)
 from timeslice_verl.batch.engine import StoreError
-from timeslice_verl.batch.schema import SCHEMA_VERSION, for_postgresql, statements
+from timeslice_verl.batch.schema import FIRST_RELEASE, SCHEMA_VERSION, for_postgresql, statements
 from timeslice_verl.batch.store import Store
 
 DEVELOPMENT_FILES = """CREATE TABLE files (id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL,
@@ -86,11 +86,38 @@ def test_a_development_database_is_refused_with_what_to_do_and_left_as_it_was(re
         db.store()
     said = str(refused.value)
     assert f"development version of timeslice-verl (schema {DEVELOPMENT_VERSION}" in said
-    assert f"reads schema {SCHEMA_VERSION} only" in said and "timeslice-verl batch results" in said
+    assert f"reads schema {SCHEMA_VERSION} and its first release's only" in said and "timeslice-verl batch results" in said
     remedy = "move" if engine == "sqlite" else "TIMESLICE_BATCH_DSN a new database"
     assert remedy in said and "a new one is created at start" in said
     assert db.version() == DEVELOPMENT_VERSION  # nothing lost: its file is there, untouched
     assert db.execute("SELECT id, bytes FROM files") == [("file_old", 3)]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_first_releases_database_is_brought_up_in_place_its_lines_kept(request, tmp_path, engine):
+    """Schema 7 had no ``lines.partial`` (the output a yield cut): its database gains the column, its queued line is
+    claimed as it was and can keep a cut's output."""
+    from timeslice_verl.batch.claims import Outcome
+
+    db = Database(engine, request, tmp_path)
+    first = [s.replace("  partial TEXT,\n", "") for s in statements()]
+    assert all("partial" not in s for s in first)
+    marker = [] if engine == "sqlite" else ["CREATE TABLE timeslice_schema (version INTEGER NOT NULL)"]
+    db.execute(*first, *marker, "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, created_at, "
+               "expires_at, total, queued) VALUES ('batch_1', '/v1/completions', 'f', '24h', 'in_progress', 1, "
+               "4000000000, 1, 1)", "INSERT INTO lines (batch_id, idx, custom_id, body, state) VALUES ('batch_1', 0, "
+               "'a', '{}', 'queued')", db.mark(FIRST_RELEASE))
+    store = db.store()
+    try:
+        assert db.version() == SCHEMA_VERSION
+        (line,) = store.claim(5)
+        assert (line.custom_id, line.partial) == ("a", None)
+        assert store.record([Outcome(line, "queued", partial='{"kept": 1}')]) == 1
+        assert [r["partial"] for r in store.query("SELECT partial FROM lines")] == ['{"kept": 1}']
+    finally:
+        store.close()
+    db.store().close()  # opened again: nothing more to do
+    assert db.version() == SCHEMA_VERSION
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -30,6 +30,9 @@ class Line:
     endpoint: str
     token: int = 0
     """The claim's fencing token: an answer counts only while the line still carries it."""
+    partial: str | None = None
+    """What earlier tries a yield cut generated (:class:`~timeslice_verl.batch.resume.Partial` as JSON): this try
+    continues it."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,11 @@ class Outcome:
     delay_s: float = 0.0
     """How long a line queued again waits before a claim takes it, on the database's clock (the next feeder to
     claim it may be another node's)."""
+    partial: str | None = None
+    """Queued with the output kept so far (JSON), written with its state: the next try continues it, this one is
+    not counted."""
+    restart: bool = False
+    """Queued to start again, the output kept so far dropped (its continued request was refused)."""
 
 
 _INTERRUPTED = json.dumps({"object": "list", "data": [{
@@ -103,7 +111,7 @@ class LineQueue:
         got, passed = self._take(planned, holder, lease_s, wait=False)
         if not got and passed:
             got, _ = self._take(passed, holder, lease_s, wait=True)
-        return [Line(bid, r["idx"], r["custom_id"], r["body"], r["attempts"], endpoint[bid], r["token"])
+        return [Line(bid, r["idx"], r["custom_id"], r["body"], r["attempts"], endpoint[bid], r["token"], r["partial"])
                 for bid, _ in planned for r in got.get(bid, [])]
 
     def _take(self, planned: list[tuple[str, int]], holder: str, lease_s: float,
@@ -166,6 +174,10 @@ class LineQueue:
                 ln, held = o.line, (o.line.batch_id, o.line.idx, o.line.token)
                 if o.state == "done":
                     cur = db.execute(sql("line_done"), (o.response, o.tokens, *held))
+                elif o.partial is not None:
+                    cur = db.execute(sql("line_cut"), (o.delay_s, o.partial, *held))
+                elif o.restart:
+                    cur = db.execute(sql("line_restart"), (o.delay_s, *held))
                 elif o.state == "queued":
                     cur = db.execute(sql("line_again"), (o.delay_s, *held))
                 else:

@@ -119,7 +119,7 @@ class Service:
         own lines)."""
         self.feeders = [Feeder(self.store, url, gate, policy=policy, adapt=b.adapt_concurrency, max_attempts=b.max_attempts,
                                request_timeout_s=b.request_timeout_s, settle=i == 0, lease_s=b.lease_s, role=which,
-                               spread=b.spread)
+                               spread=b.spread, resume_partial=b.resume_partial)
                         for i, ((url, which), gate) in enumerate(zip(fed, self.gates))]
         self.metrics = BatchMetrics(self)
         served = {TenantRole.batch: Models(self.url) if self.url else None,
@@ -184,7 +184,7 @@ class Service:
         each = [{"tenant": f.url, "open": g.open, "open_s": round(g.seconds_open(), 3), **_stats(f)}
                 for f, g in zip(self.feeders, self.gates)]
         feeder = {k: sum(e[k] for e in each) for k in ("limit", "inflight", "sent", "answered", "written", "writes", "shed",
-                                                        "lost")}
+                                                        "lost", "resumed", "kept")}
         feeder.update(healthy=all(f.healthy for f in self.feeders), spread=any(f.spread for f in self.feeders),
                       answer_s=each[0]["answer_s"] if each else None,
                       samples=self.feeders[0].stats.samples[-50:] if self.feeders else [],
@@ -222,7 +222,8 @@ def _validation_version(metadata: str | None) -> int | None:
 def _stats(feeder: Feeder) -> dict[str, Any]:
     st = feeder.stats
     return {"limit": st.limit, "inflight": st.inflight, "sent": st.sent, "answered": st.answered, "written": st.written,
-            "writes": st.writes, "shed": st.shed, "lost": st.lost, "spread": feeder.spread,
+            "writes": st.writes, "shed": st.shed, "lost": st.lost, "resumed": st.resumed, "kept": st.kept,
+            "spread": feeder.spread,
             "answer_s": round(feeder.latency.mean_s, 4) if feeder.latency.mean_s is not None else None}
 
 

@@ -90,7 +90,9 @@ def render_batch(summary: dict[str, Any]) -> str:
     for t in summary.get("tenants") or []:
         out.append(f"  to {clean(t.get('tenant', '?'))}: {t.get('inflight', 0)} requests open at the tenant, of a limit of {t.get('limit', 0)} "
                    f"(it follows vLLM); {t.get('sent', 0)} sent, {t.get('answered', 0)} answered"
-                   + (f", {t['shed']} shed when the limit fell" if t.get("shed") else ""))
+                   + (f", {t['shed']} shed when the limit fell" if t.get("shed") else "")
+                   + (f"; {t['resumed']} continued where a yield cut them ({t.get('kept', 0)} tokens kept)"
+                      if t.get("resumed") else ""))
     if summary.get("key_file"):
         out.append(f"  API key: {clean(summary['key_file'])} (timeslice-verl batch key prints it)")
     for b in summary.get("open_batches") or []:

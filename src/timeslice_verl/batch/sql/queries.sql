@@ -33,6 +33,9 @@ SELECT version FROM timeslice_schema;
 -- name: set_schema_version.postgresql
 INSERT INTO timeslice_schema (version) VALUES ({schema_version});
 
+-- name: update_schema_version.postgresql
+UPDATE timeslice_schema SET version = {schema_version};
+
 -- name: wal.sqlite
 PRAGMA journal_mode = WAL;
 
@@ -55,6 +58,10 @@ SELECT set_config(s.name, s.value, false) FROM unnest(CAST(? AS text[]), CAST(? 
 
 -- name: ping
 SELECT 1;
+
+-- name: lines_partial_column
+-- the first release's schema (7) brought to 8 in place: the output a yield cut, kept with its line
+ALTER TABLE lines ADD COLUMN partial TEXT;
 
 -- ============================================================ files
 
@@ -235,7 +242,7 @@ WITH picked AS MATERIALIZED (
   ORDER BY idx LIMIT ?{skip_locked})
 UPDATE lines SET state = 'inflight', attempts = attempts + 1, holder = ?, lease_until = {now} + ?, token = token + 1
 WHERE batch_id = ? AND idx IN (SELECT pick FROM picked) AND state = 'queued'
-RETURNING idx, custom_id, body, attempts, token;
+RETURNING idx, custom_id, body, attempts, token, partial;
 
 -- name: batch_taken
 UPDATE batches SET queued = queued - ?, inflight = inflight + ?, retried = retried + ? WHERE id = ?;
@@ -256,7 +263,7 @@ WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
 UPDATE batches SET inflight = inflight - ?, queued = queued + ?, retried = retried - ? WHERE id = ?;
 
 -- name: line_done
-UPDATE lines SET state = 'done', response = ?, tokens = ?, done_at = {now}, holder = NULL
+UPDATE lines SET state = 'done', response = ?, tokens = ?, done_at = {now}, holder = NULL, partial = NULL
 WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
 
 -- name: line_again
@@ -264,8 +271,19 @@ WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
 UPDATE lines SET state = 'queued', next_at = {now} + ?, holder = NULL
 WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
 
+-- name: line_cut
+-- queued again, ready ? s from now, with the output a yield cut (?, JSON) kept: the next try continues it, and this
+-- one is not counted (each such try keeps a token more)
+UPDATE lines SET state = 'queued', next_at = {now} + ?, holder = NULL, partial = ?, attempts = attempts - 1
+WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
+
+-- name: line_restart
+-- queued again, ready ? s from now, to start from the beginning: the output kept so far dropped
+UPDATE lines SET state = 'queued', next_at = {now} + ?, holder = NULL, partial = NULL
+WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
+
 -- name: line_failed
-UPDATE lines SET state = 'failed', error = ?, response = ?, holder = NULL
+UPDATE lines SET state = 'failed', error = ?, response = ?, holder = NULL, partial = NULL
 WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
 
 -- name: batch_recorded

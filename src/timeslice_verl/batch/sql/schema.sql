@@ -35,6 +35,7 @@ CREATE TABLE lines (
   attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL DEFAULT 0, response TEXT, error TEXT,
   tokens INTEGER NOT NULL DEFAULT 0, done_at REAL,
   holder TEXT, lease_until REAL NOT NULL DEFAULT 0, token INTEGER NOT NULL DEFAULT 0,
+  partial TEXT,
   PRIMARY KEY (batch_id, idx));
 
 -- name: create_lines_todo
