@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The harvest benchmark on one H200 (issue 36), from the repo root there, in calls made back to back:
+# The harvest benchmark on one H200, from the repo root there, in calls made back to back:
 #   bash benchmarks/harvest_h200.sh setup   stash vLLM's payload part0, build the test model
 #   (TENANT_SHAPE=qwen2-7b for setup and start: the tenant a random model of that shape, benchmarks/tenant_model.py)
 #   bash benchmarks/harvest_h200.sh start   part1: unpack vLLM 0.24, start it (0.35 of the GPU), tagged (VLLM_ARGS: more;

@@ -5,7 +5,7 @@
 #   solo        plain verl (no timeslice section, no tenant)
 #   observe     +timeslice=observe: events and timeline, the GPU is never handed over
 #   interleave  +timeslice=interleave with a vLLM batch tenant on GPU 0 under constant load, and the agent
-#   validate    interleave, plus validation in the valleys (issue 39): a policy tenant (vLLM with IPC weight transfer)
+#   validate    interleave, plus validation in the valleys: a policy tenant (vLLM with IPC weight transfer)
 #               on GPU 0 beside the batch tenant, the batch service, every TEST_FREQ (2) versions validated there
 #               (compare with `solo` at the same TEST_FREQ: verl's own, awaited validation by its rollouter)
 # GPUS=1: everything on ONE GPU (GPU, default 0): verl's trainer and rollout through the timeslice_ipc checkpoint engine
