@@ -89,7 +89,7 @@ class SpeedProbe:
 
     def latest(self) -> tuple[float | None, float | None]:
         """(the index, the readings' mean in millions of units per CPU-second): the index compares within one probe
-        (its first reading is noisy), the rate across probes of one host (rounds of ``drift`` are a probe each)."""
+        (its first reading is noisy), the rate across probes of one host (passes of ``drift`` are a probe each)."""
         got = []
         while not self._readings.empty():
             got.append(self._readings.get_nowait())
