@@ -20,6 +20,7 @@ batch, and the mean over the lines taken).
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
@@ -51,9 +52,15 @@ class Valley:
     _share: float = 0.0
     _started: dict[Hashable, float] = field(default_factory=dict)
     _spent: dict[tuple[str, str], float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    """The feeder's loop sends and ends; the status and the metrics read from the API's threads."""
 
     def advance(self) -> None:
         """Give out the open seconds since the last look: to the lines in flight, else wasted."""
+        with self._lock:
+            self._advance()
+
+    def _advance(self) -> None:
         now = self.seconds_open()
         dt, self._seen = now - self._seen, now
         if dt <= 0:
@@ -75,27 +82,32 @@ class Valley:
 
     def start(self, send: Hashable) -> float:
         """A line was sent (``send``: what names this try until it ends); the gate's open seconds now."""
-        self.advance()
-        self._started[send] = self._share
-        return self._seen
+        with self._lock:
+            self._advance()
+            self._started[send] = self._share
+            return self._seen
 
     def end(self, send: Hashable, batch_id: str, owner: str) -> None:
         """The try ``send`` ended (answered, cut, failed or cancelled): its share goes to its batch and owner."""
-        self.advance()
-        seconds = self._share - self._started.pop(send)
-        key = (batch_id, owner)
-        self._spent[key] = self._spent.get(key, 0.0) + seconds
+        with self._lock:
+            self._advance()
+            seconds = self._share - self._started.pop(send)
+            key = (batch_id, owner)
+            self._spent[key] = self._spent.get(key, 0.0) + seconds
 
     def take(self) -> dict[tuple[str, str], float]:
         """The seconds given out since the last take, by ``(batch, owner)``: the writer's next transaction adds them."""
-        out, self._spent = self._spent, {}
+        with self._lock:
+            out, self._spent = self._spent, {}
         return out
 
     def figures(self) -> dict[str, Any]:
-        self.advance()
+        with self._lock:
+            self._advance()
+            hours = sorted((h, list(b)) for h, b in self.hours.items())
         return {"lent_s": round(self.lent, 3), "used_s": round(self.used, 3), "wasted_s": round(self.wasted, 3),
                 "hours": [{"hour": h, **{f"{u}_s": round(v, 3) for u, v in zip(USES, b)}}
-                          for h, b in sorted(self.hours.items())]}
+                          for h, b in hours]}
 
 
 def node_figures(valleys: Iterable[Valley]) -> dict[str, Any]:
