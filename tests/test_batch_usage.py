@@ -220,3 +220,19 @@ def test_two_keys_attribution_adds_up_to_the_stand_ins_tokens_and_the_nodes_used
     assert f'timeslice_batch_owner_output_tokens_total{{owner="team-a"}} {float(figures["team-a"]["output_tokens"])}' \
         in metrics
     assert re.findall(r'timeslice_batch_owner_gpu_seconds_total\{owner="([^"]+)"\}', metrics) == ["team-a", "team-b"]
+
+
+def test_the_status_and_batch_status_show_who_got_what():
+    from timeslice_verl.batch.client import describe
+    from timeslice_verl.tools.status import render_batch
+
+    shown = render_batch({"tenant": "http://t", "gate": {"open": True, "source": "agent"},
+                          "valley": {"lent_s": 100.0, "used_s": 80.0, "wasted_s": 20.0},
+                          "owners": [{"owner": "team-a", "input_tokens": 12, "output_tokens": 34, "gpu_seconds": 5.25,
+                                      "gpu_seconds_last_day": 5.25, "cut_tries": 2}]})
+    assert "valleys: 100 s lent, 80 s used, 20 s wasted" in shown
+    assert "owner team-a: 12 tokens in, 34 out, 5.2 GPU-s (5.2 in the last day), 2 tries cut by a yield" in shown
+    line = describe({"id": "batch_1", "status": "completed", "request_counts": {"total": 2, "completed": 2, "failed": 0},
+                     "endpoint": CHAT, "usage": {"input_tokens": 12, "output_tokens": 34},
+                     FIELD: {"gpu_seconds": 5.25}})
+    assert "12 tokens in, 34 out, 5.2 GPU-s" in line
