@@ -10,7 +10,9 @@ GPU for as long as it is in flight — the prefill of a long prompt, the wait in
 to the seconds the gate was open with a line in flight (``used``): each interval ``dt`` is given out whole. Kept as a
 running sum of ``dt / n`` (:class:`Valley`): a line's seconds are the sum's growth from its send to its end, O(1)
 per line. The seconds a feeder measured go to the database with its next write (``batches.gpu_s`` and the owner's
-minute in ``gpu_usage``, which ``gpu_seconds_per_day`` reads), whatever became of the answers.
+minute in ``gpu_usage``, which ``gpu_seconds_per_day`` reads), whatever became of the answers; a feeder stopped
+with lines in flight takes their seconds with it (as its node's figures, which live in its memory). The seconds
+given out between two looks go to the hour of the second look (a look at every send and end, and status and scrape).
 
 Tokens are the answers' ``usage`` (``prompt_tokens``: the batch's ``input_tokens``; ``completion_tokens``: its
 ``output_tokens``), counted once per line answered. Waits, on the database's clock: a batch's queue wait is its
