@@ -106,6 +106,10 @@ def test_a_line_cut_several_times_goes_on_each_time_and_nothing_is_generated_twi
     assert tenant.stats()["aborted"] == 3 and kept == sorted(set(kept))
     assert (feeder.stats.resumed, feeder.stats.kept) == (3, BUDGET - (BUDGET - kept[-1]))
     assert store.figures(bid)["tokens"] == BUDGET
+    row = store.batch(bid)
+    assert row["cuts"] == 3, "each try a yield cut is counted, resumed ones too"
+    assert row["prompt_tokens"] == _answer(store, bid)["usage"]["prompt_tokens"] > 0
+    assert row["gpu_s"] == pytest.approx(feeder.valley.used) and row["gpu_s"] > 0, "one line: every second used is its"
 
 
 @pytest.mark.parametrize("endpoint, prompt", [(CHAT, "req-0"), (COMPLETIONS, [7, 8, 9])], ids=["chat", "token ids"])
@@ -225,4 +229,5 @@ def test_with_resuming_off_a_cut_line_starts_again(tmp_path, procs):
     feeder = _feed(own, tenant, script, resume_partial=False)
     _whole(_answer(own, bid), "req-0")
     assert feeder.stats.resumed == 0
+    assert own.batch(bid)["cuts"] == 1, "a cut that starts again is counted too"
     own.close()

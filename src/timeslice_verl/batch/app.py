@@ -8,6 +8,9 @@ shape: ``{"error": {"message", "type", "param", "code"}}`` with a 4xx that names
 Each file and batch is its owner's (the owner the caller's key names, :mod:`~timeslice_verl.batch.auth`): another
 owner's id answers exactly as a missing one, the lists hold the caller's alone, an ``admin`` key reaches all. An
 owner over a token quota (:mod:`~timeslice_verl.batch.quota`) gets 429 with ``Retry-After`` for a new batch.
+
+A batch object's ``usage`` holds its tokens as OpenAI's does; the extension field ``timeslice_usage`` what it used of
+the valleys (:mod:`~timeslice_verl.batch.usage`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from timeslice_verl.batch.files import Files, TooLarge
 from timeslice_verl.batch.keys import ALL_PRIORITIES, ApiKey, KeyRole
 from timeslice_verl.batch.lines import BatchRefused, error_lines, output_lines, parse_stream
 from timeslice_verl.batch.store import OPEN, Store, StoreUnavailable
+from timeslice_verl.batch.usage import FIELD, extension, usage_object
 from timeslice_verl.names import TenantRole
 
 OUT, ERR = "file-out-", "file-err-"
@@ -68,6 +72,7 @@ def batch_object(store: Store, row: dict[str, Any]) -> dict[str, Any]:
     for key in ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
                 "cancelling_at", "cancelled_at"):
         out[key] = row[key]
+    out["usage"], out[FIELD] = usage_object(row), extension(row)
     return out
 
 
@@ -115,8 +120,9 @@ def make_app(store: Store, *, models: Callable[[TenantRole], set[str] | None], k
     @app.get("/timeslice/summary")
     def get_summary(request: Request) -> dict[str, Any]:
         out, key = summary(), caller(request)
-        if not key.admin and "open_batches" in out:  # the service's figures; of the batches, the caller's alone
-            out = {**out, "open_batches": [b for b in out["open_batches"] if owned(store.batch(b["id"]), key)]}
+        if not key.admin and "open_batches" in out:  # the service's figures; of the batches and owners, the caller's
+            out = {**out, "open_batches": [b for b in out["open_batches"] if owned(store.batch(b["id"]), key)],
+                   "owners": [o for o in out.get("owners", []) if o["owner"] == key.owner]}
         return out
 
     @app.get("/timeslice/batches/{bid}")

@@ -163,8 +163,11 @@ def describe(batch: dict[str, Any], unsent: int = 0) -> str:
     c = batch["request_counts"]
     files = "  ".join(f"{k}={batch[k]}" for k in ("output_file_id", "error_file_id") if batch.get(k))
     apart = f", {unsent} not sent ({'expired' if batch['status'] == 'expired' else 'cancelled'})" if unsent else ""
+    use, ext = batch.get("usage") or {}, batch.get("timeslice_usage") or {}
+    spent = f", {use.get('input_tokens', 0)} tokens in, {use.get('output_tokens', 0)} out, " \
+            f"{ext.get('gpu_seconds', 0):.1f} GPU-s" if use else ""
     return (f"{batch['id']}  {batch['status']:11}  {c['completed']}/{c['total']} done, {c['failed']} failed"
-            f"{apart}  {batch['endpoint']}  {files}").rstrip()
+            f"{apart}{spent}  {batch['endpoint']}  {files}").rstrip()
 
 
 __all__ = ["NOT_SENT", "BatchClient", "BatchClientError", "describe", "endpoint_of", "follow", "not_sent", "served_model"]

@@ -46,6 +46,7 @@ from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.idle import Waker
 from timeslice_verl.batch.pacing import Latency, Pacer
 from timeslice_verl.batch.store import LEASE_S, Line, Outcome, Store, StoreUnavailable
+from timeslice_verl.batch.usage import Valley
 from timeslice_verl.log import get_logger
 from timeslice_verl.names import TenantRole
 
@@ -60,9 +61,8 @@ SAMPLE_S = 0.5
 valley's first interval, its ramp, is left out)."""
 SETTLE_S = 5.0
 """How often open batches are checked for their window and cancels (also while the trainer holds the GPU)."""
-WRITE_MAX = 1024
-WRITE_GATHER, GATHER_S = 64, 0.02
-"""Under this many answers waiting, the writer waits this long for more before its transaction (CPU per line)."""
+WRITE_MAX, WRITE_GATHER, GATHER_S = 1024, 64, 0.02
+"""A transaction's most answers; under WRITE_GATHER waiting, the writer waits GATHER_S for more (CPU per line)."""
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -121,7 +121,7 @@ class Feeder:
         self._shed_lines: list[Line] = []
         self.spread = spread
         """Sends released at the limit's pace (:mod:`timeslice_verl.batch.pacing`), not all at once."""
-        self._pacer, self.latency = Pacer(), Latency()
+        self._pacer, self.latency, self.valley = Pacer(), Latency(), Valley(gate.seconds_open)  # valley: GPU-s per send
         self._sent_at: dict[asyncio.Task, float] = {}
         """Each send's start, in the gate's open seconds (an answer held through a trainer's turn took no longer)."""
 
@@ -202,7 +202,7 @@ class Feeder:
         self.stats.sent += 1
         task = asyncio.create_task(self._try(session, line))
         self._sending[task] = line
-        self._sent_at[task] = self.gate.seconds_open()
+        self._sent_at[task] = self.valley.start(task)  # the gate's open seconds now
         task.add_done_callback(functools.partial(self._sent, session))
 
     def _allowed(self, want: int) -> int:
@@ -227,8 +227,8 @@ class Feeder:
     def _sent(self, session: aiohttp.ClientSession, task: asyncio.Task) -> None:
         """A send ended: its slot is free now (its outcome is written behind it). A done callback, not the send's
         own ``finally``: a send cancelled before it ever ran has none."""
-        line = self._sending.pop(task)
-        sent_at = self._sent_at.pop(task)
+        line, sent_at = self._sending.pop(task), self._sent_at.pop(task)
+        self.valley.end(task, line.batch_id, line.owner)
         shed = task in self._shedding
         self._shedding.discard(task)
         self.stats.inflight -= 1
@@ -265,7 +265,7 @@ class Feeder:
     async def _try(self, session: aiohttp.ClientSession, line: Line) -> Outcome:
         try_ = resume.plan(line.endpoint, line.body, line.partial, self.resume_partial)
         if try_.answer is not None and try_.partial is not None:  # what was kept used its whole budget
-            return Outcome(line, "done", response=try_.answer, tokens=try_.partial.tokens)
+            return Outcome.answer(line, try_.answer, try_.partial.usage)
         self.stats.resumed += try_.partial is not None
         try:
             async with session.post(line.endpoint, data=try_.body, headers=JSON_HEADERS) as resp:
@@ -282,7 +282,7 @@ class Feeder:
             text = json.dumps(body)
         response = f'{{"status_code": {status}, "request_id": {json.dumps(rid)}, "body": {text}}}'
         if fate == "done":
-            return Outcome(line, "done", response=response, tokens=int((body.get("usage") or {}).get("completion_tokens") or 0))
+            return Outcome.answer(line, response, body.get("usage"))
         if fate == "again":
             kept = resume.cut(line.endpoint, try_, body, rid) if why == ABORTED else None
             if kept is not None:
@@ -296,10 +296,10 @@ class Feeder:
         """Queued again after a backoff; a try that ``kept`` output is not counted (each keeps a token more)."""
         if line.attempts >= self.max_attempts and kept is None:
             error = {"code": "attempts_exhausted", "message": f"{line.attempts} attempt(s), the last: {why}"}
-            return Outcome(line, "failed", error=json.dumps(error))
+            return Outcome(line, "failed", error=json.dumps(error), cut=why == ABORTED)
         delay = LINE_AGAIN.after(line.attempts)
         log.debug("batch: line %s of %s again in %.1f s (%s)", line.custom_id, line.batch_id, delay, why)
-        return Outcome(line, "queued", delay_s=delay, partial=kept.dumps() if kept else None, restart=restart)
+        return Outcome(line, "queued", delay_s=delay, partial=kept and kept.dumps(), restart=restart, cut=why == ABORTED)
 
     async def _db(self, fn: Any, *args: Any) -> Any:
         """Run a store call off the loop; while the database cannot be written (the disk full, locked) retry with a
@@ -328,7 +328,7 @@ class Feeder:
                 await asyncio.sleep(GATHER_S)  # the slots are free already: a few ms more makes one transaction of many
             while len(batch) < WRITE_MAX and not self._outcomes.empty():
                 batch.append(self._outcomes.get_nowait())
-            await self._db(self.store.record, batch)
+            await self._db(self.store.record, batch, self.valley.take())
             self.stats.written += len(batch)
             self.stats.writes += 1
             if any(o.state == "queued" for o in batch):

@@ -6,6 +6,7 @@
 A line of the key file::
 
     KEY [owner=NAME] [role=user|admin] [priorities=LOW..HIGH] [weight=W] [tokens_per_hour=N] [tokens_per_day=N]
+        [gpu_seconds_per_day=S]
 
 ``#`` starts a comment (a whole line, or after the key's fields). A plain line (the key alone, the format before
 these fields) keeps working:
@@ -20,7 +21,7 @@ these fields) keeps working:
 * ``priorities`` omitted: a ``user`` up to the users' normal priority (``-100..0``; ``0`` is what a batch asks for
   without one), an ``admin`` every priority a batch may have (``-100..100``: validation runs ask for
   ``timeslice.validate.priority``, 100). ``LOW..HIGH`` (either end may be left out: ``..5``), or one number.
-* ``weight``, ``tokens_per_hour``, ``tokens_per_day`` omitted: weight 1, no quota. They are the owner's: on several
+* ``weight``, ``tokens_per_hour``, ``tokens_per_day``, ``gpu_seconds_per_day`` omitted: weight 1, no quota. They are the owner's: on several
   lines of one owner, a field must say the same wherever it is given.
 """
 
@@ -137,7 +138,8 @@ def _fields(text: str) -> tuple[str, dict[str, str]]:
         name, sep, value = word.partition("=")
         if not sep or name not in FIELDS:
             raise KeyLineError(f"{word!r} is not a field: after the key come owner=NAME, role=user|admin, "
-                               f"priorities=LOW..HIGH, weight=W, tokens_per_hour=N, tokens_per_day=N")
+                               f"priorities=LOW..HIGH, weight=W, tokens_per_hour=N, tokens_per_day=N, "
+                               "gpu_seconds_per_day=S")
         if name in fields:
             raise KeyLineError(f"{name}= is given twice")
         fields[name] = value

@@ -1,6 +1,7 @@
 """The batch service's Prometheus metrics, read off the store when scraped: lines queued, in flight, completed,
 retried and failed, tokens generated, whether (and how long) the tenant has had the GPU, and the lines a yield cut that
-went on from their kept output (labelled by tenant: one a tenant URL the service was given)."""
+went on from their kept output (labelled by tenant: one a tenant URL the service was given); and who got what from
+the valleys (:func:`timeslice_verl.batch.usage.collect`: by configured owner, never by batch)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from timeslice_verl.batch import usage
 
 
 class BatchMetrics:
@@ -49,6 +52,7 @@ class BatchMetrics:
             resumed.add_metric([feeder.url], feeder.stats.resumed)
             kept.add_metric([feeder.url], feeder.stats.kept)
         yield from (limit, out, has, shed, seconds, resumed, kept)
+        yield from usage.collect(self.service)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

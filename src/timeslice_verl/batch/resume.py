@@ -60,6 +60,11 @@ class Partial:
     def dumps(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
 
+    @property
+    def usage(self) -> dict[str, int]:
+        """What was kept, as an answer's ``usage`` counts it (a line answered without a request)."""
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.tokens}
+
     @classmethod
     def loads(cls, text: str) -> Partial:
         return cls(**json.loads(text))

@@ -10,7 +10,8 @@ has an owner too: a key reaches its owner's files alone.
 The statements (``sql/schema.sql``) are written in the SQL both engines speak; :func:`for_postgresql` maps SQLite's type names. SQLite
 keeps the version in ``PRAGMA user_version``, PostgreSQL in the table ``timeslice_schema`` (its creation holds an
 advisory lock: replicas that start together create it once). The first release's schema (:data:`FIRST_RELEASE`) is
-brought to :data:`SCHEMA_VERSION` in place, in one transaction (8: ``lines.partial``, the output a yield cut). Versions
+brought to :data:`SCHEMA_VERSION` in place, in one transaction (8: ``lines.partial``, the output a yield cut; 9: what
+each batch's lines used of the valleys — tokens in, GPU-seconds, cuts, waits — and ``gpu_usage``). Versions
 below it were made by development versions before the first release: there is no way from them, and such a database
 is refused with what to do (:data:`DEVELOPMENT_SCHEMA`).
 """
@@ -26,8 +27,9 @@ from timeslice_verl.log import get_logger
 
 log = get_logger("batch")
 
-SCHEMA_VERSION = 8
-"""This release's schema: the first release's and each line's output kept when a yield cut it (``lines.partial``)."""
+SCHEMA_VERSION = 9
+"""This release's schema: the first release's, each line's output kept when a yield cut it (``lines.partial``, 8), and
+the attribution of the valleys (9: :mod:`~timeslice_verl.batch.usage`)."""
 FIRST_RELEASE = 7
 """The first release's schema, brought up in place (the numbers below it were development versions', refused)."""
 ADVISORY_LOCK = 7_351_038_438
@@ -94,7 +96,10 @@ def _steps(version: int, sql: Callable[[str], str]) -> list[str]:
     """The statements that make a database of ``version`` (0: new) this release's, in SQLite's type names."""
     if not version:
         return statements()
-    return [sql("lines_partial_column")]  # FIRST_RELEASE → SCHEMA_VERSION
+    to_8 = [sql("lines_partial_column")] if version < 8 else []  # FIRST_RELEASE → 8, then 8 → 9
+    return to_8 + [sql("lines_sends_column"), sql("batches_prompt_tokens_column"), sql("batches_gpu_s_column"),
+                   sql("batches_cuts_column"), sql("batches_first_sent_at_column"), sql("batches_wait_s_column"),
+                   sql("batches_sent_lines_column"), sql("create_gpu_usage")]
 
 
 def migrate_postgresql(conn: Any, where: str, sql: Callable[[str], str]) -> None:
@@ -106,8 +111,8 @@ def migrate_postgresql(conn: Any, where: str, sql: Callable[[str], str]) -> None
         conn.execute(sql("create_schema_version"))
         row = conn.execute(sql("schema_version")).fetchone()
         version = int(row["version"]) if row else 0
-        _check_version(version, "drop its tables (files, file_chunks, batches, lines, timeslice_schema) or give "
-                                "TIMESLICE_BATCH_DSN a new database")
+        _check_version(version, "drop its tables (files, file_chunks, batches, lines, gpu_usage, timeslice_schema) "
+                                "or give TIMESLICE_BATCH_DSN a new database")
         if version == SCHEMA_VERSION:
             return
         for statement in _steps(version, sql):

@@ -25,6 +25,7 @@ from timeslice_verl.batch.feeder import Feeder
 from timeslice_verl.batch.files import Files
 from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.store import CREATING_S, OPEN, Store, StoreUnavailable
+from timeslice_verl.batch.usage import node_figures, owners
 from timeslice_verl.config.schema import TimesliceSettings, socket_path
 from timeslice_verl.names import VALIDATION_VERSION, TenantRole
 from timeslice_verl.log import get_logger
@@ -192,7 +193,8 @@ class Service:
         return {"tenant": self.url, "tenants": each, "role": self.role.value,
                 "gate": {"open": any(g.open for g in self.gates), "source": self.gates[0].source if self.gates else "-",
                          "why": "; ".join(dict.fromkeys(g.why for g in self.gates if g.why)), "open_s": round(open_s, 3)},
-                "feeder": feeder, "lines": totals, "open_batches": batches,
+                "feeder": feeder, "lines": totals, "open_batches": batches, "owners": owners(self.store),
+                "valley": node_figures(f.valley for f in self.feeders),
                 "tokens_per_s_open": round(totals["tokens"] / open_s, 3) if open_s > 0 else None}
 
 

@@ -93,6 +93,14 @@ def render_batch(summary: dict[str, Any]) -> str:
                    + (f", {t['shed']} shed when the limit fell" if t.get("shed") else "")
                    + (f"; {t['resumed']} continued where a yield cut them ({t.get('kept', 0)} tokens kept)"
                       if t.get("resumed") else ""))
+    valley = summary.get("valley") or {}
+    if valley.get("lent_s"):
+        out.append(f"  valleys: {valley['lent_s']:.0f} s lent, {valley.get('used_s', 0):.0f} s used, "
+                   f"{valley.get('wasted_s', 0):.0f} s wasted (the gate open, nothing to send)")
+    for o in summary.get("owners") or []:
+        out.append(f"  owner {clean(o['owner'])}: {o['input_tokens']} tokens in, {o['output_tokens']} out, "
+                   f"{o['gpu_seconds']:.1f} GPU-s ({o['gpu_seconds_last_day']:.1f} in the last day), "
+                   f"{o['cut_tries']} tries cut by a yield")
     if summary.get("key_file"):
         out.append(f"  API key: {clean(summary['key_file'])} (timeslice-verl batch key prints it)")
     for b in summary.get("open_batches") or []:
