@@ -1,11 +1,11 @@
 """Soak and load figures for the agent on CPU: resource drift over many handoffs, acquire latency under load.
 
-usage: python benchmarks/agent_soak.py [--cycles 1000] [--clients 50 200] [--rounds 5] [--json OUT] [--record DIR]
+usage: python benchmarks/agent_soak.py [--cycles 1000] [--clients 50 200] [--per-client 5] [--json OUT] [--record DIR]
 
 A real agent (CPU ``sigstop`` backend) with the stand-in vLLM as its tenant. Soak: one trainer job with a
 tagged worker process acquires and releases ``--cycles`` times (each cycle thaws and freezes the worker
 and moves the tenant); the agent's open fds, threads and RSS are read from /proc before and after.
-Load: N clients, each with its own job, acquire and release ``--rounds`` times at once; the acquire
+Load: N clients, each with its own job, acquire and release ``--per-client`` times at once; the acquire
 latencies give p50/p99. Prints a table last; ``--record benchmarks/results/agent-soak/DATE-MACHINE`` writes the run's
 folder (``soak.json``), which ``benchmarks/readers/agent_soak.py`` reads.
 """
@@ -69,7 +69,7 @@ def soak(sock: Path, agent_pid: int, cycles: int) -> dict[str, float]:
             **{f"{k}_after": v for k, v in after.items()}}
 
 
-def load(sock: Path, clients: int, rounds: int) -> dict[str, float]:
+def load(sock: Path, clients: int, per_client: int) -> dict[str, float]:
     latencies: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -79,7 +79,7 @@ def load(sock: Path, clients: int, rounds: int) -> dict[str, float]:
         try:
             with AgentClient(sock) as client:
                 barrier.wait(60)
-                for _ in range(rounds):
+                for _ in range(per_client):
                     t0 = time.perf_counter()
                     client.acquire(f"load-{i}", timeout_s=600)
                     with lock:
@@ -103,7 +103,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=1000)
     ap.add_argument("--clients", type=int, nargs="+", default=[50, 200])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--per-client", type=int, default=5, help="acquire/release cycles of each load client")
     ap.add_argument("--json", default="")
     add_record_arguments(ap)
     args = ap.parse_args()
@@ -111,7 +111,7 @@ def main() -> int:
     agent, vllm, sock = start(workdir)
     try:
         soaked = soak(sock, agent.pid, args.cycles)
-        loads = [load(sock, n, args.rounds) for n in args.clients]
+        loads = [load(sock, n, args.per_client) for n in args.clients]
     finally:
         agent.terminate()
         agent.wait(60)

@@ -1,4 +1,4 @@
-"""Issue 38, must-show 2: one PostgreSQL queue fed by 1, 2 and 4 feeders, each beside a stand-in vLLM whose capacity
+"""Cluster queue benchmark: one PostgreSQL queue fed by 1, 2 and 4 feeders, each beside a stand-in vLLM whose capacity
 is known (``--max-num-seqs`` requests at a time, ``--token-s`` a token): lines per second against the tenants'
 capacity, and CPU per line of the feeders, the API and the database, measured side by side in one run.
 

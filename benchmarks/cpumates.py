@@ -1,6 +1,6 @@
 """Which of this guest's CPUs share a physical core, measured: a VM can show sixteen CPUs with no SMT (sysfs lists each
 CPU alone) while the hypervisor runs two of them on the two threads of one core. vLLM's engine core is one Python loop
-a core flat out with a small model, and run 30 (2026-12-03) read its pace flip between two levels about 2x apart
+a core flat out with a small model, and on an H200 on 2026-12-03 its pace flipped between two levels about 2x apart
 within tens of seconds (``cpu_rate`` 3.0-3.6 against 6.2-7.4 on its own CPU): what a busy hidden mate does. This
 finds them on a quiet machine: a probe (:mod:`cpuspeed`) on every CPU, then a busy loop on each CPU in turn; a CPU whose
 probe slows by more than ``--threshold`` while the loop runs elsewhere is that CPU's mate. ``pin.py`` reads the result

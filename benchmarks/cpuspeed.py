@@ -1,12 +1,12 @@
 """A CPU's pace, read beside the harvest benchmark's samples: vLLM's engine core is one Python loop that runs a core
-flat out on an H200 with a small model, so its rate is that core's pace; runs 25-28 read the same server a third to a
-half apart minutes later, on CPUs of its own with no steal. A host shared with other guests can change its cores'
-clock under us without the guest seeing it (``/proc/cpuinfo`` shows a fixed figure in a VM), so this measures it: a
-child process on one CPU runs a fixed piece of interpreter work (dict, list and attribute traffic, like a scheduler's)
-every ``every_s`` and reports how much of it one CPU-second does (thread CPU time: waiting for the CPU does not count,
-so a busy neighbour reads as contention only through shared caches). Its rate over its first reading is the index;
-the sampler records it as ``cpu_speed`` (1.0: as fast as at the start), and the rate itself as ``cpu_rate`` (millions of
-units per CPU-second: what compares across probes).
+flat out on an H200 with a small model, so its rate is that core's pace; the same server read a third to a half apart
+minutes later (an H200, 2026-12-03), on CPUs of its own with no steal. A host shared with other guests can change its
+cores' clock under us without the guest seeing it (``/proc/cpuinfo`` shows a fixed figure in a VM), so this measures
+it: a child process on one CPU runs a fixed piece of interpreter work (dict, list and attribute traffic, like a
+scheduler's) every ``every_s`` and reports how much of it one CPU-second does (thread CPU time: waiting for the CPU
+does not count, so a busy neighbour reads as contention only through shared caches). Its rate over its first reading is
+the index; the sampler records it as ``cpu_speed`` (1.0: as fast as at the start), and the rate itself as ``cpu_rate``
+(millions of units per CPU-second: what compares across probes).
 
     python benchmarks/cpuspeed.py --cpu 3 --every 0.2     # prints "<units per CPU-second>" lines until stopped
 """
@@ -89,7 +89,7 @@ class SpeedProbe:
 
     def latest(self) -> tuple[float | None, float | None]:
         """(the index, the readings' mean in millions of units per CPU-second): the index compares within one probe
-        (its first reading is noisy), the rate across probes of one host (rounds of ``drift`` are a probe each)."""
+        (its first reading is noisy), the rate across probes of one host (passes of ``drift`` are a probe each)."""
         got = []
         while not self._readings.empty():
             got.append(self._readings.get_nowait())

@@ -1,13 +1,13 @@
-"""Where vLLM's engine core spends its core (issue 36): py-spy's samples of it during each capacity level of the harvest
-benchmark (``harvest.py --py-spy``), and their summary. The engine core is one Python process that runs one core
-flat out on an H200 with the small test model, and the same process at the same load generated a third to a half
-more tokens per second in one pass than in another minutes apart (runs 25–28): its stacks in a slow pass and a fast
-one say what the difference is made of. py-spy reads the process's memory without pausing it (``--nonblocking``);
-where it is not installed, or may not read the process (ptrace), the level runs unprofiled and the reason is kept
-beside the samples (``<phase>.err``). Read: only the engine core of the vLLM server at the benchmark's URL, tagged
+"""Where vLLM's engine core spends its core: py-spy's samples of it during each capacity level of the harvest benchmark
+(``harvest.py --py-spy``), and their summary. The engine core is one Python process that runs one core flat out on an
+H200 with the small test model, and the same process at the same load generated a third to a half more tokens per
+second in one pass than in another minutes apart (an H200, 2026-12-03): its stacks in a slow pass and a fast one say
+what the difference is made of. py-spy reads the process's memory without pausing it (``--nonblocking``); where it is
+not installed, or may not read the process (ptrace), the level runs unprofiled and the reason is kept beside the
+samples (``<phase>.err``). Read: only the engine core of the vLLM server at the benchmark's URL, tagged
 ``TIMESLICE_TENANT=1`` and of this user, as ``pin.py`` finds it.
 
-    python benchmarks/engine_profile.py RESULTS/run29/pyspy   # a table per recording (.txt or .txt.gz): threads, then functions
+    python benchmarks/engine_profile.py harvest-out/pyspy  # a table per recording (.txt or .txt.gz): threads, then functions
 """
 
 from __future__ import annotations

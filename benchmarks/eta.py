@@ -1,5 +1,5 @@
 """The ETA's error: the batch service fed by the stand-in vLLM in a fully-async trainer's valleys, each batch's ETA
-(``GET /v1/batches/{id}``'s ``timeslice`` field) read through its life against when it really ended.
+(``GET /v1/batches/{id}``'s ``timeslice_eta`` field) read through its life against when it really ended.
 
 The gate opens and closes as a fully-async trainer's GPU idles: a seeded :class:`~timeslice_verl.demo.arrivals.RolloutSim`
 (``--profile``, ``fleet`` or ``longtail``) delivers samples; the trainer trains ``--train-s`` per step (the gate
@@ -146,7 +146,7 @@ def drive(args: argparse.Namespace, url: str, out: Path, t0: float) -> list[dict
             got = http[0].get(f"/v1/batches/{bid}").json()
             c = got["request_counts"]
             obs.write(json.dumps({"id": bid, "at": time.time(), "status": got["status"], "completed": c["completed"],
-                                  "failed": c["failed"], "total": c["total"], **got.get("timeslice", {})}) + "\n")
+                                  "failed": c["failed"], "total": c["total"], **got.get("timeslice_eta", {})}) + "\n")
             if got["status"] in ENDED:
                 done.append({**open_.pop(bid), "status": got["status"], "created_at": got["created_at"],
                              "expires_at": got["expires_at"], "ended_at": next(got[k] for k in (

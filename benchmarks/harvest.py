@@ -1,4 +1,4 @@
-"""Harvest benchmark (issue 36): how much of a dedicated GPU's work the valleys do, side by side in one run.
+"""Harvest benchmark: how much of a dedicated GPU's work the valleys do, side by side in one run.
 
 For each completion length (``--mixes 48,512``), against one vLLM and one batch input file (the demo's prompts,
 ``ignore_eos``, so every line is exactly that long):
@@ -22,17 +22,18 @@ With ``--capacity-s S`` each level of (a) keeps its requests out for S seconds a
 round again) instead of ``--capacity-per-level`` lines per slot: with 512-token answers a few waves leave a steady
 window of 2–3 s. With ``--bracket`` (a) runs again after (c): the reference is the best steady level of both passes,
 and each row also gives its figures over the higher of that and (b) (``serving_vs_highest``, ``idle_vs_highest``): one
-short pass can read low, and every ratio over it high (run 15 of 2026-12-02). With ``--bracket-rows`` (a) runs again
-after each row, and each row is over the best of the passes right before and after it (and, ``*_vs_all_passes``, over
-the best of all): the server's own pace moved by up to half between passes minutes apart (``--after-levels``: the
-levels these passes run, e.g. those that set a reference). The scoring is ``harvest_score.py``. vLLM's
-``num_requests_running`` / ``waiting`` and inter-token latency totals (its step) are sampled every 100 ms
-(``inflight.jsonl``), with the host's busy CPU, vLLM's processes' CPU, the GPU's SM clock and a CPU's pace
-(``hostload.py``); with ``--py-spy``, py-spy's stacks of vLLM's engine core at each capacity level. Each time-sliced
-row is written as ``row-<mix>-<profile>.json`` with the keys the issue names; ``harvest.json`` holds everything; the
-table is printed last; ``--record benchmarks/results/harvest/DATE-MACHINE`` packs ``--out`` (by its name) there.
+short pass can read low, and every ratio over it high (one did on an H200 on 2026-12-02). With ``--bracket-rows`` (a)
+runs again after each row, and each row is over the best of the passes right before and after it (and,
+``*_vs_all_passes``, over the best of all): the server's own pace moved by up to half between passes minutes apart
+(``--after-levels``: the levels these passes run, e.g. those that set a reference). The scoring is
+``harvest_score.py``. vLLM's ``num_requests_running`` / ``waiting`` and inter-token latency totals (its step) are
+sampled every 100 ms (``inflight.jsonl``), with the host's busy CPU, vLLM's processes' CPU, the GPU's SM clock and a
+CPU's pace (``hostload.py``); with ``--py-spy``, py-spy's stacks of vLLM's engine core at each capacity level. Each
+time-sliced row is written as ``row-<mix>-<profile>.json``, the figures above its keys; ``harvest.json`` holds
+everything; the table is printed last; ``--record benchmarks/results/harvest/DATE-MACHINE`` packs ``--out`` (by its
+name) there.
 
-    python benchmarks/harvest.py --out run37 --vllm-url http://127.0.0.1:8000 --gib 18 --steps 12 --rollout-s 4 \
+    python benchmarks/harvest.py --out harvest-out --vllm-url http://127.0.0.1:8000 --gib 18 --steps 12 --rollout-s 4 \
         --train-s 1.0 --record benchmarks/results/harvest/DATE-h200     # a GPU machine with a vLLM tenant up
     python benchmarks/harvest.py --out /tmp/harvest --lines 2000 --steps 4 --mixes 24   # CPU, the stand-in
 """

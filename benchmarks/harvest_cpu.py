@@ -1,4 +1,4 @@
-"""The batch service alone, on CPU (issue 36, must-show 2): lines/s and the service's CPU per line at 2 000, 20 000
+"""The batch service alone, on CPU: lines/s and the service's CPU per line at 2 000, 20 000
 and 50 000 lines against the stand-in vLLM, whose capacity is known (``knee / (max_tokens × token_s)`` lines/s);
 the CPU per line of a batch's first tenth and last tenth; the service's peak memory through a 200 MB upload.
 

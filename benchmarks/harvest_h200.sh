@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The harvest benchmark on one H200 (issue 36), from the repo root there, in calls made back to back:
+# The harvest benchmark on one H200, from the repo root there, in calls made back to back:
 #   bash benchmarks/harvest_h200.sh setup   stash vLLM's payload part0, build the test model
 #   (TENANT_SHAPE=qwen2-7b for setup and start: the tenant a random model of that shape, benchmarks/tenant_model.py)
 #   bash benchmarks/harvest_h200.sh start   part1: unpack vLLM 0.24, start it (0.35 of the GPU), tagged (VLLM_ARGS: more;
@@ -17,9 +17,9 @@
 #   bash benchmarks/harvest_h200.sh wait        waits up to WAIT_S (570) s; when the run has ended, packs it as run does
 #   bash benchmarks/harvest_h200.sh all ARGS…   bg and wait in one call (CALL_S, 590 s), start first where vLLM is not
 #                                               up: the run's limit is what the call has left (no idle gap mid-run)
-#   bash benchmarks/harvest_h200.sh drift ARGS… ROUNDS (4) passes of harvest.py --parts a ARGS back to back, vLLM put
-#                                               to sleep and woken before round SLEEP_AT (3): its pace pass to pass
-#   bash benchmarks/harvest_h200.sh pinab ARGS… the same server not pinned and pinned, side by side: ROUNDS (3) times
+#   bash benchmarks/harvest_h200.sh drift ARGS… PASSES (4) passes of harvest.py --parts a ARGS back to back, vLLM put
+#                                               to sleep and woken before pass SLEEP_AT (3): its pace pass to pass
+#   bash benchmarks/harvest_h200.sh pinab ARGS… the same server not pinned and pinned, side by side: PASSES (3) times
 #                                               harvest.py --parts a ARGS with the server unpinned, then pinned
 #                                               (benchmarks/pin.py; pinned, harvest.py runs off the engine core's CPUs)
 # py-spy (harvest.py --py-spy): its wheel from PyPI in .gpu/ (pip download --no-deps py-spy -d .gpu), carried to setup
@@ -120,7 +120,7 @@ case "$1" in
     shift
     bench_env
     WORK=/root/harvest/pinab-$(date +%H%M%S); mkdir -p "$WORK"
-    for i in $(seq 1 "${ROUNDS:-3}"); do
+    for i in $(seq 1 "${PASSES:-3}"); do
       for mode in unpinned pinned; do
         if [ $mode = pinned ]; then args=(); off=(python3 benchmarks/pin.py --off); else args=(--unpin); off=(); fi
         python3 benchmarks/pin.py "${args[@]}" > "$WORK/pin-$i-$mode.json" || exit 6
@@ -131,15 +131,15 @@ case "$1" in
     done
     echo 0 > "$WORK/rc"; touch "$WORK/harvest.log"
     bash "$0" pack "$WORK" ;;
-  drift)  # the server's own pace from pass to pass: ROUNDS (4) times harvest.py --parts a ARGS, with a sleep and a
-    shift  # wake of vLLM (level 1, as a yield that needs the memory does) before round SLEEP_AT (3); tokens/s by round
+  drift)  # the server's own pace from pass to pass: PASSES (4) times harvest.py --parts a ARGS, with a sleep and a
+    shift  # wake of vLLM (level 1, as a yield that needs the memory does) before pass SLEEP_AT (3); tokens/s by pass
     bench_env
     WORK=/root/harvest/drift-$(date +%H%M%S); mkdir -p "$WORK"; cp /root/pin.json "$WORK/" 2>/dev/null
     OFF=""; [ -s /root/pin.json ] && OFF="python3 benchmarks/pin.py --off"
-    for i in $(seq 1 "${ROUNDS:-4}"); do
+    for i in $(seq 1 "${PASSES:-4}"); do
       if [ "$i" = "${SLEEP_AT:-3}" ]; then
         python3 -c "import urllib.request as u; [u.urlopen(u.Request('http://127.0.0.1:8000' + p, method='POST'), timeout=120)
-          for p in ('/sleep?level=1', '/wake_up')]" && echo "round $i: after a sleep and a wake" | tee -a "$WORK/drift.txt"
+          for p in ('/sleep?level=1', '/wake_up')]" && echo "pass $i: after a sleep and a wake" | tee -a "$WORK/drift.txt"
       fi
       timeout 300 $OFF python3 benchmarks/harvest.py --out "$WORK/$i" --vllm-url http://127.0.0.1:8000 --device cuda \
         --parts a "$@" > "$WORK/$i.log" 2>&1 || { tail -20 "$WORK/$i.log"; exit 7; }

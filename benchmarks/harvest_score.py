@@ -104,7 +104,7 @@ def bracketed(out: Path, r: dict[str, Any], before: float, after: float, alone: 
 def bracket_rows(out: Path, rows: list[dict[str, Any]], passes: list[float], alone: float | None) -> list[dict[str, Any]]:
     """Each row over the best of the capacity passes around it: ``passes`` the best steady level of each pass in the
     order they ran, one before the first row and one after each row (``--bracket-rows``: the server's own pace moved
-    by up to half between passes minutes apart, runs 25-27 of 2026-12-03), or one before all and one after all
+    by up to half between passes minutes apart on an H200 on 2026-12-03), or one before all and one after all
     (``--bracket``). Each row also keeps its figures over the best of every pass of the mix (``*_vs_all_passes``)."""
     if len(passes) not in (2, len(rows) + 1):
         raise ValueError(f"{len(passes)} capacity passes for {len(rows)} rows: one before and one after all, or each")

@@ -1,14 +1,14 @@
 """What the harvest benchmark's sampler records beside vLLM's metrics, so that a server slower in one row than in the
-next (run 19 of 2026-12-02: 32 000 against 47 575 tokens/s at the same running count, two minutes apart) can be told
-apart: the host's busy CPU share, the CPU each vLLM process used (in cores: its API server and engine core are
-Python loops whose pace can be the server's), and the GPU's SM clock and utilisation (nvidia-ml-py, when it loads).
-The engine core runs one core flat out on an H200 with a small model, so its pace is that core's: the sampler also
-records the CPU time the hypervisor took (steal), host-wide and on the engine core's CPU, and how busy the other
-threads of its physical core were (runs 25-27: the same server at the same running count read 29 000 in one pass and
-46 000 tokens/s in the next, the engine core at one core in both), and how its one core split between its threads
-(``engine_threads``: run 28 had it on CPUs of its own, no steal, and still a third to a half apart). Read only:
-nothing here signals or changes another process. With a CPU named, a child of its own reads that CPU's pace
-(``cpu_speed``, :mod:`cpuspeed`): a host whose clock moved under the guest reads as a slower interpreter."""
+next (an H200 on 2026-12-02: 32 000 against 47 575 tokens/s at the same running count, two minutes apart) can be told
+apart: the host's busy CPU share, the CPU each vLLM process used (in cores: its API server and engine core are Python
+loops whose pace can be the server's), and the GPU's SM clock and utilisation (nvidia-ml-py, when it loads). The engine
+core runs one core flat out on an H200 with a small model, so its pace is that core's: the sampler also records the CPU
+time the hypervisor took (steal), host-wide and on the engine core's CPU, and how busy the other threads of its
+physical core were (an H200 on 2026-12-03: the same server at the same running count read 29 000 in one pass and 46 000
+tokens/s in the next, the engine core at one core in both), and how its one core split between its threads
+(``engine_threads``: on CPUs of its own, no steal, its passes were still a third to a half apart). Read only: nothing
+here signals or changes another process. With a CPU named, a child of its own reads that CPU's pace (``cpu_speed``,
+:mod:`cpuspeed`): a host whose clock moved under the guest reads as a slower interpreter."""
 
 from __future__ import annotations
 

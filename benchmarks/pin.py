@@ -1,7 +1,7 @@
 """Gives vLLM's engine core a physical core of its own, for the harvest benchmark on one H200.
 
-With a small model the engine core is a Python loop one core flat out, so its pace is its core's: runs 25-27
-(2026-12-03) read the same server at the same running count 29 000 tokens/s in one capacity pass and 46 000 in the
+With a small model the engine core is a Python loop one core flat out, so its pace is its core's: on an H200
+(2026-12-03) the same server read at the same running count 29 000 tokens/s in one capacity pass and 46 000 in the
 next. This tests whether the threads sharing its core are why: the engine core (all its threads: its busy loop and
 the threads that move its inputs and outputs) gets the last physical core (the last CPU and its SMT threads; the last
 two CPUs where the host shows no SMT and has four or more), every other process of that vLLM server the rest. A VM

@@ -1,4 +1,4 @@
-"""The policy tenant's weight push on a GPU (issue 39, must-show 2): a trainer process holding the model's weights
+"""The policy tenant's weight push on a GPU: a trainer process holding the model's weights
 pushes them into a real vLLM on the same GPU through vLLM's IPC weight transfer, and greedy outputs follow.
 
 The vLLM must run with ``VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_INSECURE_SERIALIZATION=1`` and ``--weight-transfer-config

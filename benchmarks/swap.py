@@ -11,7 +11,7 @@ and prepare setting starts again from the same seed and repeats: release → val
 → acquire → train one step. Handoffs go through :class:`~timeslice_verl.handoff.spmd.RankHandoff` and the
 node's agent. The first cycle of each phase is a warm-up with a short valley; the table covers the others.
 
-Columns (issue 9): P1 trainer-visible wait at acquire; P3 swap-out time over the time a pinned copy of
+Columns: P1 trainer-visible wait at acquire; P3 swap-out time over the time a pinned copy of
 the same bytes takes (rate measured in this run); bytes moved / live tensor bytes; GPU memory left while
 released (NVML); P4 step time / solo step time; P5 tenant serving time / trainer idle time; P6 batch lines
 failed for good (the batch service retries what a handoff cost). ``--verify`` also checks that parameters and optimizer state are bit-identical

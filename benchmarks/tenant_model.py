@@ -2,7 +2,7 @@
 model): the harvest benchmark's tenant where the GPU, not vLLM's engine core, should set the pace.
 
 With the recipe's 1.36 B model vLLM's engine core is one Python loop flat out at ~500 running (GPU 25-60 % busy), so
-its rate is the host CPU's, and on a shared host that moved by up to 2x within minutes (runs 28-31, 2026-12-03): a row
+its rate is the host CPU's, and on a shared host that moved by up to 2x within minutes (an H200, 2026-12-03): a row
 and the capacity pass it is read over measured the host in between. A model of Qwen2-7B's shape does about five
 times the GPU work per step for the same scheduling work, so the GPU sets the step.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Validation in the valleys on one H200 (issue 39, must-show 2's second half), in calls made back to back on the
-# machine of `harvest_h200.sh setup`, `stash` and `start` (vLLM 0.24 in /tmp/site, the batch tenant on :8000, the
+# Validation in the valleys on one H200 (a policy tenant scoring the trainer's versions), in calls made back to back on
+# the machine of `harvest_h200.sh setup`, `stash` and `start` (vLLM 0.24 in /tmp/site, the batch tenant on :8000, the
 # vLLM recipe's test model in /root/model):
 #   VERLPARTS=.gpu/verlparts bash benchmarks/validate_h200.sh verl   verl 0.9.1's payload part unpacked beside vLLM
 #                                                               (validation scores with verl's reward and metrics)

@@ -1,5 +1,5 @@
 """A batch's ETA: the measured speed (tokens per open second while work waited, the share of wall time the gate was
-open), the work ahead of a batch as the claim orders it, the ``timeslice`` field of the batch object as lines
+open), the work ahead of a batch as the claim orders it, the ``timeslice_eta`` field of the batch object as lines
 complete, a batch that cannot meet its window flagged (or refused, where its owner's key policy says so), and a cold
 service that flags nothing — the pure part as tables, the API on SQLite and on a real PostgreSQL server."""
 
@@ -154,31 +154,31 @@ def test_the_eta_appears_and_moves_as_lines_complete(store):
     with _client(store, RATE) as api:
         made = _create(api, ADMIN, 40)
         assert made.status_code == 200, made.text
-        bid, first = made.json()["id"], made.json()["timeslice"]
+        bid, first = made.json()["id"], made.json()["timeslice_eta"]
         assert first["basis"] == "tokens" and first["eta_s"] == pytest.approx(8.0) and first["late"] is False
         assert first["eta_at"] >= made.json()["created_at"] + 8
         for line in store.claim(20):  # half answered, 30 tokens each: its own mean now, 20 lines x 30 tokens left
             store.done(line, {"choices": []}, 30)
-        now = api.get(f"/v1/batches/{bid}", headers=_as(ADMIN)).json()["timeslice"]
+        now = api.get(f"/v1/batches/{bid}", headers=_as(ADMIN)).json()["timeslice_eta"]
         assert now["eta_s"] == pytest.approx(6.0)
-        listed = api.get("/v1/batches", headers=_as(ADMIN)).json()["data"][0]["timeslice"]
+        listed = api.get("/v1/batches", headers=_as(ADMIN)).json()["data"][0]["timeslice_eta"]
         assert listed["eta_s"] == pytest.approx(6.0)
         for line in store.claim(20):
             store.done(line, {"choices": []}, 30)
         ended = api.get(f"/v1/batches/{bid}", headers=_as(ADMIN)).json()
-        assert ended["status"] == "completed" and ended["timeslice"] == {
+        assert ended["status"] == "completed" and ended["timeslice_eta"] == {
             "eta_at": None, "eta_s": None, "basis": "ended", "late": None, "why": None}
 
 
 def test_a_batch_that_cannot_meet_its_window_is_flagged_and_the_work_ahead_counts(store):
     slow = Rate(tokens_per_open_s=2.0, lines_per_open_s=0.1, open_share=0.5, tokens_per_line=20.0, window_s=300.0)
     with _client(store, slow) as api:  # 10 lines: 200 tokens at 1 token/s, 200 s: within a 5-minute window
-        alone = _create(api, ADMIN, 10, "5m").json()["timeslice"]
+        alone = _create(api, ADMIN, 10, "5m").json()["timeslice_eta"]
         assert alone["late"] is False and alone["why"] is None
         behind = _create(api, ADMIN, 10, "5m").json()  # the first batch's deadline is earlier: 400 s, past 300
-        assert behind["status"] == "in_progress" and behind["timeslice"]["late"] is True
-        assert behind["timeslice"]["eta_s"] == pytest.approx(400.0)
-        assert "completion_window '5m'" in behind["timeslice"]["why"] and "400 s" in behind["timeslice"]["why"]
+        assert behind["status"] == "in_progress" and behind["timeslice_eta"]["late"] is True
+        assert behind["timeslice_eta"]["eta_s"] == pytest.approx(400.0)
+        assert "completion_window '5m'" in behind["timeslice_eta"]["why"] and "400 s" in behind["timeslice_eta"]["why"]
 
 
 def test_refuse_late_answers_4xx_naming_the_window_and_the_eta_and_makes_nothing(store):
@@ -192,14 +192,14 @@ def test_refuse_late_answers_4xx_naming_the_window_and_the_eta_and_makes_nothing
         assert api.get("/v1/batches", headers=_as(ADMIN)).json()["data"] == []
         assert store.totals()["queued"] == 0 and store.query(store.dialect.sql("eta_open"), ("batch",)) == []
         assert _create(api, STRICT, 10, "5m").status_code == 200  # one that fits is made
-        assert _create(api, ADMIN, 20, "5m").json()["timeslice"]["late"] is True  # another owner's: flagged only
+        assert _create(api, ADMIN, 20, "5m").json()["timeslice_eta"]["late"] is True  # another owner's: flagged only
 
 
 def test_a_cold_service_flags_nothing_and_says_so(store):
     with _client(store, None) as api:
         strict = _create(api, STRICT, 500, "5m")
         assert strict.status_code == 200, strict.text
-        field = strict.json()["timeslice"]
+        field = strict.json()["timeslice_eta"]
         assert field == {"eta_at": None, "eta_s": None, "basis": "cold", "late": None, "why": COLD}
         assert "nothing is flagged" in COLD
 
@@ -212,7 +212,7 @@ def test_batch_status_and_the_nodes_status_show_the_eta_and_a_late_flag():
     from timeslice_verl.tools.status import render_batch
 
     batch = {"id": "batch_1", "status": "in_progress", "endpoint": CHAT, "request_counts": {"total": 10, "completed": 4,
-             "failed": 0}, "timeslice": {"eta_at": 1, "eta_s": 600.0, "basis": "tokens", "late": True, "why": "w"}}
+             "failed": 0}, "timeslice_eta": {"eta_at": 1, "eta_s": 600.0, "basis": "tokens", "late": True, "why": "w"}}
     assert "ETA 10 min — LATE: past the end of its completion_window" in describe(batch)
     assert eta_words({"eta_s": None, "basis": "cold"}) == "ETA: not measured yet"
     assert eta_words({"basis": "ended"}) == "" and eta_words(None) == ""
@@ -220,7 +220,7 @@ def test_batch_status_and_the_nodes_status_show_the_eta_and_a_late_flag():
                           "speed": {"basis": "tokens", "tokens_per_open_s": 250.0, "lines_per_open_s": 8.0,
                                     "open_share": 0.42, "window_s": 300.0},
                           "open_batches": [{"id": "batch_1", "status": "in_progress", "total": 10, "completed": 4,
-                                            "timeslice": {"eta_s": 45.0, "late": False, "basis": "tokens"}}]})
+                                            "timeslice_eta": {"eta_s": 45.0, "late": False, "basis": "tokens"}}]})
     assert "250 tokens/s while sending, the gate open 42 % of the time" in shown
     assert "4/10 (40 %), 0 failed, ETA 45 s" in shown
 
@@ -238,7 +238,7 @@ def test_the_services_status_json_carries_each_open_batchs_eta_and_a_fresh_servi
         bid = create_batch(service.http(), tmp_path / "in.jsonl")
         summary = service.get("/timeslice/summary")
         assert summary["speed"] is None
-        assert [(b["id"], b["timeslice"]["basis"], b["timeslice"]["late"]) for b in summary["open_batches"]] == \
+        assert [(b["id"], b["timeslice_eta"]["basis"], b["timeslice_eta"]["late"]) for b in summary["open_batches"]] == \
             [(bid, "cold", None)]
     finally:
         tenant.engine.resume()

@@ -1,6 +1,6 @@
-"""The batch store's one schema, on SQLite and on a real PostgreSQL server: a new database gets it, a database a
-development version made (before the first release) is refused with what to do and left as it was, one from a newer
-release is refused too."""
+"""The batch store's schema, on SQLite and on a real PostgreSQL server: a new database gets it, the first release's is
+brought to it in place (its lines kept), a database a development version made (before the first release) is refused
+with what to do and left as it was, one from a newer release is refused too."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from pg_support import ENGINES, Postgres, fresh_database, server  # noqa: F401 (server: a fixture)
 from timeslice_verl.batch.engine import StoreError
-from timeslice_verl.batch.schema import SCHEMA_VERSION, for_postgresql, statements
+from timeslice_verl.batch.schema import FIRST_RELEASE, SCHEMA_VERSION, for_postgresql, statements
 from timeslice_verl.batch.store import Store
 
 DEVELOPMENT_FILES = """CREATE TABLE files (id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL,
@@ -86,11 +86,81 @@ def test_a_development_database_is_refused_with_what_to_do_and_left_as_it_was(re
         db.store()
     said = str(refused.value)
     assert f"development version of timeslice-verl (schema {DEVELOPMENT_VERSION}" in said
-    assert f"reads schema {SCHEMA_VERSION} only" in said and "timeslice-verl batch results" in said
+    assert f"reads schema {SCHEMA_VERSION} and its first release's only" in said and "timeslice-verl batch results" in said
     remedy = "move" if engine == "sqlite" else "TIMESLICE_BATCH_DSN a new database"
     assert remedy in said and "a new one is created at start" in said
     assert db.version() == DEVELOPMENT_VERSION  # nothing lost: its file is there, untouched
     assert db.execute("SELECT id, bytes FROM files") == [("file_old", 3)]
+
+
+V9_BATCHES = (",\n  prompt_tokens INTEGER NOT NULL DEFAULT 0, gpu_s REAL NOT NULL DEFAULT 0, cuts INTEGER NOT NULL "
+              "DEFAULT 0,\n  first_sent_at REAL, wait_s REAL NOT NULL DEFAULT 0, sent_lines INTEGER NOT NULL DEFAULT 0")
+
+
+def older(version: int) -> list[str]:
+    """The schema's statements as ``version`` (7: the first release, 8) made them: 9 added the attribution's columns
+    and ``gpu_usage``, 8 ``lines.partial``."""
+    out = [s.replace(V9_BATCHES, "").replace("  sends INTEGER NOT NULL DEFAULT 0,\n", "") for s in statements()
+           if "gpu_usage" not in s]
+    assert all("gpu_s" not in s and "sends" not in s for s in out)
+    return [s.replace("  partial TEXT,\n", "") for s in out] if version < 8 else out
+
+
+@pytest.mark.parametrize("version", [FIRST_RELEASE, 8])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_older_releases_database_gains_the_attribution_in_place(request, tmp_path, engine, version):
+    """Schemas 7 and 8 had no attribution: the database gains its columns and table in one step, its batch's line is
+    claimed and answered as before and its tokens in, GPU-seconds and wait counted from there."""
+    from timeslice_verl.batch.claims import Outcome
+
+    db = Database(engine, request, tmp_path)
+    marker = [] if engine == "sqlite" else ["CREATE TABLE timeslice_schema (version INTEGER NOT NULL)"]
+    db.execute(*older(version), *marker, "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, "
+               "created_at, expires_at, total, queued, owner) VALUES ('batch_1', '/v1/completions', 'f', '24h', "
+               "'in_progress', 1, 4000000000, 1, 1, 'team-a')", "INSERT INTO lines (batch_id, idx, custom_id, body, "
+               "state) VALUES ('batch_1', 0, 'a', '{}', 'queued')", db.mark(version))
+    store = db.store()
+    try:
+        assert db.version() == SCHEMA_VERSION
+        (line,) = store.claim(5)
+        assert line.owner == "team-a"
+        answer = Outcome(line, "done", response="{}", tokens=3, prompt_tokens=7)
+        assert store.record([answer], {("batch_1", "team-a"): 1.5}) == 1
+        row = store.batch("batch_1")
+        assert (row["prompt_tokens"], row["tokens"], row["gpu_s"], row["sent_lines"]) == (7, 3, 1.5, 1)
+        assert row["first_sent_at"] > 1 and row["wait_s"] > 0
+        assert store.queue.quotas.gpu_day("team-a") == 1.5
+    finally:
+        store.close()
+    db.store().close()  # opened again: nothing more to do
+    assert db.version() == SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_first_releases_database_is_brought_up_in_place_its_lines_kept(request, tmp_path, engine):
+    """Schema 7 had no ``lines.partial`` (the output a yield cut): its database gains the column, its queued line is
+    claimed as it was and can keep a cut's output."""
+    from timeslice_verl.batch.claims import Outcome
+
+    db = Database(engine, request, tmp_path)
+    first = older(FIRST_RELEASE)
+    assert all("partial" not in s for s in first)
+    marker = [] if engine == "sqlite" else ["CREATE TABLE timeslice_schema (version INTEGER NOT NULL)"]
+    db.execute(*first, *marker, "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, created_at, "
+               "expires_at, total, queued) VALUES ('batch_1', '/v1/completions', 'f', '24h', 'in_progress', 1, "
+               "4000000000, 1, 1)", "INSERT INTO lines (batch_id, idx, custom_id, body, state) VALUES ('batch_1', 0, "
+               "'a', '{}', 'queued')", db.mark(FIRST_RELEASE))
+    store = db.store()
+    try:
+        assert db.version() == SCHEMA_VERSION
+        (line,) = store.claim(5)
+        assert (line.custom_id, line.partial) == ("a", None)
+        assert store.record([Outcome(line, "queued", partial='{"kept": 1}')]) == 1
+        assert [r["partial"] for r in store.query("SELECT partial FROM lines")] == ['{"kept": 1}']
+    finally:
+        store.close()
+    db.store().close()  # opened again: nothing more to do
+    assert db.version() == SCHEMA_VERSION
 
 
 @pytest.mark.parametrize("engine", ENGINES)

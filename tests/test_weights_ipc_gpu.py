@@ -64,6 +64,40 @@ def test_a_hundred_updates_grow_no_memory_in_either_process():
                 assert used <= first.nvml[pid] + 2 * MIB, (pid, used, first.nvml[pid])
 
 
+def test_no_handle_outlives_an_update_either_side_survives_a_driver_checkpoint_between_updates():
+    """``swap=checkpoint`` moves the trainer's GPU memory to the host with the CUDA driver, which refuses memory shared
+    over IPC: between updates neither side may hold a bucket or an opened handle, and the next push still works."""
+    pytest.importorskip("torch")
+    import os
+
+    import torch.multiprocessing as mp
+
+    from timeslice_verl.agent.freeze.base import BackendUnavailable
+    from timeslice_verl.agent.freeze.cuda_driver import CudaDriverPrimitives
+    from weights_ipc_peer import driver_checkpoint_cycle
+
+    try:
+        CudaDriverPrimitives()
+    except BackendUnavailable as exc:
+        pytest.skip(f"no CUDA checkpoint here: {exc}")
+    ctx = mp.get_context("spawn")
+    rig = PushRig(256 * MIB, 64 * MIB)
+    try:
+        rig.update()
+        for pid, side in ((os.getpid(), "sender"), (rig.child_pid, "receiver")):
+            mine, theirs = ctx.Pipe()
+            cycle = ctx.Process(target=driver_checkpoint_cycle, args=(pid, theirs), daemon=True)
+            cycle.start()
+            assert mine.poll(120), f"the {side}'s checkpoint cycle did not answer"
+            assert mine.recv() == ("ok", ""), side
+            cycle.join(30)
+            record = rig.update()
+            assert record.sender_clean and record.receiver_clean, side
+        assert rig.bit_exact(), "checksums differ after the checkpoints"
+    finally:
+        rig.close()
+
+
 @pytest.mark.verl
 def test_verls_engine_moves_weights_through_the_managers_call_sequence():
     """Actor rank 0 here, a rollout worker in a spawned process; the calls in verl's order, three updates."""

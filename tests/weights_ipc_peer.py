@@ -45,3 +45,19 @@ async def _consume(engine: Any, dst: dict[str, Any]) -> int:
         dst[name].copy_(tensor, non_blocking=True)
         count += 1
     return count
+
+
+def driver_checkpoint_cycle(pid: int, conn: Any) -> None:
+    """In a process of its own (a process cannot checkpoint itself): the agent's freeze and thaw of ``pid`` with the
+    CUDA driver's calls — lock, checkpoint (its GPU memory to the host), restore, unlock."""
+    from timeslice_verl.agent.freeze.cuda_driver import CudaDriverPrimitives
+
+    try:
+        cuda = CudaDriverPrimitives()
+        cuda.lock(pid, 30.0)
+        cuda.checkpoint(pid)
+        cuda.restore(pid)
+        cuda.unlock(pid)
+        conn.send(("ok", ""))
+    except Exception as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))

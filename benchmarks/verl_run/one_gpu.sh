@@ -11,8 +11,10 @@
 #                                           batch tenant under load, validation in the valleys, FAULTS=1 of run.sh:
 #                                           the tenant supervised and stopped once, the agent killed once), both runs' table
 # Each call prints a short table last and leaves at most 4 files in $OUT. Both runs: RESPONSE_LEN=512, TEST_FREQ=2,
+# version 0 validated before training (VAL_BEFORE_TRAIN=True),
 # ROLLOUT_STEPS (48: 12 trainer steps), the reward of reward.py, seed 1; verl killed at what the call has left.
-# env: CALL_BUDGET_S (560), ROLLOUT_STEPS, MODE and SWAP (step 3: validate, resident), plus run.sh's (ROLLOUT_KV_GB, TENANT_KV_GB, POLICY_KV_GB...)
+# ORDER=sliced: the time-sliced run in step 2 and the solo run in step 3 (the one that matters first when device time
+# is short). env: CALL_BUDGET_S (560), ROLLOUT_STEPS, MODE and SWAP (validate, resident), plus run.sh's (ROLLOUT_KV_GB, TENANT_KV_GB, POLICY_KV_GB...)
 set -uo pipefail
 STEP=${1:?step 0, 1, 2 or 3}; shift
 START=$(date +%s); BUDGET=${CALL_BUDGET_S:-560}; TAIL_S=75
@@ -62,7 +64,7 @@ run_one() {  # MODE [overrides]: one run.sh run, killed at what this call has le
   left=$(( BUDGET - ($(date +%s) - START) - TAIL_S ))
   rm -rf "$run"; mkdir -p "$run"
   echo "== $mode: verl's deadline ${left} s, ROLLOUT_STEPS=${ROLLOUT_STEPS:-48}"
-  GPUS=1 MODEL=$MODEL DATA=$DATA OUT=$run DEADLINE_S=$left RESPONSE_LEN=512 TEST_FREQ=2 ROLLOUT_STEPS=${ROLLOUT_STEPS:-48} \
+  GPUS=1 MODEL=$MODEL DATA=$DATA OUT=$run DEADLINE_S=$left RESPONSE_LEN=512 TEST_FREQ=2 VAL_BEFORE_TRAIN=True ROLLOUT_STEPS=${ROLLOUT_STEPS:-48} \
     REWARD=benchmarks/verl_run/reward.py bash benchmarks/verl_run/run.sh "$mode" "$@" > "$run/run-sh.log" 2>&1
   echo "run.sh rc=$? $(cat "$run/run.json" 2>/dev/null)"
   grep -aE "Traceback|Error|error:|refused" "$run/verl.log" 2>/dev/null | grep -v "^\s*'" | head -15 | cut -c1-300
@@ -70,6 +72,12 @@ run_one() {  # MODE [overrides]: one run.sh run, killed at what this call has le
   tar -C $BASE/runs --exclude='*.sqlite*' --exclude='*input.jsonl' -cf - "$mode" | xz -6 -T8 > "$OUT/$mode.tar.xz"
   tar -C /tmp/ray/session_latest -cf - logs 2>/dev/null | xz -3 -T8 > "$OUT/$mode-raylogs.tar.xz"
   [ "$(stat -c %s "$OUT/$mode-raylogs.tar.xz")" -gt 16000000 ] && { echo "Ray's logs over 16 MB: left out"; rm -f "$OUT/$mode-raylogs.tar.xz"; }
+}
+
+sliced() {  # the time-sliced run
+  # resident: everything fits the GPU side by side (run.sh's sizes), so the trainer's tensors stay and it is only locked
+  export FAULTS=${FAULTS:-1}   # the tenant stopped in a valley, the agent killed (faults.sh), each once
+  run_one "${MODE:-validate}" timeslice.handoff.swap="${SWAP:-resident}" "$@"
 }
 
 case "$STEP" in
@@ -120,16 +128,14 @@ print('import ok: verl', verl.__version__, 'vllm', vllm.__version__)" 2>&1 | gre
     (timeout 240 python3 -m pytest -p no:randomly -p no:cacheprovider -m gpu -q -s tests/test_weights_ipc_gpu.py \
       > $BASE/gputest.txt 2>&1; echo "pytest rc=$?" >> $BASE/gputest.txt) &
     gputest=$!
-    run_one solo "$@"
+    if [ "${ORDER:-solo}" = sliced ]; then sliced "$@"; else run_one solo "$@"; fi
     wait "$gputest"; tail -n 6 $BASE/gputest.txt; cp $BASE/gputest.txt "$OUT/"
-    python3 benchmarks/verl_run/summarize.py $BASE/runs/solo --brief
+    python3 benchmarks/verl_run/summarize.py $BASE/runs/* --brief
     ;;
   3)
     environment
     leftovers
-    # resident: everything fits the GPU side by side (run.sh's sizes), so the trainer's tensors stay and it is only locked
-    export FAULTS=${FAULTS:-1}   # the tenant stopped in a valley, the agent killed (faults.sh), each once
-    run_one "${MODE:-validate}" timeslice.handoff.swap="${SWAP:-resident}" "$@"
+    if [ "${ORDER:-solo}" = sliced ]; then run_one solo "$@"; else sliced "$@"; fi
     runs=(); for r in solo "${MODE:-validate}"; do [ -f "$BASE/runs/$r/run.json" ] && runs+=("$BASE/runs/$r"); done
     python3 benchmarks/verl_run/summarize.py "${runs[@]}" --brief | tee "$OUT/table.md"
     [ -n "${RECORD:-}" ] && python3 benchmarks/readers/common.py record "$RECORD" "${runs[@]}" --experiment verl-run --exclude '*.sqlite*' --exclude '*input.jsonl' --command "MODE=${MODE:-validate} SWAP=${SWAP:-resident} bash benchmarks/verl_run/one_gpu.sh 3 $*" --summary "$(tail -n 1 "$OUT/table.md")" --extra gpus=1 --extra "parts=[$(for r in "${runs[@]}"; do printf '["%s", "%s"],' "${r##*/}" "${r##*/}"; done | sed 's/,$//')]"  # RECORD=$OUT/verl-run/DATE-MACHINE: the run's folder

@@ -5,7 +5,7 @@
 #   solo        plain verl (no timeslice section, no tenant)
 #   observe     +timeslice=observe: events and timeline, the GPU is never handed over
 #   interleave  +timeslice=interleave with a vLLM batch tenant on GPU 0 under constant load, and the agent
-#   validate    interleave, plus validation in the valleys (issue 39): a policy tenant (vLLM with IPC weight transfer)
+#   validate    interleave, plus validation in the valleys: a policy tenant (vLLM with IPC weight transfer)
 #               on GPU 0 beside the batch tenant, the batch service, every TEST_FREQ (2) versions validated there
 #               (compare with `solo` at the same TEST_FREQ: verl's own, awaited validation by its rollouter)
 # GPUS=1: everything on ONE GPU (GPU, default 0): verl's trainer and rollout through the timeslice_ipc checkpoint engine
@@ -18,7 +18,9 @@
 #      RESPONSE_LEN (128 response tokens), REWARD (a custom reward file, e.g. benchmarks/verl_run/reward.py,
 #      which a random model can earn; default: verl's gsm8k rule), TEST_FREQ (-1: no validation; validate: 2),
 #      POLICY_PORT (8002), POLICY_UTIL (0.15), SERVICE_PORT (8090), GPUS (2; 1: see above), SEED (1: data order),
-#      STATS_INTERVAL_S (2: vLLM's throughput lines, the rollout's rate in and out of the tenant's windows).
+#      STATS_INTERVAL_S (2: vLLM's throughput lines, the rollout's rate in and out of the tenant's windows),
+#      VAL_BEFORE_TRAIN (False; True: version 0 validated before the first step — by verl's rollout solo, by the
+#      policy tenant time-sliced).
 #      FAULTS (interleave, validate; 1: the agent restarted by a loop, the batch tenant under `timeslice-verl tenant
 #      run`, and faults.sh's two faults: SIGSTOP of the tenant in a valley, kill -9 of the agent; faults.jsonl).
 # Leaves in OUT: verl.log, timeline.jsonl, load.json, agent.log, tenant.log, status.json, run.json, gpumem.jsonl, row.json
@@ -42,8 +44,9 @@ cleanup() {
 trap cleanup EXIT
 
 RESPONSE_LEN=${RESPONSE_LEN:-128}; GPUS=${GPUS:-2}; GPU=${GPU:-0}
-# vLLM's throughput line every STATS_INTERVAL_S, each one kept (Ray folds lines that differ only in numbers)
-export RAY_DEDUP_LOGS=0 VLLM_LOG_STATS_INTERVAL=${STATS_INTERVAL_S:-2}
+# vLLM's throughput line every STATS_INTERVAL_S, each one kept (Ray folds lines that differ only in numbers); verl's
+# runtime env sets VLLM_LOGGING_LEVEL=WARN for its workers, which hides those INFO lines, unless the driver has its own
+export RAY_DEDUP_LOGS=0 VLLM_LOG_STATS_INTERVAL=${STATS_INTERVAL_S:-2} VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-INFO}
 extra=()
 case "$GPUS" in
   2) TGPU=0; tenant_mem=(--gpu-memory-utilization "${TENANT_UTIL:-0.35}"); policy_mem=(--gpu-memory-utilization "${POLICY_UTIL:-0.15}")
@@ -140,7 +143,7 @@ common=(
   actor_rollout_ref.rollout.max_num_batched_tokens=$(( 4096 > 256 + RESPONSE_LEN ? 4096 : 256 + RESPONSE_LEN ))
   actor_rollout_ref.rollout.agent.num_workers=2 reward.num_workers=2
   trainer.logger="['console']" trainer.project_name=timeslice-verl trainer.experiment_name="validated-$MODE"
-  trainer.val_before_train=False trainer.test_freq="${TEST_FREQ:--1}" trainer.save_freq=-1 trainer.resume_mode=disable
+  trainer.val_before_train="${VAL_BEFORE_TRAIN:-False}" trainer.test_freq="${TEST_FREQ:--1}" trainer.save_freq=-1 trainer.resume_mode=disable
   trainer.total_epochs=1 trainer.nnodes=1 trainer.n_gpus_per_node=1 trainer.default_local_dir="$OUT/ckpt"
   hydra.run.dir="$OUT/hydra"  # Hydra's own output folder, not outputs/ in the checkout
   ray_kwargs.ray_init.num_cpus=32 +ray_kwargs.ray_init.include_dashboard=False

@@ -9,7 +9,9 @@ Each file and batch is its owner's (the owner the caller's key names, :mod:`~tim
 owner's id answers exactly as a missing one, the lists hold the caller's alone, an ``admin`` key reaches all. An
 owner over a token quota (:mod:`~timeslice_verl.batch.quota`) gets 429 with ``Retry-After`` for a new batch.
 
-A batch object carries its ETA in the extension field ``timeslice`` (:mod:`~timeslice_verl.batch.estimates`).
+A batch object's ``usage`` holds its tokens as OpenAI's does; the extension field ``timeslice_usage`` what it used of
+the valleys (:mod:`~timeslice_verl.batch.usage`).
+A batch object carries its ETA in the extension field ``timeslice_eta`` (:mod:`~timeslice_verl.batch.estimates`).
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from timeslice_verl.batch.bodies import CreateBatch
-from timeslice_verl.batch.estimates import FIELD, Estimates
+from timeslice_verl.batch.estimates import ETA_FIELD, Estimates
 from timeslice_verl.batch.eta import Rate
 from timeslice_verl.batch.files import Files, TooLarge
 from timeslice_verl.batch.keys import ALL_PRIORITIES, ApiKey, KeyRole
 from timeslice_verl.batch.lines import BatchRefused, error_lines, output_lines, parse_stream
 from timeslice_verl.batch.store import OPEN, Store, StoreUnavailable
+from timeslice_verl.batch.usage import FIELD, extension, usage_object
 from timeslice_verl.names import TenantRole
 
 OUT, ERR = "file-out-", "file-err-"
@@ -59,7 +62,7 @@ def file_object(row: dict[str, Any]) -> dict[str, Any]:
 
 def batch_object(store: Store, row: dict[str, Any], eta: dict[str, Any] | None = None) -> dict[str, Any]:
     """The batch as OpenAI shows it: its lines never sent (cancelled, expired) are in its error file, and in its total
-    only — neither completed nor failed; ``eta``: its ``timeslice`` field, if given."""
+    only — neither completed nor failed; ``eta``: its ``timeslice_eta`` field, if given."""
     counts = store.counts(row["id"])
     ended = row["status"] not in OPEN
     out = {"id": row["id"], "object": "batch", "endpoint": row["endpoint"],
@@ -72,8 +75,9 @@ def batch_object(store: Store, row: dict[str, Any], eta: dict[str, Any] | None =
     for key in ("created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
                 "cancelling_at", "cancelled_at"):
         out[key] = row[key]
+    out["usage"], out[FIELD] = usage_object(row), extension(row)
     if eta is not None:
-        out[FIELD] = eta
+        out[ETA_FIELD] = eta
     return out
 
 
@@ -123,8 +127,9 @@ def make_app(store: Store, *, models: Callable[[TenantRole], set[str] | None], k
     @app.get("/timeslice/summary")
     def get_summary(request: Request) -> dict[str, Any]:
         out, key = summary(), caller(request)
-        if not key.admin and "open_batches" in out:  # the service's figures; of the batches, the caller's alone
-            out = {**out, "open_batches": [b for b in out["open_batches"] if owned(store.batch(b["id"]), key)]}
+        if not key.admin and "open_batches" in out:  # the service's figures; of the batches and owners, the caller's
+            out = {**out, "open_batches": [b for b in out["open_batches"] if owned(store.batch(b["id"]), key)],
+                   "owners": [o for o in out.get("owners", []) if o["owner"] == key.owner]}
         return out
 
     @app.get("/timeslice/batches/{bid}")

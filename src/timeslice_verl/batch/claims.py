@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator, Literal, Mapping
 
 from timeslice_verl.batch.engine import Engine
 from timeslice_verl.batch.quota import Quotas
@@ -30,6 +30,11 @@ class Line:
     endpoint: str
     token: int = 0
     """The claim's fencing token: an answer counts only while the line still carries it."""
+    partial: str | None = None
+    """What earlier tries a yield cut generated (:class:`~timeslice_verl.batch.resume.Partial` as JSON): this try
+    continues it."""
+    owner: str = ""
+    """Its batch's owner: the valley GPU-seconds its tries receive are the owner's (:mod:`~timeslice_verl.batch.usage`)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,22 @@ class Outcome:
     delay_s: float = 0.0
     """How long a line queued again waits before a claim takes it, on the database's clock (the next feeder to
     claim it may be another node's)."""
+    partial: str | None = None
+    """Queued with the output kept so far (JSON), written with its state: the next try continues it, this one is
+    not counted."""
+    restart: bool = False
+    """Queued to start again, the output kept so far dropped (its continued request was refused)."""
+    prompt_tokens: int = 0
+    """A done answer's ``usage.prompt_tokens`` (the batch's input tokens)."""
+    cut: bool = False
+    """This try was cut by a yield (the answer's ``finish_reason: abort``), whatever became of the line."""
+
+    @classmethod
+    def answer(cls, line: Line, response: str, usage: Mapping[str, Any] | None) -> Outcome:
+        """A line answered: ``response`` (JSON text), its tokens from the answer's ``usage``."""
+        use = usage if isinstance(usage, Mapping) else {}
+        return cls(line, "done", response=response, tokens=int(use.get("completion_tokens") or 0),
+                   prompt_tokens=int(use.get("prompt_tokens") or 0))
 
 
 _INTERRUPTED = json.dumps({"object": "list", "data": [{
@@ -95,7 +116,7 @@ class LineQueue:
         if n <= 0:
             return []
         rows = self.query(self.dialect.sql("claim_candidates"), (role.value,))
-        endpoint = {r["id"]: r["endpoint"] for r in rows}
+        endpoint, owner = {r["id"]: r["endpoint"] for r in rows}, {r["id"]: r["owner"] for r in rows}
         paused = self.quotas.paused(r["owner"] for r in rows)
         planned = plan([Waiting(r["id"], r["priority"], r["owner"], r["seq"], r["queued"], r["inflight"],
                                 self.quotas.weight(r["owner"]), float(r["expires_at"]))
@@ -103,8 +124,8 @@ class LineQueue:
         got, passed = self._take(planned, holder, lease_s, wait=False)
         if not got and passed:
             got, _ = self._take(passed, holder, lease_s, wait=True)
-        return [Line(bid, r["idx"], r["custom_id"], r["body"], r["attempts"], endpoint[bid], r["token"])
-                for bid, _ in planned for r in got.get(bid, [])]
+        return [Line(bid, r["idx"], r["custom_id"], r["body"], r["attempts"], endpoint[bid], r["token"], r["partial"],
+                     owner[bid]) for bid, _ in planned for r in got.get(bid, [])]
 
     def _take(self, planned: list[tuple[str, int]], holder: str, lease_s: float,
               wait: bool) -> tuple[dict[str, list[Any]], list[tuple[str, int]]]:
@@ -123,8 +144,8 @@ class LineQueue:
                              key=lambda r: r["idx"])
                 if not got:
                     continue
-                again = sum(1 for r in got if r["attempts"] > 1)
-                db.execute(sql("batch_taken"), (len(got), len(got), again, bid))
+                again, first = sum(1 for r in got if r["attempts"] > 1), sum(1 for r in got if r["sends"] == 1)
+                db.execute(sql("batch_taken"), (len(got), len(got), again, first, first, bid))
                 taken[bid] = got
         return taken, [(bid, k) for bid, k in planned if bid not in held]
 
@@ -154,30 +175,41 @@ class LineQueue:
                 wake(db, self.dialect)
         return sum(moved.values())
 
-    def record(self, outcomes: list[Outcome]) -> int:
+    def record(self, outcomes: list[Outcome], spent: Mapping[tuple[str, str], float] | None = None) -> int:
         """Write many lines' outcomes in one transaction; how many took effect. A line no longer in flight under the
         token it was sent with — answered already, put back after its lease ran out and claimed again, or its batch
-        cancelled meanwhile — is left as it is: its answer is discarded."""
+        cancelled meanwhile — is left as it is: its answer is discarded. ``spent``: the valley GPU-seconds lines of
+        each ``(batch, owner)`` received meanwhile (:mod:`~timeslice_verl.batch.usage`), added whatever became of
+        their answers (the GPU worked for them)."""
         moved: dict[str, dict[str, int]] = {}
-        sql = self.dialect.sql
+        sql, spent = self.dialect.sql, spent or {}
         with self.transaction() as db:
-            lock_batches(db, self.dialect, [o.line.batch_id for o in outcomes])
+            lock_batches(db, self.dialect, [o.line.batch_id for o in outcomes] + [bid for bid, _ in spent])
             for o in sorted(outcomes, key=lambda x: (x.line.batch_id, x.line.idx)):  # lines too in id order
                 ln, held = o.line, (o.line.batch_id, o.line.idx, o.line.token)
                 if o.state == "done":
                     cur = db.execute(sql("line_done"), (o.response, o.tokens, *held))
+                elif o.partial is not None:
+                    cur = db.execute(sql("line_cut"), (o.delay_s, o.partial, *held))
+                elif o.restart:
+                    cur = db.execute(sql("line_restart"), (o.delay_s, *held))
                 elif o.state == "queued":
                     cur = db.execute(sql("line_again"), (o.delay_s, *held))
                 else:
                     cur = db.execute(sql("line_failed"), (o.error, o.response, *held))
                 if cur.rowcount:
-                    c = moved.setdefault(ln.batch_id, {"queued": 0, "done": 0, "failed": 0, "n": 0, "tokens": 0})
+                    c = moved.setdefault(ln.batch_id, dict.fromkeys(("queued", "done", "failed", "n", "tokens", "in",
+                                                                     "cuts"), 0))
                     c[o.state] += 1
                     c["n"] += 1
                     c["tokens"] += o.tokens if o.state == "done" else 0
+                    c["in"] += o.prompt_tokens if o.state == "done" else 0
+                    c["cuts"] += o.cut
             for bid, c in moved.items():
-                db.execute(sql("batch_recorded"), (c["n"], c["queued"], c["done"], c["failed"], c["tokens"], bid))
+                db.execute(sql("batch_recorded"), (c["n"], c["queued"], c["done"], c["failed"], c["tokens"], c["in"],
+                                                   c["cuts"], bid))
                 settle(db, self.dialect, bid)
+            _spend(db, sql, spent)
         return sum(c["n"] for c in moved.values())
 
     def done(self, line: Line, response: dict[str, Any], tokens: int) -> None:
@@ -192,6 +224,18 @@ class LineQueue:
     def results(self, bid: str, state: str) -> Iterator[Any]:
         """The ended lines of a batch in input order (``done``: the output file, ``failed``: the error file)."""
         return iter(self.query(self.dialect.sql("results"), (bid, state)))
+
+
+def _spend(db: Any, sql: Any, spent: Mapping[tuple[str, str], float]) -> None:
+    """Add the GPU-seconds to their batches (rows held already, in id order) and to their owners' minutes, in owner
+    order: two feeders' transactions meet in one order, never deadlock."""
+    owners: dict[str, float] = {}
+    for (bid, owner), seconds in sorted(spent.items()):
+        if seconds > 0:
+            db.execute(sql("batch_gpu"), (seconds, bid))
+            owners[owner] = owners.get(owner, 0.0) + seconds
+    for owner, seconds in sorted(owners.items()):
+        db.execute(sql("gpu_usage_add"), (owner, seconds))
 
 
 __all__ = ["LEASE_S", "Line", "LineQueue", "Outcome"]

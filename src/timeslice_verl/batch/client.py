@@ -163,13 +163,16 @@ def describe(batch: dict[str, Any], unsent: int = 0) -> str:
     c = batch["request_counts"]
     files = "  ".join(f"{k}={batch[k]}" for k in ("output_file_id", "error_file_id") if batch.get(k))
     apart = f", {unsent} not sent ({'expired' if batch['status'] == 'expired' else 'cancelled'})" if unsent else ""
-    eta = eta_words(batch.get("timeslice"))
+    use, ext = batch.get("usage") or {}, batch.get("timeslice_usage") or {}
+    spent = f", {use.get('input_tokens', 0)} tokens in, {use.get('output_tokens', 0)} out, " \
+            f"{ext.get('gpu_seconds', 0):.1f} GPU-s" if use else ""
+    eta = eta_words(batch.get("timeslice_eta"))
     return (f"{batch['id']}  {batch['status']:11}  {c['completed']}/{c['total']} done, {c['failed']} failed"
-            f"{apart}{'  ' + eta if eta else ''}  {batch['endpoint']}  {files}").rstrip()
+            f"{apart}{spent}{'  ' + eta if eta else ''}  {batch['endpoint']}  {files}").rstrip()
 
 
 def eta_words(field: dict[str, Any] | None) -> str:
-    """A batch's ``timeslice`` field (its ETA) in words: "" for an ended batch or a service without the field."""
+    """A batch's ``timeslice_eta`` field (its ETA) in words: "" for an ended batch or a service without the field."""
     if not field or field.get("basis") == "ended":
         return ""
     if field.get("eta_s") is None:

@@ -1,9 +1,9 @@
 """Each batch's ETA as the API shows it: the pure estimate (:mod:`~timeslice_verl.batch.eta`) over the open batches
 as the database holds them, on the database's clock, at the speed the service measured.
 
-The batch object carries it in one extension field, ``timeslice`` (OpenAI's fields stay as they are)::
+The batch object carries it in one extension field, ``timeslice_eta`` (OpenAI's fields stay as they are)::
 
-    "timeslice": {"eta_at": 1767000000, "eta_s": 412.5, "basis": "tokens", "late": false, "why": null}
+    "timeslice_eta": {"eta_at": 1767000000, "eta_s": 412.5, "basis": "tokens", "late": false, "why": null}
 
 ``eta_at``: when the batch should end (epoch seconds, as the ``*_at`` fields); ``eta_s``: seconds from now;
 ``basis``: what the figure rests on (:class:`~timeslice_verl.batch.eta.Basis`); ``late``: the ETA is past the end of
@@ -22,8 +22,8 @@ from timeslice_verl.batch.lines import BatchRefused
 from timeslice_verl.batch.status import OPEN
 from timeslice_verl.batch.store import Store
 
-FIELD = "timeslice"
-"""The batch object's extension field."""
+ETA_FIELD = "timeslice_eta"
+"""The batch object's extension field (beside ``timeslice_usage``: :mod:`~timeslice_verl.batch.usage`)."""
 COLD = (f"no measurement yet: the service has not answered lines with its gate open long enough in the last "
         f"{WINDOW_S / 60:.0f} min to estimate; nothing is flagged late until it has")
 
@@ -47,7 +47,7 @@ class Estimates:
         return now, estimate(work + ([extra] if extra else []), rate), rate
 
     def field(self, row: dict[str, Any], table: tuple[float, dict[str, float], Rate | None] | None = None) -> dict:
-        """The ``timeslice`` field of the batch ``row`` (``table``: :meth:`table` for its role, if already read)."""
+        """The ``timeslice_eta`` field of the batch ``row`` (``table``: :meth:`table` for its role, if already read)."""
         if row["status"] not in OPEN:
             return shown(None, Basis.ended, 0.0, row)
         now, etas, rate = table or self.table(row["tenant_role"])
@@ -56,7 +56,7 @@ class Estimates:
         return shown(etas.get(row["id"]), rate.basis, now, row)
 
     def fields(self, rows: list[dict[str, Any]]) -> dict[str, dict]:
-        """The ``timeslice`` field of each of ``rows``, the open batches read once per tenant role."""
+        """The ``timeslice_eta`` field of each of ``rows``, the open batches read once per tenant role."""
         tables = {r["tenant_role"]: self.table(r["tenant_role"]) for r in rows if r["status"] in OPEN}
         return {r["id"]: self.field(r, tables.get(r["tenant_role"])) for r in rows}
 
@@ -82,7 +82,7 @@ class Estimates:
 
 
 def shown(eta_s: float | None, basis: Basis, now: float, row: dict[str, Any]) -> dict[str, Any]:
-    """The ``timeslice`` field: the ETA, what it rests on, whether it is past the window, and why, in words."""
+    """The ``timeslice_eta`` field: the ETA, what it rests on, whether it is past the window, and why, in words."""
     if basis is Basis.ended:
         return {"eta_at": None, "eta_s": None, "basis": str(basis), "late": None, "why": None}
     if basis is Basis.cold or eta_s is None or not math.isfinite(eta_s):
@@ -96,4 +96,4 @@ def shown(eta_s: float | None, basis: Basis, now: float, row: dict[str, Any]) ->
             "why": why}
 
 
-__all__ = ["COLD", "Estimates", "FIELD", "shown"]
+__all__ = ["COLD", "ETA_FIELD", "Estimates", "shown"]

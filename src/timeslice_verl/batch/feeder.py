@@ -16,6 +16,9 @@
   with ``finish_reason: abort``), a killed or restarting server (the connection refused, reset or cut), a time-out,
   a 5xx — is queued again after a backoff (0.5 s doubling, at most 30 s), at most ``max_attempts`` times; then it
   goes to the error file with the last reason. A 4xx is the request's own fault: failed at once, with vLLM's answer.
+* **Resumes.** An aborted answer's output is kept with its line, in the transaction that queues it again, and the
+  next try continues it (:mod:`timeslice_verl.batch.resume`; that try is not counted: each one keeps a token more).
+  A 4xx on a continued request starts the line again without what was kept.
 """
 
 from __future__ import annotations
@@ -35,12 +38,15 @@ from typing import Any
 import aiohttp
 
 from timeslice_verl.backoff import Backoff
+from timeslice_verl.batch import resume
+from timeslice_verl.batch.answer import ABORTED, classify, parsed, refused
 from timeslice_verl.batch.background import spawn
 from timeslice_verl.batch.concurrency import Follower, Policy, Sample, parse_metrics, shed_to
 from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.idle import Waker
 from timeslice_verl.batch.pacing import Latency, Pacer
 from timeslice_verl.batch.store import LEASE_S, Line, Outcome, Store, StoreUnavailable
+from timeslice_verl.batch.usage import Valley
 from timeslice_verl.log import get_logger
 from timeslice_verl.names import TenantRole
 
@@ -55,24 +61,9 @@ SAMPLE_S = 0.5
 valley's first interval, its ramp, is left out)."""
 SETTLE_S = 5.0
 """How often open batches are checked for their window and cancels (also while the trainer holds the GPU)."""
-WRITE_MAX = 1024
-WRITE_GATHER, GATHER_S = 64, 0.02
-"""Under this many answers waiting, the writer waits this long for more before its transaction (CPU per line)."""
+WRITE_MAX, WRITE_GATHER, GATHER_S = 1024, 64, 0.02
+"""A transaction's most answers; under WRITE_GATHER waiting, the writer waits GATHER_S for more (CPU per line)."""
 JSON_HEADERS = {"Content-Type": "application/json"}
-
-
-def classify(status: int, body: Any) -> tuple[str, str]:
-    """What an answer means for its line: ``done``, ``again`` (not the request's fault) or ``failed``; and why."""
-    if 200 <= status < 300:
-        choices = body.get("choices") if isinstance(body, dict) else None
-        if not isinstance(choices, list) or not choices:
-            return "again", "an answer without choices"
-        if any(isinstance(c, dict) and c.get("finish_reason") == "abort" for c in choices):
-            return "again", "aborted by the tenant (the reclaim ladder's abort step)"
-        return "done", ""
-    if status >= 500 or status in (408, 429):
-        return "again", f"HTTP {status}"
-    return "failed", f"HTTP {status}"
 
 
 @dataclass
@@ -87,6 +78,8 @@ class FeederStats:
     writes: int = 0
     shed: int = 0
     """Sends cancelled because the limit fell below them (their lines queued again)."""
+    resumed: int = 0  # tries that continued a line from the output an abort left
+    kept: int = 0  # tokens aborted answers generated, kept with their lines (never generated again)
     lost: int = 0
     """Lines claimed and not sent whose lease was taken back while the feeder was away (a pause past its lease):
     dropped, not sent (another feeder sends them)."""
@@ -98,7 +91,8 @@ class FeederStats:
 class Feeder:
     def __init__(self, store: Store, url: str, gate: Gate, *, policy: Policy, adapt: bool = True,
                  max_attempts: int = 5, request_timeout_s: float = 600.0, settle: bool = True,
-                 lease_s: float = LEASE_S, role: TenantRole = TenantRole.batch, spread: bool = False) -> None:
+                 lease_s: float = LEASE_S, role: TenantRole = TenantRole.batch, spread: bool = False,
+                 resume_partial: bool = True) -> None:
         self.store, self.url, self.gate = store, url.rstrip("/"), gate
         self.role = role
         """Which batches this tenant answers (users' or the policy's validation runs)."""
@@ -106,11 +100,11 @@ class Feeder:
         """Whose lines these are in the store (one queue, several nodes): renewed while the feeder lives."""
         self.lease_s, self.policy, self.adapt = lease_s, policy, adapt
         self.max_attempts, self.request_timeout_s = max_attempts, request_timeout_s
-        self.settle = settle
-        """This feeder also ends batches on their window and cancels (one per service does)."""
-        self.stats, self.healthy = FeederStats(limit=policy.start), True
+        self.settle, self.resume_partial = settle, resume_partial
+        """This feeder also ends batches on their window and cancels (one per service does); a cut line continues
+        from what it generated (``timeslice.batch.resume_partial``)."""
+        self.stats, self.healthy, self.problem = FeederStats(limit=policy.start), True, ""
         """``healthy``: False once one of the feeder's tasks died (the database full, a bug): ``/health`` says so."""
-        self.problem = ""
         self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
         self._room = asyncio.Event()
         self.waker = Waker(self._room)  # told by the database that lines became claimable (``woken``: how often)
@@ -127,7 +121,7 @@ class Feeder:
         self._shed_lines: list[Line] = []
         self.spread = spread
         """Sends released at the limit's pace (:mod:`timeslice_verl.batch.pacing`), not all at once."""
-        self._pacer, self.latency = Pacer(), Latency()
+        self._pacer, self.latency, self.valley = Pacer(), Latency(), Valley(gate.seconds_open)  # valley: GPU-s per send
         self._sent_at: dict[asyncio.Task, float] = {}
         """Each send's start, in the gate's open seconds (an answer held through a trainer's turn took no longer)."""
 
@@ -208,7 +202,7 @@ class Feeder:
         self.stats.sent += 1
         task = asyncio.create_task(self._try(session, line))
         self._sending[task] = line
-        self._sent_at[task] = self.gate.seconds_open()
+        self._sent_at[task] = self.valley.start(task)  # the gate's open seconds now
         task.add_done_callback(functools.partial(self._sent, session))
 
     def _allowed(self, want: int) -> int:
@@ -233,8 +227,8 @@ class Feeder:
     def _sent(self, session: aiohttp.ClientSession, task: asyncio.Task) -> None:
         """A send ended: its slot is free now (its outcome is written behind it). A done callback, not the send's
         own ``finally``: a send cancelled before it ever ran has none."""
-        line = self._sending.pop(task)
-        sent_at = self._sent_at.pop(task)
+        line, sent_at = self._sending.pop(task), self._sent_at.pop(task)
+        self.valley.end(task, line.batch_id, line.owner)
         shed = task in self._shedding
         self._shedding.discard(task)
         self.stats.inflight -= 1
@@ -269,37 +263,43 @@ class Feeder:
         self._room.set()
 
     async def _try(self, session: aiohttp.ClientSession, line: Line) -> Outcome:
+        try_ = resume.plan(line.endpoint, line.body, line.partial, self.resume_partial)
+        if try_.answer is not None and try_.partial is not None:  # what was kept used its whole budget
+            return Outcome.answer(line, try_.answer, try_.partial.usage)
+        self.stats.resumed += try_.partial is not None
         try:
-            async with session.post(line.endpoint, data=line.body.encode(), headers=JSON_HEADERS) as resp:
+            async with session.post(line.endpoint, data=try_.body, headers=JSON_HEADERS) as resp:
                 status, raw, rid = resp.status, await resp.read(), resp.headers.get("x-request-id", "")
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             if isinstance(exc, (aiohttp.ClientConnectionError, OSError)) and not isinstance(exc, asyncio.TimeoutError):
                 self.gate.suspect(session, why)
             return self._again(line, why)
-        text = raw.decode("utf-8", "replace")
-        try:
-            body: Any = json.loads(text)
-        except ValueError:
-            body, text = {"text": text[:2000]}, json.dumps({"text": text[:2000]})
+        body, text = parsed(raw)
         fate, why = classify(status, body)
+        if fate == "done" and try_.rewrites:
+            body = resume.merged(try_, body)
+            text = json.dumps(body)
         response = f'{{"status_code": {status}, "request_id": {json.dumps(rid)}, "body": {text}}}'
         if fate == "done":
-            return Outcome(line, "done", response=response, tokens=int((body.get("usage") or {}).get("completion_tokens") or 0))
+            return Outcome.answer(line, response, body.get("usage"))
         if fate == "again":
-            return self._again(line, why)
-        message = (body.get("message") or (body.get("error") or {}).get("message")) if isinstance(body, dict) else ""
-        error = {"code": "model_not_found" if status == 404 else "request_failed",
-                 "message": f"{why}: {message or text[:300]}"}
-        return Outcome(line, "failed", response=response, error=json.dumps(error))
+            kept = resume.cut(line.endpoint, try_, body, rid) if why == ABORTED else None
+            if kept is not None:
+                self.stats.kept += kept.tokens - (try_.partial.tokens if try_.partial else 0)
+            return self._again(line, why, kept)
+        if try_.partial is not None:  # the continued request refused: the line starts again, what was kept dropped
+            return self._again(line, f"{why} on the continued request: {refused(status, body, text, why)}", restart=True)
+        return Outcome(line, "failed", response=response, error=refused(status, body, text, why))
 
-    def _again(self, line: Line, why: str) -> Outcome:
-        if line.attempts >= self.max_attempts:
+    def _again(self, line: Line, why: str, kept: resume.Partial | None = None, restart: bool = False) -> Outcome:
+        """Queued again after a backoff; a try that ``kept`` output is not counted (each keeps a token more)."""
+        if line.attempts >= self.max_attempts and kept is None:
             error = {"code": "attempts_exhausted", "message": f"{line.attempts} attempt(s), the last: {why}"}
-            return Outcome(line, "failed", error=json.dumps(error))
+            return Outcome(line, "failed", error=json.dumps(error), cut=why == ABORTED)
         delay = LINE_AGAIN.after(line.attempts)
         log.debug("batch: line %s of %s again in %.1f s (%s)", line.custom_id, line.batch_id, delay, why)
-        return Outcome(line, "queued", delay_s=delay)
+        return Outcome(line, "queued", delay_s=delay, partial=kept and kept.dumps(), restart=restart, cut=why == ABORTED)
 
     async def _db(self, fn: Any, *args: Any) -> Any:
         """Run a store call off the loop; while the database cannot be written (the disk full, locked) retry with a
@@ -328,7 +328,7 @@ class Feeder:
                 await asyncio.sleep(GATHER_S)  # the slots are free already: a few ms more makes one transaction of many
             while len(batch) < WRITE_MAX and not self._outcomes.empty():
                 batch.append(self._outcomes.get_nowait())
-            await self._db(self.store.record, batch)
+            await self._db(self.store.record, batch, self.valley.take())
             self.stats.written += len(batch)
             self.stats.writes += 1
             if any(o.state == "queued" for o in batch):

@@ -6,7 +6,7 @@
 A line of the key file::
 
     KEY [owner=NAME] [role=user|admin] [priorities=LOW..HIGH] [weight=W] [tokens_per_hour=N] [tokens_per_day=N]
-        [refuse_late=true|false]
+        [gpu_seconds_per_day=S] [refuse_late=true|false]
 
 ``#`` starts a comment (a whole line, or after the key's fields). A plain line (the key alone, the format before
 these fields) keeps working:
@@ -21,8 +21,8 @@ these fields) keeps working:
 * ``priorities`` omitted: a ``user`` up to the users' normal priority (``-100..0``; ``0`` is what a batch asks for
   without one), an ``admin`` every priority a batch may have (``-100..100``: validation runs ask for
   ``timeslice.validate.priority``, 100). ``LOW..HIGH`` (either end may be left out: ``..5``), or one number.
-* ``weight``, ``tokens_per_hour``, ``tokens_per_day``, ``refuse_late`` omitted: weight 1, no quota, a late batch
-  made and flagged. They are the owner's: on several
+* ``weight``, ``tokens_per_hour``, ``tokens_per_day``, ``gpu_seconds_per_day``, ``refuse_late`` omitted: weight 1,
+  no quota, a late batch made and flagged. They are the owner's: on several
   lines of one owner, a field must say the same wherever it is given.
 """
 
@@ -140,7 +140,7 @@ def _fields(text: str) -> tuple[str, dict[str, str]]:
         if not sep or name not in FIELDS:
             raise KeyLineError(f"{word!r} is not a field: after the key come owner=NAME, role=user|admin, "
                                f"priorities=LOW..HIGH, weight=W, tokens_per_hour=N, tokens_per_day=N, "
-                               "refuse_late=true|false")
+                               "gpu_seconds_per_day=S, refuse_late=true|false")
         if name in fields:
             raise KeyLineError(f"{name}= is given twice")
         fields[name] = value

@@ -1,5 +1,7 @@
 """The batch service's Prometheus metrics, read off the store when scraped: lines queued, in flight, completed,
-retried and failed, tokens generated, and whether (and how long) the tenant has had the GPU."""
+retried and failed, tokens generated, whether (and how long) the tenant has had the GPU, and the lines a yield cut that
+went on from their kept output (labelled by tenant: one a tenant URL the service was given); and who got what from
+the valleys (:func:`timeslice_verl.batch.usage.collect`: by configured owner, never by batch)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from timeslice_verl.batch import usage
 
 
 class BatchMetrics:
@@ -35,13 +39,20 @@ class BatchMetrics:
                                    "fell below them (their lines queued again, the try not counted)", labels=["tenant"])
         seconds = CounterMetricFamily("timeslice_batch_tenant_gpu_seconds", "Seconds the tenant has had the GPU",
                                       labels=["tenant"])
+        resumed = CounterMetricFamily("timeslice_batch_lines_resumed", "Tries that continued a line from the output "
+                                      "a yield's abort left, instead of generating it again", labels=["tenant"])
+        kept = CounterMetricFamily("timeslice_batch_tokens_kept", "Tokens aborted answers generated that were kept "
+                                   "with their lines (never generated again)", labels=["tenant"])
         for feeder, gate in zip(self.service.feeders, self.service.gates):
             limit.add_metric([feeder.url], feeder.stats.limit)
             out.add_metric([feeder.url], feeder.stats.inflight)
             has.add_metric([feeder.url], 1.0 if gate.open else 0.0)
             shed.add_metric([feeder.url], feeder.stats.shed)
             seconds.add_metric([feeder.url], gate.seconds_open())
-        yield from (limit, out, has, shed, seconds)
+            resumed.add_metric([feeder.url], feeder.stats.resumed)
+            kept.add_metric([feeder.url], feeder.stats.kept)
+        yield from (limit, out, has, shed, seconds, resumed, kept)
+        yield from usage.collect(self.service)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,11 +1,13 @@
 """What an owner's keys share, read from the key file's fields: its weight in the fair share between owners of one
-priority, and its quotas of generated tokens per sliding hour and day.
+priority, its quotas of generated tokens per sliding hour and day, and its quota of valley GPU-seconds per day.
 
 ``weight=W`` (default 1; 0 < W ≤ 1000): under saturation the owners of one priority hold lines in flight — and so,
 as vLLM generates a token per running sequence per step, receive tokens — in proportion to their weights.
 ``tokens_per_hour=N``, ``tokens_per_day=N`` (default: none): once the tokens the owner's answers generated over the
 last hour (day) reach N, its new batches answer 429 with ``Retry-After`` and its running batches pause (their lines
-are not claimed) until the window frees enough; nothing fails for it. Several keys may name one owner: a field given
+are not claimed) until the window frees enough; nothing fails for it. ``gpu_seconds_per_day=S`` (default: none): the
+same once the valley GPU-seconds its lines received over the last day (:mod:`~timeslice_verl.batch.usage`) reach S.
+Several keys may name one owner: a field given
 on more than one of its lines must say the same on each (one owner, one policy).
 ``refuse_late=true`` (default false): a new batch whose ETA (:mod:`~timeslice_verl.batch.estimates`) is past the
 end of its ``completion_window`` is refused (400) instead of made and flagged ``late``.
@@ -24,6 +26,8 @@ class PolicyError(ValueError):
 
 MAX_WEIGHT = 1000.0
 MAX_TOKENS = 10**15
+MAX_GPU_SECONDS = 10**9
+GPU_DAY = "gpu_seconds_per_day"
 
 
 class Window(enum.Enum):
@@ -44,6 +48,7 @@ class OwnerPolicy:
     weight: float = 1.0
     tokens_per_hour: int | None = None
     tokens_per_day: int | None = None
+    gpu_seconds_per_day: float | None = None
     refuse_late: bool = False
     """A new batch that would end past its window is refused rather than flagged."""
 
@@ -52,10 +57,11 @@ class OwnerPolicy:
 
     @property
     def limited(self) -> bool:
-        return self.tokens_per_hour is not None or self.tokens_per_day is not None
+        return self.tokens_per_hour is not None or self.tokens_per_day is not None or \
+            self.gpu_seconds_per_day is not None
 
     def __str__(self) -> str:
-        given = [f"{f.name}={getattr(self, f.name):g}" if f.name == "weight" else
+        given = [f"{f.name}={getattr(self, f.name):g}" if f.name in ("weight", GPU_DAY) else
                  f"{f.name}={str(getattr(self, f.name)).lower()}" if f.name == "refuse_late" else
                  f"{f.name}={getattr(self, f.name)}"
                  for f in fields(self) if getattr(self, f.name) != f.default]
@@ -81,6 +87,15 @@ def parse_field(name: str, text: str) -> float | int | bool:
         if not 0 < weight <= MAX_WEIGHT:  # NaN fails too
             raise PolicyError(f"weight={text!r} is not a number above 0 and at most {MAX_WEIGHT:g} (e.g. weight=3)")
         return weight
+    if name == GPU_DAY:
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = math.nan
+        if not 0 < seconds <= MAX_GPU_SECONDS:
+            raise PolicyError(f"{name}={text!r} is not a number of seconds above 0 and at most {MAX_GPU_SECONDS} "
+                              f"(e.g. {name}=3600)")
+        return seconds
     try:
         tokens = int(text)
     except ValueError:
@@ -96,5 +111,5 @@ def with_field(policy: OwnerPolicy, name: str, text: str) -> OwnerPolicy:
     return replace(policy, **{name: parse_field(name, text)})
 
 
-__all__ = ["DEFAULT", "MAX_TOKENS", "MAX_WEIGHT", "NAMES", "OwnerPolicy", "PolicyError", "Window", "parse_field",
+__all__ = ["DEFAULT", "GPU_DAY", "MAX_GPU_SECONDS", "MAX_TOKENS", "MAX_WEIGHT", "NAMES", "OwnerPolicy", "PolicyError", "Window", "parse_field",
            "with_field"]

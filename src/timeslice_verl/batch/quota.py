@@ -2,6 +2,9 @@
 ``Retry-After``), and a running batch of an owner over quota pauses — the claim passes its lines over — until the
 sliding window frees enough; nothing fails for a quota.
 
+The valley GPU-seconds per day (``gpu_seconds_per_day``) are held the same way, read from the minutes the feeders
+wrote (:mod:`~timeslice_verl.batch.usage`; ``owner_gpu_day``, ``owner_gpu_frees``).
+
 Usage is read from the database (the catalogue's ``owner_usage`` and ``owner_frees``: the tokens stored with the
 lines, each window on the database's clock), so every API replica and feeder of a cluster sees the same figure, and a
 node whose clock is off neither shortens nor stretches an owner's hour or day. A claim asks at most every
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from timeslice_verl.batch.engine import Engine
-from timeslice_verl.batch.policy import DEFAULT, OwnerPolicy, Window
+from timeslice_verl.batch.policy import DEFAULT, GPU_DAY, OwnerPolicy, Window
 
 CHECK_S = 5.0
 """How long a claim trusts an owner's usage before it reads it again."""
@@ -28,11 +31,16 @@ class Over:
     """An owner over a quota: which window, its tokens there and its quota, and when enough of them leave it."""
 
     window: Window
-    used: int
-    limit: int
+    used: float
+    limit: float
     retry_after_s: int
+    field: str = ""
+    """The policy's field (``tokens_per_…`` by default, or ``gpu_seconds_per_day``)."""
 
     def __str__(self) -> str:
+        if self.field == GPU_DAY:
+            return (f"{self.used:.1f} valley GPU-seconds used in the last day, at or over its {GPU_DAY}="
+                    f"{self.limit:g}; retry in {self.retry_after_s} s")
         return (f"{self.used} tokens generated in the last {self.window.name}, at or over its {self.window.field}="
                 f"{self.limit}; retry in {self.retry_after_s} s")
 
@@ -53,14 +61,29 @@ class Quotas:
         row = self.engine.query(self.engine.dialect.sql("owner_usage"), (Window.hour.value, day, owner, day))[0]
         return {Window.hour: int(row["hour"]), Window.day: int(row["day"])}
 
+    def gpu_day(self, owner: str) -> float:
+        """``owner``'s valley GPU-seconds over the last day."""
+        return float(self.engine.query(self.engine.dialect.sql("owner_gpu_day"), (owner,))[0]["gpu_s"])
+
+    def _gpu_over(self, owner: str, policy: OwnerPolicy) -> Over | None:
+        limit = policy.gpu_seconds_per_day
+        if limit is None or (used := self.gpu_day(owner)) < limit:
+            return None
+        left = used
+        for row in self.engine.query(self.engine.dialect.sql("owner_gpu_frees"), (owner,)):
+            left -= float(row["gpu_s"])
+            if left < limit:
+                return Over(Window.day, used, limit, max(1, math.ceil(float(row["frees_in"]))), GPU_DAY)
+        return Over(Window.day, used, limit, Window.day.value, GPU_DAY)
+
     def over(self, owner: str, policy: OwnerPolicy) -> Over | None:
         """The quota ``owner`` is over (the one that frees last), or None."""
         if not policy.limited:
             return None
+        worst = self._gpu_over(owner, policy)
         used = self.usage(owner)
         if not self._exceeds(policy, used):
-            return None
-        worst: Over | None = None
+            return worst
         for window in Window:
             limit = policy.quota(window)
             if limit is None or used[window] < limit:
@@ -97,7 +120,8 @@ class Quotas:
             with self._lock:
                 seen = self._seen.get(owner)
             if seen is None or now - seen[0] >= self.check_s:
-                seen = (now, self._exceeds(policy, self.usage(owner)))  # when it frees: the 429's question alone
+                seen = (now, self._exceeds(policy, self.usage(owner)) or (  # when it frees: the 429's question alone
+                    policy.gpu_seconds_per_day is not None and self.gpu_day(owner) >= policy.gpu_seconds_per_day))
                 with self._lock:
                     self._seen[owner] = seen
             if seen[1]:

@@ -9,9 +9,11 @@ has an owner too: a key reaches its owner's files alone.
 
 The statements (``sql/schema.sql``) are written in the SQL both engines speak; :func:`for_postgresql` maps SQLite's type names. SQLite
 keeps the version in ``PRAGMA user_version``, PostgreSQL in the table ``timeslice_schema`` (its creation holds an
-advisory lock: replicas that start together create it once). Versions below :data:`SCHEMA_VERSION` were made by
-development versions before the first release: there is no way from them, and such a database is refused with what
-to do (:data:`DEVELOPMENT_SCHEMA`).
+advisory lock: replicas that start together create it once). The first release's schema (:data:`FIRST_RELEASE`) is
+brought to :data:`SCHEMA_VERSION` in place, in one transaction (8: ``lines.partial``, the output a yield cut; 9: what
+each batch's lines used of the valleys — tokens in, GPU-seconds, cuts, waits — and ``gpu_usage``). Versions
+below it were made by development versions before the first release: there is no way from them, and such a database
+is refused with what to do (:data:`DEVELOPMENT_SCHEMA`).
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ from timeslice_verl.log import get_logger
 
 log = get_logger("batch")
 
-SCHEMA_VERSION = 7
-"""The first release's schema (the numbers below it were development versions' schemas, refused)."""
+SCHEMA_VERSION = 9
+"""This release's schema: the first release's, each line's output kept when a yield cut it (``lines.partial``, 8), and
+the attribution of the valleys (9: :mod:`~timeslice_verl.batch.usage`)."""
+FIRST_RELEASE = 7
+"""The first release's schema, brought up in place (the numbers below it were development versions', refused)."""
 ADVISORY_LOCK = 7_351_038_438
 """PostgreSQL's advisory lock key held while the schema is created (one creation, whatever the replicas)."""
 DEVELOPMENT_SCHEMA = ("was made by a development version of timeslice-verl (schema {found}; this release reads schema "
-                      "{current} only, and there is no way from it). Let its batches end and download their results "
+                      "{current} and its first release's only, and there is no way from it). Let its batches end and download their results "
                       "with the version that made it (`timeslice-verl batch results`), then {fresh}: a new one is "
                       "created at start.")
 """What a database of a schema before the first release is told (``fresh``: how to start one, per engine)."""
@@ -59,7 +64,7 @@ def for_postgresql(statement: str) -> str:
 def _check_version(version: int, fresh: str) -> None:
     if version > SCHEMA_VERSION or version < 0:
         raise SchemaError(f"has schema {version}; this version reads {SCHEMA_VERSION} (and older)")
-    if 0 < version < SCHEMA_VERSION:
+    if 0 < version < FIRST_RELEASE:
         raise SchemaError(DEVELOPMENT_SCHEMA.format(found=version, current=SCHEMA_VERSION, fresh=fresh))
 
 
@@ -72,10 +77,11 @@ def migrate_sqlite(db: sqlite3.Connection, where: str, sql: Callable[[str], str]
         problem = db.execute(sql("quick_check")).fetchone()[0]
         if problem != "ok":
             raise SchemaError(f"is damaged (quick_check: {problem}); restore it from a copy or move it away")
-        return
+        if version == SCHEMA_VERSION:
+            return
     db.execute(sql("begin"))
     try:
-        for statement in statements():
+        for statement in _steps(version, sql):
             db.execute(statement)
         db.execute(sql("set_schema_version"))
     except BaseException:
@@ -83,7 +89,17 @@ def migrate_sqlite(db: sqlite3.Connection, where: str, sql: Callable[[str], str]
             db.execute(sql("rollback"))
         raise
     db.execute(sql("commit"))
-    log.info("batch: %s: created schema v%d", where, SCHEMA_VERSION)
+    log.info("batch: %s: %s schema v%d", where, "brought to" if version else "created", SCHEMA_VERSION)
+
+
+def _steps(version: int, sql: Callable[[str], str]) -> list[str]:
+    """The statements that make a database of ``version`` (0: new) this release's, in SQLite's type names."""
+    if not version:
+        return statements()
+    to_8 = [sql("lines_partial_column")] if version < 8 else []  # FIRST_RELEASE → 8, then 8 → 9
+    return to_8 + [sql("lines_sends_column"), sql("batches_prompt_tokens_column"), sql("batches_gpu_s_column"),
+                   sql("batches_cuts_column"), sql("batches_first_sent_at_column"), sql("batches_wait_s_column"),
+                   sql("batches_sent_lines_column"), sql("create_gpu_usage")]
 
 
 def migrate_postgresql(conn: Any, where: str, sql: Callable[[str], str]) -> None:
@@ -95,14 +111,14 @@ def migrate_postgresql(conn: Any, where: str, sql: Callable[[str], str]) -> None
         conn.execute(sql("create_schema_version"))
         row = conn.execute(sql("schema_version")).fetchone()
         version = int(row["version"]) if row else 0
-        _check_version(version, "drop its tables (files, file_chunks, batches, lines, timeslice_schema) or give "
-                                "TIMESLICE_BATCH_DSN a new database")
+        _check_version(version, "drop its tables (files, file_chunks, batches, lines, gpu_usage, timeslice_schema) "
+                                "or give TIMESLICE_BATCH_DSN a new database")
         if version == SCHEMA_VERSION:
             return
-        for statement in statements():
+        for statement in _steps(version, sql):
             conn.execute(for_postgresql(statement))
-        conn.execute(sql("set_schema_version"))
-    log.info("batch: %s: created schema v%d", where, SCHEMA_VERSION)
+        conn.execute(sql("update_schema_version" if version else "set_schema_version"))
+    log.info("batch: %s: %s schema v%d", where, "brought to" if version else "created", SCHEMA_VERSION)
 
 
-__all__ = ["ADVISORY_LOCK", "SCHEMA_VERSION", "SchemaError", "for_postgresql", "migrate_postgresql", "migrate_sqlite", "statements"]
+__all__ = ["ADVISORY_LOCK", "FIRST_RELEASE", "SCHEMA_VERSION", "SchemaError", "for_postgresql", "migrate_postgresql", "migrate_sqlite", "statements"]

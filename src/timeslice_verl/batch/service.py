@@ -21,12 +21,13 @@ import httpx
 
 from timeslice_verl.batch.auth import KeyRing, RequireKey
 from timeslice_verl.batch.concurrency import Policy
-from timeslice_verl.batch.estimates import FIELD, Estimates
+from timeslice_verl.batch.estimates import ETA_FIELD, Estimates
 from timeslice_verl.batch.eta import Meter, Rate, Sample
 from timeslice_verl.batch.feeder import Feeder
 from timeslice_verl.batch.files import Files
 from timeslice_verl.batch.gate import Gate
 from timeslice_verl.batch.store import CREATING_S, OPEN, Store, StoreUnavailable
+from timeslice_verl.batch.usage import node_figures, owners
 from timeslice_verl.config.schema import TimesliceSettings, socket_path
 from timeslice_verl.names import VALIDATION_VERSION, TenantRole
 from timeslice_verl.log import get_logger
@@ -123,7 +124,7 @@ class Service:
         own lines)."""
         self.feeders = [Feeder(self.store, url, gate, policy=policy, adapt=b.adapt_concurrency, max_attempts=b.max_attempts,
                                request_timeout_s=b.request_timeout_s, settle=i == 0, lease_s=b.lease_s, role=which,
-                               spread=b.spread)
+                               spread=b.spread, resume_partial=b.resume_partial)
                         for i, ((url, which), gate) in enumerate(zip(fed, self.gates))]
         self.meter = Meter()
         """This node's speed while its gate is open and its valley share, recent (:mod:`~timeslice_verl.batch.eta`)."""
@@ -208,12 +209,12 @@ class Service:
         etas = self.etas.fields(rows)
         batches = [{"id": r["id"], "status": r["status"], "total": r["total"], "tenant_role": r["tenant_role"],
                     "validation_version": _validation_version(r["metadata"]), **self.store.counts(r["id"]),
-                    FIELD: etas[r["id"]]} for r in rows]
+                    ETA_FIELD: etas[r["id"]]} for r in rows]
         rate = self.rate()
         each = [{"tenant": f.url, "open": g.open, "open_s": round(g.seconds_open(), 3), **_stats(f)}
                 for f, g in zip(self.feeders, self.gates)]
         feeder = {k: sum(e[k] for e in each) for k in ("limit", "inflight", "sent", "answered", "written", "writes", "shed",
-                                                        "lost")}
+                                                        "lost", "resumed", "kept")}
         feeder.update(healthy=all(f.healthy for f in self.feeders), spread=any(f.spread for f in self.feeders),
                       answer_s=each[0]["answer_s"] if each else None,
                       samples=self.feeders[0].stats.samples[-50:] if self.feeders else [],
@@ -221,7 +222,8 @@ class Service:
         return {"tenant": self.url, "tenants": each, "role": self.role.value,
                 "gate": {"open": any(g.open for g in self.gates), "source": self.gates[0].source if self.gates else "-",
                          "why": "; ".join(dict.fromkeys(g.why for g in self.gates if g.why)), "open_s": round(open_s, 3)},
-                "feeder": feeder, "lines": totals, "open_batches": batches,
+                "feeder": feeder, "lines": totals, "open_batches": batches, "owners": owners(self.store),
+                "valley": node_figures(f.valley for f in self.feeders),
                 "tokens_per_s_open": round(totals["tokens"] / open_s, 3) if open_s > 0 else None,
                 "speed": None if rate is None else {
                     "basis": str(rate.basis), "tokens_per_open_s": round(rate.tokens_per_open_s, 3),
@@ -255,7 +257,8 @@ def _validation_version(metadata: str | None) -> int | None:
 def _stats(feeder: Feeder) -> dict[str, Any]:
     st = feeder.stats
     return {"limit": st.limit, "inflight": st.inflight, "sent": st.sent, "answered": st.answered, "written": st.written,
-            "writes": st.writes, "shed": st.shed, "lost": st.lost, "spread": feeder.spread,
+            "writes": st.writes, "shed": st.shed, "lost": st.lost, "resumed": st.resumed, "kept": st.kept,
+            "spread": feeder.spread,
             "answer_s": round(feeder.latency.mean_s, 4) if feeder.latency.mean_s is not None else None}
 
 

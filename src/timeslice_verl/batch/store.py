@@ -32,7 +32,7 @@ import contextlib
 import json
 import secrets
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from timeslice_verl.batch.claims import LEASE_S, Line, LineQueue, Outcome
 from timeslice_verl.batch.engine import Closable, Engine, SqliteEngine, StoreError, StoreUnavailable, Tx
@@ -97,8 +97,8 @@ class Store:
     def release(self, lines: list[Line]) -> int:
         return self.queue.release(lines)
 
-    def record(self, outcomes: list[Outcome]) -> int:
-        return self.queue.record(outcomes)
+    def record(self, outcomes: list[Outcome], spent: Mapping[tuple[str, str], float] | None = None) -> int:
+        return self.queue.record(outcomes, spent)
 
     def done(self, line: Line, response: dict[str, Any], tokens: int) -> None:
         self.queue.done(line, response, tokens)
@@ -197,6 +197,8 @@ class Store:
         (several nodes) put back the lines whose lease ran out, fail the creations whose creator stopped."""
         if self.dialect.shared:
             self.recover(everything=False)
+        with self.transaction() as db:  # the GPU-seconds' minutes no day's quota reads any more
+            db.execute(self.dialect.sql("gpu_usage_prune"))
         for row in self.query(self.dialect.sql("batches_open")):
             with self.transaction() as db:
                 lock_batches(db, self.dialect, [row["id"]])

@@ -234,8 +234,8 @@ class BatchSettings:
     together come back together, and vLLM's front end leaves the GPU idle between the waves. Off: vLLM's front end
     in four processes (``--api-server-count 4``) removes the waves without it; spreading itself is measured by
     ``benchmarks/harvest.py --spread``."""
-    max_attempts: int = 5
-    """Tries of a line whose request failed for a reason not its own (an abort, a kill, a restart), then it fails."""
+    max_attempts: int = 5  # tries of a line failed for a reason not its own (an abort, a kill, a restart); then it fails
+    resume_partial: bool = True  # a line a yield cut goes on from what it generated (off: again from the start)
     max_file_mb: float = 200.0  # the largest input file accepted
     upload_idle_s: float = 600.0  # chunks of an upload not written to this long, its file never made, are dropped
     chunk_mb: float = 4.0  # the most of a file an upload, a download or a batch's creation holds at once

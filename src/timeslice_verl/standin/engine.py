@@ -4,6 +4,7 @@ it can be told to have. Served over HTTP by :mod:`timeslice_verl.standin.server`
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -11,6 +12,10 @@ from typing import Any, Callable
 
 from timeslice_verl.standin.weights import Weights
 
+OUTPUT_ID = 120
+"""The token id of every token the stand-in generates (its text: ``x``)."""
+_GOING_ON = re.compile(r"echo:[^|]*\|x*\Z")
+"""A prompt that ends in the stand-in's own output (a completion continued after a cut)."""
 GONE_CHECK_S = 0.05
 """How often a request that waits (paused, asleep, no free seat) looks whether its client went away."""
 
@@ -26,8 +31,8 @@ class Faults:
     slow_on: list[str] = field(default_factory=list)
     """Only these endpoints are slow (empty: every control call)."""
     fail: dict[str, list] = field(default_factory=dict)
-    """endpoint → [count, kind]: its next ``count`` calls answer HTTP 500 (``kind`` ``500``) or 200 with a body that
-    is not JSON (``garbage``)."""
+    """endpoint → [count, kind]: its next ``count`` calls answer HTTP 500 (``kind`` ``500``), vLLM's 400 (``400``) or
+    200 with a body that is not JSON (``garbage``)."""
     die_on: str = ""
     """An endpoint whose call makes the server exit at once: a crash mid-yield."""
     late_on: str = ""
@@ -216,29 +221,52 @@ class StandinEngine:
 
     def answer(self, url_path: str, body: dict[str, Any],
                gone: Callable[[], bool] | None = None) -> tuple[int, dict[str, Any]]:
-        """A completion in OpenAI's shape (or vLLM's 404 for a model it does not serve)."""
+        """A completion in OpenAI's shape (or vLLM's 404 for a model it does not serve, its 400 for a chat that asks
+        both ``continue_final_message`` and ``add_generation_prompt``).
+
+        As vLLM (0.24) answers a request its pause aborted: HTTP 200, ``finish_reason: "abort"``, the text and the
+        ``usage`` of the tokens generated so far (and their ``token_ids`` with ``return_token_ids``). The generated
+        text is ``echo:<prompt>|`` and one ``x`` a token (id :data:`OUTPUT_ID`); a context that ends in such output —
+        a prompt ending ``echo:…|xxx`` or in the id, a chat whose final assistant message is continued — goes on with
+        ``x`` alone, so an answer continued after a cut reads as one never cut."""
         model = body.get("model", self.model)
         if model != self.model:
             return 404, {"object": "error", "message": f"The model `{model}` does not exist.", "type": "NotFoundError",
                          "param": None, "code": 404}
         chat = url_path.endswith("/chat/completions")
-        prompt = (body.get("messages") or [{}])[-1].get("content", "") if chat else body.get("prompt", "")
+        if chat and body.get("continue_final_message") and body.get("add_generation_prompt", True):
+            return 400, bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        messages = body.get("messages") or [{}]
+        prompt = messages[-1].get("content", "") if chat else body.get("prompt", "")
+        going_on = (bool(body.get("continue_final_message")) and messages[-1].get("role") == "assistant") if chat else \
+            (prompt[-1:] == [OUTPUT_ID] if isinstance(prompt, list) else bool(_GOING_ON.search(str(prompt))))
         before = self.weights.held()
-        tokens, reason = self.generate(int(body.get("max_tokens", 16)), gone)
+        budget = body.get("max_completion_tokens", body.get("max_tokens", 16)) if chat else body.get("max_tokens", 16)
+        tokens, reason = self.generate(int(budget), gone)
         after = self.weights.held()
-        text = f"echo:{str(prompt)[:64]}|" + "x" * tokens
+        text = ("" if going_on else f"echo:{str(prompt)[:64]}|") + "x" * tokens
         n = body.get("n", 1) if isinstance(body.get("n", 1), int) and 1 <= body.get("n", 1) <= 16 else 1
+        ids = bool(body.get("return_token_ids"))
+        prompt_ids = prompt if isinstance(prompt, list) else [sum(map(ord, w)) % 50_000 for w in str(prompt).split()]
         choices = [{"index": i, "finish_reason": reason,
-                    **({"message": {"role": "assistant", "content": text}} if chat else {"text": text})} for i in range(n)]
+                    **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
+                    **({"token_ids": [OUTPUT_ID] * tokens} if ids else {}),
+                    **({"prompt_token_ids": prompt_ids} if ids and not chat else {})} for i in range(n)]
         with self.cond:
             self._ids += 1
             rid = self._ids
         return 200, {"id": f"cmpl-{rid}", "object": "chat.completion" if chat else "text_completion",
                      "created": int(time.time()), "model": model, "choices": choices,
-                     "usage": {"prompt_tokens": len(str(prompt).split()), "completion_tokens": tokens * n,
-                               "total_tokens": len(str(prompt).split()) + tokens * n},
+                     **({"prompt_token_ids": prompt_ids} if ids and chat else {}),
+                     "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": tokens * n,
+                               "total_tokens": len(prompt_ids) + tokens * n},
                      # the stand-in's own field: the weights it generated with ("mixed": an update landed meanwhile)
                      "timeslice_weight_version": before if before == after else "mixed"}
 
 
-__all__ = ["Faults", "StandinEngine"]
+def bad_request(message: str) -> dict[str, Any]:
+    """vLLM's answer to a request it refuses (HTTP 400)."""
+    return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
+
+
+__all__ = ["OUTPUT_ID", "Faults", "StandinEngine", "bad_request"]

@@ -12,7 +12,9 @@ It follows the contract the agent relies on (docs/architecture.md §5) including
 * requests that arrive while paused or asleep wait and are served after ``/wake_up`` + ``/resume``;
 * ``/v1/completions`` and ``/v1/chat/completions`` answer in OpenAI's shapes for the served ``--model``
   (another model is a 404, as vLLM answers it); the text starts with ``echo:`` and the prompt, so a client
-  can tell which request an answer belongs to;
+  can tell which request an answer belongs to; a request the pause aborts is answered as vLLM answers it (200,
+  ``finish_reason: "abort"``, the text and usage generated so far); ``return_token_ids`` adds the ids, and a
+  continued answer (``continue_final_message``, or a prompt ending in the stand-in's own output) goes on from it;
 * faults on demand (:class:`Faults`, at start or at run time through ``POST /_standin/fault``): ``hang`` (an
   endpoint never answers), ``slow_s`` (control calls, or those ``slow_on`` names, take effect and answer late),
   ``fail`` (the first N calls of an endpoint answer HTTP 500 or a garbled body), ``die_on`` (the server exits
@@ -42,7 +44,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from timeslice_verl.standin.engine import Faults, StandinEngine
+from timeslice_verl.standin.engine import Faults, StandinEngine, bad_request
 from timeslice_verl.standin.weights import ROUTES as WEIGHT_ROUTES
 from timeslice_verl.standin.weights import route as weight_route
 
@@ -141,6 +143,8 @@ class _Handler(BaseHTTPRequestHandler):
                 f.fail[key] = [count - 1, kind]
                 if kind == "garbage":
                     self._send(200, b"<html>oops", "text/html")
+                elif kind == "400":
+                    self._send(400, bad_request("injected"))
                 else:
                     self._send(500, {"detail": "injected"})
                 return True
@@ -307,8 +311,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--hang", default="", help="an endpoint that never answers, e.g. wake_up, health, pause or pause:keep")
     ap.add_argument("--slow-s", type=float, default=0.0, help="answer control calls this many seconds late")
     ap.add_argument("--slow-on", action="append", default=[], help="only this endpoint is slow (repeatable)")
-    ap.add_argument("--fail", action="append", default=[], metavar="ENDPOINT:COUNT[:500|garbage]",
-                    help="the next COUNT calls of ENDPOINT answer HTTP 500, or a body that is not JSON (repeatable)")
+    ap.add_argument("--fail", action="append", default=[], metavar="ENDPOINT:COUNT[:500|400|garbage]",
+                    help="the next COUNT calls of ENDPOINT answer HTTP 500, vLLM's 400, or a body that is not JSON "
+                         "(repeatable)")
     ap.add_argument("--die-on", default="", help="exit at once when this endpoint is called, e.g. pause")
     ap.add_argument("--engine-child", action="store_true",
                     help="start a child process without the TIMESLICE_TENANT tag, as vLLM starts its engine core")
@@ -321,7 +326,7 @@ def _fail_spec(items: list[str]) -> dict[str, list]:
     out = {}
     for item in items:
         parts = item.split(":")
-        kind = parts.pop() if parts[-1] in ("500", "garbage") else "500"
+        kind = parts.pop() if parts[-1] in ("500", "400", "garbage") else "500"
         count = int(parts.pop())
         out[":".join(parts)] = [count, kind]
     return out

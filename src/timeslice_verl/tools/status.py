@@ -97,13 +97,23 @@ def render_batch(summary: dict[str, Any]) -> str:
     for t in summary.get("tenants") or []:
         out.append(f"  to {clean(t.get('tenant', '?'))}: {t.get('inflight', 0)} requests open at the tenant, of a limit of {t.get('limit', 0)} "
                    f"(it follows vLLM); {t.get('sent', 0)} sent, {t.get('answered', 0)} answered"
-                   + (f", {t['shed']} shed when the limit fell" if t.get("shed") else ""))
+                   + (f", {t['shed']} shed when the limit fell" if t.get("shed") else "")
+                   + (f"; {t['resumed']} continued where a yield cut them ({t.get('kept', 0)} tokens kept)"
+                      if t.get("resumed") else ""))
+    valley = summary.get("valley") or {}
+    if valley.get("lent_s"):
+        out.append(f"  valleys: {valley['lent_s']:.0f} s lent, {valley.get('used_s', 0):.0f} s used, "
+                   f"{valley.get('wasted_s', 0):.0f} s wasted (the gate open, nothing to send)")
+    for o in summary.get("owners") or []:
+        out.append(f"  owner {clean(o['owner'])}: {o['input_tokens']} tokens in, {o['output_tokens']} out, "
+                   f"{o['gpu_seconds']:.1f} GPU-s ({o['gpu_seconds_last_day']:.1f} in the last day), "
+                   f"{o['cut_tries']} tries cut by a yield")
     if summary.get("key_file"):
         out.append(f"  API key: {clean(summary['key_file'])} (timeslice-verl batch key prints it)")
     for b in summary.get("open_batches") or []:
         done = b.get("completed", 0) + b.get("failed", 0)
         what = f"  validation of version {b['validation_version']}" if b.get("validation_version") is not None else ""
-        eta = eta_words(b.get("timeslice"))
+        eta = eta_words(b.get("timeslice_eta"))
         out.append(f"  {clean(b['id'])}  {b['status']:11} {done}/{b['total']} ({done / max(1, b['total']) * 100:.0f} %), "
                    f"{b.get('failed', 0)} failed{what}{', ' + eta if eta else ''}")
     return "\n".join(out)

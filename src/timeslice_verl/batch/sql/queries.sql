@@ -33,6 +33,9 @@ SELECT version FROM timeslice_schema;
 -- name: set_schema_version.postgresql
 INSERT INTO timeslice_schema (version) VALUES ({schema_version});
 
+-- name: update_schema_version.postgresql
+UPDATE timeslice_schema SET version = {schema_version};
+
 -- name: wal.sqlite
 PRAGMA journal_mode = WAL;
 
@@ -55,6 +58,32 @@ SELECT set_config(s.name, s.value, false) FROM unnest(CAST(? AS text[]), CAST(? 
 
 -- name: ping
 SELECT 1;
+
+-- name: lines_partial_column
+-- the first release's schema (7) brought to 8 in place: the output a yield cut, kept with its line
+ALTER TABLE lines ADD COLUMN partial TEXT;
+
+-- name: lines_sends_column
+-- schema 8 brought to 9 in place (these, and create_gpu_usage): what each batch's lines used of the valleys
+ALTER TABLE lines ADD COLUMN sends INTEGER NOT NULL DEFAULT 0;
+
+-- name: batches_prompt_tokens_column
+ALTER TABLE batches ADD COLUMN prompt_tokens INTEGER NOT NULL DEFAULT 0;
+
+-- name: batches_gpu_s_column
+ALTER TABLE batches ADD COLUMN gpu_s REAL NOT NULL DEFAULT 0;
+
+-- name: batches_cuts_column
+ALTER TABLE batches ADD COLUMN cuts INTEGER NOT NULL DEFAULT 0;
+
+-- name: batches_first_sent_at_column
+ALTER TABLE batches ADD COLUMN first_sent_at REAL;
+
+-- name: batches_wait_s_column
+ALTER TABLE batches ADD COLUMN wait_s REAL NOT NULL DEFAULT 0;
+
+-- name: batches_sent_lines_column
+ALTER TABLE batches ADD COLUMN sent_lines INTEGER NOT NULL DEFAULT 0;
 
 -- ============================================================ files
 
@@ -233,12 +262,17 @@ ORDER BY id FOR UPDATE;
 WITH picked AS MATERIALIZED (
   SELECT idx AS pick FROM lines WHERE batch_id = ? AND state = 'queued' AND next_at <= {now}
   ORDER BY idx LIMIT ?{skip_locked})
-UPDATE lines SET state = 'inflight', attempts = attempts + 1, holder = ?, lease_until = {now} + ?, token = token + 1
+UPDATE lines SET state = 'inflight', attempts = attempts + 1, holder = ?, lease_until = {now} + ?, token = token + 1,
+  sends = sends + 1
 WHERE batch_id = ? AND idx IN (SELECT pick FROM picked) AND state = 'queued'
-RETURNING idx, custom_id, body, attempts, token;
+RETURNING idx, custom_id, body, attempts, token, partial, sends;
 
 -- name: batch_taken
-UPDATE batches SET queued = queued - ?, inflight = inflight + ?, retried = retried + ? WHERE id = ?;
+-- (taken, taken, retried, first taken, first taken, id): the lines taken for the first time add their wait since
+-- the batch's creation
+UPDATE batches SET queued = queued - ?, inflight = inflight + ?, retried = retried + ?,
+  first_sent_at = COALESCE(first_sent_at, {now}), sent_lines = sent_lines + ?, wait_s = wait_s + ? * ({now} - created_at)
+WHERE id = ?;
 
 -- name: lines_renew
 -- holder ?'s lines in flight, their leases extended by ? s of the database's clock; rows locked in id order
@@ -256,7 +290,7 @@ WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
 UPDATE batches SET inflight = inflight - ?, queued = queued + ?, retried = retried - ? WHERE id = ?;
 
 -- name: line_done
-UPDATE lines SET state = 'done', response = ?, tokens = ?, done_at = {now}, holder = NULL
+UPDATE lines SET state = 'done', response = ?, tokens = ?, done_at = {now}, holder = NULL, partial = NULL
 WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
 
 -- name: line_again
@@ -264,14 +298,34 @@ WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
 UPDATE lines SET state = 'queued', next_at = {now} + ?, holder = NULL
 WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
 
+-- name: line_cut
+-- queued again, ready ? s from now, with the output a yield cut (?, JSON) kept: the next try continues it, and this
+-- one is not counted (each such try keeps a token more)
+UPDATE lines SET state = 'queued', next_at = {now} + ?, holder = NULL, partial = ?, attempts = attempts - 1
+WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
+
+-- name: line_restart
+-- queued again, ready ? s from now, to start from the beginning: the output kept so far dropped
+UPDATE lines SET state = 'queued', next_at = {now} + ?, holder = NULL, partial = NULL
+WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
+
 -- name: line_failed
-UPDATE lines SET state = 'failed', error = ?, response = ?, holder = NULL
+UPDATE lines SET state = 'failed', error = ?, response = ?, holder = NULL, partial = NULL
 WHERE batch_id = ? AND idx = ? AND state = 'inflight' AND token = ?;
 
 -- name: batch_recorded
 UPDATE batches SET inflight = inflight - ?, queued = queued + ?, done = done + ?, failed = failed + ?,
-  tokens = tokens + ?
+  tokens = tokens + ?, prompt_tokens = prompt_tokens + ?, cuts = cuts + ?
 WHERE id = ?;
+
+-- name: batch_gpu
+-- valley GPU-seconds the batch's lines received (timeslice_verl.batch.usage), whatever became of their answers
+UPDATE batches SET gpu_s = gpu_s + ? WHERE id = ?;
+
+-- name: gpu_usage_add
+-- (owner, seconds) added to the owner's minute on the database's clock
+INSERT INTO gpu_usage (owner, minute, gpu_s) VALUES (?, {now_s} / 60, ?)
+ON CONFLICT (owner, minute) DO UPDATE SET gpu_s = gpu_usage.gpu_s + excluded.gpu_s;
 
 -- name: results
 SELECT idx, custom_id, response, error FROM lines WHERE batch_id = ? AND state = ? ORDER BY idx;
@@ -299,6 +353,33 @@ WHERE l.state = 'done' AND l.done_at >= {now} - ? AND l.batch_id IN (
   SELECT id FROM batches WHERE owner = ?
     AND COALESCE(completed_at, cancelled_at, expired_at, failed_at, {now}) + 1 >= {now} - ?)
 ORDER BY l.done_at;
+
+-- name: owner_gpu_day
+-- (owner) -> the valley GPU-seconds the owner's lines received over the last day (whole minutes)
+SELECT COALESCE(SUM(gpu_s), 0) AS gpu_s FROM gpu_usage WHERE owner = ? AND minute >= ({now_s} - 86400) / 60;
+
+-- name: owner_gpu_frees
+-- (owner) -> each minute's seconds in the day's window and the seconds until it leaves it, oldest first
+SELECT (minute + 1) * 60 + 86400 - {now} AS frees_in, gpu_s FROM gpu_usage
+WHERE owner = ? AND minute >= ({now_s} - 86400) / 60 ORDER BY minute;
+
+-- name: gpu_usage_prune
+-- minutes older than the day's window: no quota reads them (the batches keep their own totals)
+DELETE FROM gpu_usage WHERE minute < ({now_s} - 86400) / 60 - 1;
+
+-- ============================================================ attribution (timeslice_verl.batch.usage)
+
+-- name: owners_attribution
+-- every owner's batches summed: tokens in and out, valley GPU-seconds, tries a yield cut, waits
+SELECT owner, COUNT(*) AS batches, COALESCE(SUM(prompt_tokens), 0) AS input_tokens,
+  COALESCE(SUM(tokens), 0) AS output_tokens, COALESCE(SUM(gpu_s), 0) AS gpu_s, COALESCE(SUM(cuts), 0) AS cuts,
+  COALESCE(SUM(first_sent_at - created_at), 0) AS queue_wait_s, COALESCE(SUM(wait_s), 0) AS line_wait_s,
+  COALESCE(SUM(sent_lines), 0) AS sent_lines
+FROM batches GROUP BY owner ORDER BY owner;
+
+-- name: owners_gpu_day
+SELECT owner, COALESCE(SUM(gpu_s), 0) AS gpu_s FROM gpu_usage WHERE minute >= ({now_s} - 86400) / 60
+GROUP BY owner ORDER BY owner;
 
 -- ============================================================ feeders woken (PostgreSQL: timeslice_verl.batch.pgnotify)
 

@@ -20,7 +20,9 @@ CREATE TABLE batches (
   queued INTEGER NOT NULL DEFAULT 0, inflight INTEGER NOT NULL DEFAULT 0, done INTEGER NOT NULL DEFAULT 0,
   failed INTEGER NOT NULL DEFAULT 0, retried INTEGER NOT NULL DEFAULT 0, tokens INTEGER NOT NULL DEFAULT 0,
   owner TEXT NOT NULL DEFAULT '', priority INTEGER NOT NULL DEFAULT 0, seq INTEGER NOT NULL DEFAULT 0,
-  creating_until REAL NOT NULL DEFAULT 0, tenant_role TEXT NOT NULL DEFAULT 'batch');
+  creating_until REAL NOT NULL DEFAULT 0, tenant_role TEXT NOT NULL DEFAULT 'batch',
+  prompt_tokens INTEGER NOT NULL DEFAULT 0, gpu_s REAL NOT NULL DEFAULT 0, cuts INTEGER NOT NULL DEFAULT 0,
+  first_sent_at REAL, wait_s REAL NOT NULL DEFAULT 0, sent_lines INTEGER NOT NULL DEFAULT 0);
 
 -- name: create_batches_open
 CREATE INDEX batches_open ON batches (status, priority, seq);
@@ -35,6 +37,8 @@ CREATE TABLE lines (
   attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL DEFAULT 0, response TEXT, error TEXT,
   tokens INTEGER NOT NULL DEFAULT 0, done_at REAL,
   holder TEXT, lease_until REAL NOT NULL DEFAULT 0, token INTEGER NOT NULL DEFAULT 0,
+  partial TEXT,
+  sends INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (batch_id, idx));
 
 -- name: create_lines_todo
@@ -42,3 +46,9 @@ CREATE INDEX lines_todo ON lines (batch_id, state, idx);
 
 -- name: create_lines_held
 CREATE INDEX lines_held ON lines (holder) WHERE state = 'inflight';
+
+-- name: create_gpu_usage
+-- the valley GPU-seconds each owner's lines received, by minute of the database's clock (a day's quota sums them)
+CREATE TABLE gpu_usage (
+  owner TEXT NOT NULL, minute INTEGER NOT NULL, gpu_s REAL NOT NULL DEFAULT 0,
+  PRIMARY KEY (owner, minute));
