@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -131,9 +130,20 @@ def total_estimate_s(rows: Sequence[MatrixRow], levels: Sequence[int], capacity_
     return sum(map(row_estimate_s, rows)) + 2 * len({r.length for r in rows}) * capacity_estimate_s(levels, capacity_s)
 
 
-def calls(total_s: float, call_s: float) -> int:
-    """Calls of ``call_s`` usable seconds the matrix takes (a row is not started where it would not fit)."""
-    return max(1, math.ceil(total_s / call_s))
+def calls(rows: Sequence[MatrixRow], levels: Sequence[int], capacity_s: float, call_s: float) -> int:
+    """Calls of ``call_s`` usable seconds the matrix takes, packed as the command packs them: in order, each length's
+    pass before, its rows and its pass after, and what does not fit what a call has left starts in the next call."""
+    pass_s = capacity_estimate_s(levels, capacity_s)
+    steps = [s for length in dict.fromkeys(r.length for r in rows)
+             for s in (pass_s, *(row_estimate_s(r) for r in rows if r.length == length), pass_s)]
+    if any(s > call_s for s in steps):
+        raise ValueError(f"a row or a capacity pass takes longer than a call of {call_s:.0f} s")
+    n, left = 1, call_s
+    for s in steps:
+        if s > left:
+            n, left = n + 1, call_s
+        left -= s
+    return n
 
 
 def row_path(out: Path, row: MatrixRow) -> Path:

@@ -135,7 +135,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="completion lengths, tokens")
     ap.add_argument("--budget-s", type=float, default=0.0, help="start no row or pass past this many seconds "
                     "from now (0: no limit): a call of a GPU machine that ends before its limit")
-    ap.add_argument("--call-s", type=float, default=540.0, help="a call's usable seconds, for the estimate of calls")
+    ap.add_argument("--call-s", type=float, default=500.0, help="a call's usable seconds, for the estimate of calls "
+                    "(harvest_h200.sh matrix: a call of 590 s less its margins)")
     ap.add_argument("--vllm-url", default="", help="the tenant (default: a stand-in started here, CPU)")
     ap.add_argument("--lines", type=int, default=20000, help="each length's batch")
     ap.add_argument("--capacity-per-level", type=int, default=12, help="lines per request in flight, at each level")
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     total = total_estimate_s(rows, levels, args.capacity_s)
     print(design_table(rows))
     print(f"{len(rows)} rows, about {total / 60:.0f} min with the capacity passes: "
-          f"{calls(total, args.call_s)} call(s) of {args.call_s:.0f} s", flush=True)
+          f"{calls(rows, levels, args.capacity_s, args.call_s)} call(s) of {args.call_s:.0f} s", flush=True)
     if args.design:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)

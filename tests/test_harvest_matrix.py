@@ -67,7 +67,23 @@ def test_the_estimate_counts_solo_and_time_sliced_and_the_capacity_passes():
     assert hd.row_estimate_s(row) == 2 * (8 * 5.0 + hd.RUN_START_S)
     pass_s = hd.capacity_estimate_s([32, 512], 10.0)
     assert hd.total_estimate_s([row, row], [32, 512], 10.0) == 2 * hd.row_estimate_s(row) + 2 * pass_s
-    assert hd.calls(1081.0, 540.0) == 3 and hd.calls(0.0, 540.0) == 1
+
+
+
+@pytest.mark.parametrize(("call_s", "want"), [
+    (1000.0, 1),  # the pass before (16 s), the rows (100 and 108 s) and the pass after (16 s) in one call
+    (200.0, 2),   # the pass and the first row; the second row and the pass after
+    (120.0, 3),   # the pass and the first row; the second row; the pass after, which 12 s left do not fit
+])
+def test_the_calls_estimate_packs_rows_and_passes_as_the_command_does(call_s, want):
+    rows = hd.design()[:2]
+    assert hd.capacity_estimate_s([32], 0.0) == 16.0
+    assert hd.calls(rows, [32], 0.0, call_s) == want
+
+
+def test_a_row_longer_than_a_call_is_refused():
+    with pytest.raises(ValueError, match="longer than a call"):
+        hd.calls(hd.design()[:2], [32], 0.0, 100.0)
 
 
 def test_the_rows_a_run_wrote_are_skipped_and_a_row_cut_off_runs_again(tmp_path):
