@@ -173,7 +173,7 @@ case "$1" in
       || bash "$0" start || exit
     bench_env
     WORK=/root/harvest/matrix; mkdir -p "$WORK"; echo "$WORK" > /root/harvest/current
-    if [ -f "$WORK/pid" ] && kill -0 "$(cat "$WORK/pid")" 2>/dev/null; then
+    if [ ! -f "$WORK/rc" ] && [ -f "$WORK/pid" ] && kill -0 "$(cat "$WORK/pid")" 2>/dev/null; then
       echo "the matrix started by the last call still runs: waiting for it"
     else
       left=$(( ${CALL_S:-590} - SECONDS - 60 ))  # 60 s: an interrupted row's clean-up (SIGINT, 20 s), packing

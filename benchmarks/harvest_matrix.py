@@ -183,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         if fake is not None:
             fake.terminate()
             fake.wait(30)
-    got = summary(args.out, rows)
-    (args.out / "matrix.json").write_text(json.dumps(got, indent=1) + "\n")
-    print(summary_table(got))
+        got = summary(args.out, rows)  # also when the call's limit interrupts a row: the rows done so far
+        (args.out / "matrix.json").write_text(json.dumps(got, indent=1) + "\n")
+        print(summary_table(got), flush=True)
     record_run(args, "harvest-matrix", [args.out], f"{got['done']} of {got['total']} rows", exclude=LEFT_OUT)
     return 0
 
