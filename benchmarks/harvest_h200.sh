@@ -17,6 +17,18 @@
 #   bash benchmarks/harvest_h200.sh wait        waits up to WAIT_S (570) s; when the run has ended, packs it as run does
 #   bash benchmarks/harvest_h200.sh all ARGS…   bg and wait in one call (CALL_S, 590 s), start first where vLLM is not
 #                                               up: the run's limit is what the call has left (no idle gap mid-run)
+#   bash benchmarks/harvest_h200.sh matrix ARGS… benchmarks/harvest_matrix.py ARGS: the robustness matrix, a covering
+#                                               design of valley shapes (benchmarks/harvest_design.py), into one folder
+#                                               kept across calls (/root/harvest/matrix). Each call starts vLLM where it
+#                                               is not up, starts the matrix in the background with --budget-s what the
+#                                               call has left (no row or pass started that cannot end in it; a row the
+#                                               limit cuts runs again), waits for it and packs the folder so far
+#                                               ($OUT/matrix.tgz); the next call resumes from the rows written. The full
+#                                               design (24 rows of 8 steps; a row ≈ steps × (valley + train) × 2 solo and
+#                                               time-sliced, plus 30 s a run to start; with --capacity-s 10 at 4 levels,
+#                                               two passes of ~1.5 min per completion length) is ~84 min: 14 calls on an
+#                                               H200 (python benchmarks/harvest_matrix.py --design --capacity-s 10
+#                                               prints the design and the count). --matrix-rows N: N rows of it.
 #   bash benchmarks/harvest_h200.sh drift ARGS… PASSES (4) passes of harvest.py --parts a ARGS back to back, vLLM put
 #                                               to sleep and woken before pass SLEEP_AT (3): its pace pass to pass
 #   bash benchmarks/harvest_h200.sh pinab ARGS… the same server not pinned and pinned, side by side: PASSES (3) times
@@ -154,6 +166,25 @@ case "$1" in
     left=$(( ${CALL_S:-590} - SECONDS - 25 ))  # 25 s: packing the run after harvest.py's limit
     [ "$left" -ge 60 ] || { echo "all: ${left}s left after vLLM's start: no room for a run"; exit 9; }
     LIMIT_S=$left bash "$0" bg "$@" || exit
+    WAIT_S=$(( ${CALL_S:-590} - SECONDS - 10 )) bash "$0" wait ;;
+  matrix)  # harvest_matrix.py ARGS in the background, one folder across calls: each call resumes from its rows
+    shift
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null \
+      || bash "$0" start || exit
+    bench_env
+    WORK=/root/harvest/matrix; mkdir -p "$WORK"; echo "$WORK" > /root/harvest/current
+    if [ ! -f "$WORK/rc" ] && [ -f "$WORK/pid" ] && kill -0 "$(cat "$WORK/pid")" 2>/dev/null; then
+      echo "the matrix started by the last call still runs: waiting for it"
+    else
+      left=$(( ${CALL_S:-590} - SECONDS - 60 ))  # 60 s: an interrupted row's clean-up (SIGINT, 20 s), packing
+      [ "$left" -ge 120 ] || { echo "matrix: ${left}s left after vLLM's start: no room for a row"; exit 9; }
+      rm -f "$WORK/rc"
+      OFF=""; [ -s /root/pin.json ] && OFF="python3 benchmarks/pin.py --off"; export OFF
+      setsid nohup bash -c 'echo $$ > "$1/pid"; timeout -s INT -k 20 "$0" $OFF python3 benchmarks/harvest_matrix.py --out "$1" \
+        --vllm-url http://127.0.0.1:8000 --device cuda --budget-s "$2" "${@:3}" >> "$1/harvest.log" 2>&1
+        echo $? > "$1/rc"' "$left" "$WORK" "$(( left - 30 ))" "$@" < /dev/null > /dev/null 2>&1 &
+      echo "matrix started in the background: $WORK, $(( left - 30 )) s for rows"
+    fi
     WAIT_S=$(( ${CALL_S:-590} - SECONDS - 10 )) bash "$0" wait ;;
   wait)
     WORK=$(cat /root/harvest/current) || exit 2
