@@ -21,6 +21,7 @@ import verl_harness as h  # noqa: E402
 from batch_support import BatchServiceProc  # noqa: E402
 from verl.experimental.fully_async_policy import fully_async_trainer as verl_trainer_module  # noqa: E402
 
+from timeslice_verl import hookimpl  # noqa: E402
 from timeslice_verl.standin.server import StandinServer  # noqa: E402
 from timeslice_verl.validate.policy import Update  # noqa: E402
 
@@ -46,11 +47,25 @@ class TestWeights:
         self.trainer = trainer
 
     def snapshot(self, version: int) -> _Snap:
+        ORDER.append(("snapshot", version))
         return _Snap(version)
 
 
 def weights(trainer) -> TestWeights:  # timeslice.validate.source=test_validate_verl:weights
     return TestWeights(trainer)
+
+
+ORDER: list[tuple[str, int]] = []
+"""Snapshots of the weights and ends of weight syncs, in the order they happened (the trainer runs in this process)."""
+
+
+class _SyncEnds:
+    @hookimpl
+    def weight_sync_end(self, event) -> None:
+        ORDER.append(("weight_sync_end", event.param_version))
+
+
+sync_ends = _SyncEnds()  # timeslice.plugins.modules=[test_validate_verl:sync_ends]
 
 
 class Tracker:
@@ -137,6 +152,23 @@ def test_due_versions_are_validated_by_the_policy_tenant_and_logged_at_their_ste
     assert [(r["version"], r["status"], r["answers"], r["error"]) for r in ended] == [(v, "completed", 4, "") for v in (2, 4, 6)]
     assert all(r["metrics"]["val-core/openai/gsm8k/reward/mean@1"] == pytest.approx(0.5) for r in ended)
     assert policy.engine.stats()["completed"] == 12 and not ray.get(trainer.rollouter.get_saved.remote()) is None
+
+
+def test_a_due_versions_weights_are_taken_before_the_end_of_its_sync_can_lend_the_gpu(ray_local, world, tmp_path):
+    """The end of a weight sync may lend the trainer's GPUs; the ranks' CUDA calls for a due version's weights must
+    come before it (after it, they waited for the trainer's next acquire, and the trainer with them)."""
+    service, policy, val = world
+    ORDER.clear()
+    config = _config(tmp_path, service, policy, val)
+    config.timeslice.plugins.modules = ["test_validate_verl:sync_ends"]
+    config.trainer.val_before_train = True
+    trainer = h.build_trainer(verl_trainer_module.FullyAsyncTrainer, config, steps=4)
+    trainer.logger = Tracker()
+    trainer.set_message_queue_client(PacedQueue(trainer.required_samples * 4, trainer.required_samples, trainer))
+    asyncio.run(h.run_like_fully_async_main(trainer))
+    for version in (0, 2, 4):
+        assert ORDER.index(("snapshot", version)) < ORDER.index(("weight_sync_end", version)), (version, ORDER)
+    assert [v for kind, v in ORDER if kind == "snapshot"] == [0, 2, 4], "each due version taken once"
 
 
 def test_fit_validate_does_not_wait_for_a_validation(ray_local, world, tmp_path):

@@ -62,7 +62,7 @@ def trainer_config(tmp: Path, *, trigger: int, timeslice: bool = True, extra: li
         "algorithm.use_kl_in_reward=false",
         "trainer.balance_batch=false",
         "trainer.logger=[console]",
-        "trainer.test_freq=-1",
+        "trainer.test_freq=-1", "trainer.val_before_train=False",
         "trainer.save_freq=-1",
         "trainer.device=cpu",
         "trainer.n_gpus_per_node=1",
@@ -254,7 +254,10 @@ def build_trainer(trainer_cls: Any, config, *, steps: int, fail_sync_at: int | N
 
 
 async def run_like_fully_async_main(trainer) -> None:
-    """What ``FullyAsyncTaskRunner`` calls on the trainer, in its order: init, pre-fit sync, fit."""
+    """What ``FullyAsyncTaskRunner`` calls on the trainer, in its order: init, pre-fit sync, validation before
+    training (when the config asks), fit."""
     await trainer.init_workers()
     await trainer._fit_update_weights()
+    if trainer.config.trainer.get("val_before_train", True):
+        await trainer._fit_validate(True)
     await trainer.fit()

@@ -174,8 +174,11 @@ def sample_plan(rollout: RolloutEvent, step: TrainStepEvent) -> Plan:
 
 
 def sync_plan(lc: Lifecycle, *, initial: bool, synced: Callable[[Any], bool] = lambda result: True,
-              save_follows: Callable[[], bool] = lambda: False) -> Plan:
-    """A weight sync: begin, verl's call (an error is reported), end with ``synced`` read off its result."""
+              save_follows: Callable[[], bool] = lambda: False,
+              before_end: Callable[[bool], None] = lambda synced: None) -> Plan:
+    """A weight sync: begin, verl's call (an error is reported), end with ``synced`` read off its result.
+    ``before_end``: what must still use the trainer's GPUs once the weights are synced and before the end is told
+    (its plugins may lend the GPUs then)."""
     t0 = time.monotonic()
     try:
         yield Fire(Lifecycle.weight_sync_begin, lc.event(WeightSyncEvent, initial=initial))
@@ -184,6 +187,7 @@ def sync_plan(lc: Lifecycle, *, initial: bool, synced: Callable[[Any], bool] = l
         yield Report("update_weights", exc)
         raise
     done = bool(synced(result))
+    before_end(done)
     yield Fire(Lifecycle.weight_sync_end, lc.event(WeightSyncEvent, initial=initial, synced=done,
                                                    elapsed_s=round(time.monotonic() - t0, 6),
                                                    save_follows=done and not initial and save_follows()))

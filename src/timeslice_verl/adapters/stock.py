@@ -46,6 +46,8 @@ log = get_logger("adapter.stock")
 
 NAME = "stock"
 WRAPPED_MARK = "__timeslice_wrapped__"
+_SUBMITTED = "_timeslice_validation_submitted"
+"""The version whose validation the end of its weight sync submitted (``_fit_validate`` does not again)."""
 
 
 # --------------------------------------------------------------------------- the plans
@@ -71,7 +73,32 @@ def _plan_fit_generate(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> P
 
 def _plan_update_weights(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
     return (yield from sync_plan(lc, initial=not in_fit(self), synced=lambda result: result is not None,
-                                 save_follows=lambda: save_due(self)))
+                                 save_follows=lambda: save_due(self),
+                                 before_end=lambda synced: _validate_before_release(self, lc, synced)))
+
+
+def _validate_before_release(self: Any, lc: Lifecycle, synced: bool) -> None:
+    """A due version's weights are taken from the trainer's ranks while it still holds its GPUs: verl validates after
+    the weight sync, and by then the end of the sync may have lent them — the ranks' CUDA calls then waited for the
+    trainer's next acquire, and so did the trainer (the run's last version was never validated). ``_fit_validate``
+    then only logs what ended. The first sync is followed by verl's ``val_before_train`` when its config says so."""
+    if not synced or not lc.settings.validate.enable:
+        return
+    from timeslice_verl.validate.setup import submit  # only where validation is on: the core stays light
+
+    version = int(getattr(self, "current_param_version", 0))
+    before = not in_fit(self)
+    if before and not _val_before_train(self):
+        return
+    submit(self, lc, version, force=before)
+    self.__dict__[_SUBMITTED] = version
+
+
+def _val_before_train(trainer: Any) -> bool:
+    try:
+        return bool(trainer.config.trainer.get("val_before_train", True))
+    except AttributeError:
+        return False
 
 
 def _plan_fit_save_checkpoint(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
@@ -100,8 +127,11 @@ def _plan_fit_validate(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> P
     from timeslice_verl.validate.setup import flush, submit  # only where validation is on: the core stays light
 
     flush(self)  # what ended since the last step, logged on the trainer's thread
+    version = int(getattr(self, "current_param_version", 0))
+    if self.__dict__.pop(_SUBMITTED, None) == version:
+        return None  # taken at the end of its sync, before the GPUs could be lent
     before = bool(kwargs.get("val_before_train", args[0] if args else False))
-    submit(self, lc, int(getattr(self, "current_param_version", 0)), force=before)
+    submit(self, lc, version, force=before)
     return None
 
 
