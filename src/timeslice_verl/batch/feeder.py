@@ -228,7 +228,7 @@ class Feeder:
         """A send ended: its slot is free now (its outcome is written behind it). A done callback, not the send's
         own ``finally``: a send cancelled before it ever ran has none."""
         line, sent_at = self._sending.pop(task), self._sent_at.pop(task)
-        self.valley.end(task, line.batch_id, line.owner)
+        ended_at = self.valley.end(task, line.batch_id, line.owner)  # the gate's open seconds, read once
         shed = task in self._shedding
         self._shedding.discard(task)
         self.stats.inflight -= 1
@@ -239,7 +239,7 @@ class Feeder:
                 log.error("batch: sending line %s of %s failed unexpectedly", line.custom_id, line.batch_id, exc_info=exc)
             outcome = self._again(line, f"{type(exc).__name__}: {exc}") if exc is not None else task.result()
         if outcome is not None and outcome.state == "done":  # its time with the gate open: a pause is not the server's
-            self.latency.add(self.gate.seconds_open() - sent_at)
+            self.latency.add(ended_at - sent_at)
         if self.gate.open and self._ready and self.stats.inflight < self.stats.limit:
             if self._allowed(1):
                 self._launch(session, self._ready.popleft())  # the freed slot's next line, without a wake-up

@@ -89,13 +89,15 @@ class Valley:
             self._started[send] = self._share
             return self._seen
 
-    def end(self, send: Hashable, batch_id: str, owner: str) -> None:
-        """The try ``send`` ended (answered, cut, failed or cancelled): its share goes to its batch and owner."""
+    def end(self, send: Hashable, batch_id: str, owner: str) -> float:
+        """The try ``send`` ended (answered, cut, failed or cancelled): its share goes to its batch and owner; the
+        gate's open seconds now (the answer's time is taken on the same reading)."""
         with self._lock:
             self._advance()
             seconds = self._share - self._started.pop(send)
             key = (batch_id, owner)
             self._spent[key] = self._spent.get(key, 0.0) + seconds
+            return self._seen
 
     def take(self) -> dict[tuple[str, str], float]:
         """The seconds given out since the last take, by ``(batch, owner)``: the writer's next transaction adds them."""
