@@ -27,6 +27,8 @@ CORRUPT = {
     "future-version": json.dumps({"version": 999, "jobs": [VALID_JOB]}),
     "unknown-state-holding": json.dumps({"version": 1, "jobs": [{**VALID_JOB, "state": "PARKED", "holding": True}]}),
     "v-true": json.dumps({"version": True, "jobs": []}),
+    "kept-not-a-list": json.dumps({"version": 1, "jobs": [{**VALID_JOB, "kept": {"4242": 10}}]}),
+    "kept-negative": json.dumps({"version": 1, "jobs": [{**VALID_JOB, "kept": [{"pid": 4242, "kept": -1}]}]}),
 }
 
 
@@ -82,3 +84,15 @@ def test_the_tenants_addresses_are_read_as_a_list_also_from_a_file_written_befor
     path.write_text(json.dumps({"version": 1, "jobs": [], "tenant": {**tenant, "state": "asleep", "sleep_level": 1}}))
     _, record, _ = StateStore(path).load()
     assert (record.urls if record else None) == urls
+
+
+def test_what_a_resident_trainer_kept_survives_a_restart_of_the_agent(tmp_path):
+    """A restarted agent freezes the job again by what its workers said they kept at the release: without it, a
+    resident trainer read as one that kept nothing and the freeze was refused."""
+    from timeslice_verl.agent.state import Job, StateStore
+    from timeslice_verl.names import SwapMode
+
+    job = Job(name="j", swap=SwapMode.resident, parked={4242: 22 << 30, 4243: 3 << 30})
+    StateStore(tmp_path / "state.json").save({"j": job}, None, {})
+    jobs, _, _ = StateStore(tmp_path / "state.json").load()
+    assert jobs["j"].swap is SwapMode.resident and jobs["j"].parked == {4242: 22 << 30, 4243: 3 << 30}

@@ -52,9 +52,11 @@ class Job:
     parked their tensors) or ``park+checkpoint``."""
     parked_bytes: int = 0
     """What its workers parked in host RAM at the last release (they need it back on the GPU after a thaw)."""
-    # not persisted
     parked: dict[int, int] = field(default_factory=dict)
-    """pid → bytes each worker reported keeping on the GPU after its park (the footprint check's limits)."""
+    """pid → bytes each worker reported keeping on the GPU after its park (the footprint check's limits): an agent
+    restarted mid-valley freezes the job again by them (without them, a resident trainer read as one that kept
+    nothing, and the freeze was refused)."""
+    # not persisted
     owner_uid: int | None = None
     """The uid of the job's client (its tagged processes must be that user's)."""
     orphaned_at: float = 0.0
@@ -86,6 +88,7 @@ class Job:
             "direction": self.direction,
             "swap": self.swap,
             "parked_bytes": self.parked_bytes,
+            "kept": [{"pid": pid, "kept": kept} for pid, kept in sorted(self.parked.items())],
         }
 
     @classmethod
@@ -103,6 +106,7 @@ class Job:
             direction=str(data.get("direction", "")),
             swap=SwapMode(data.get("swap", SwapMode.checkpoint)),
             parked_bytes=int(data.get("parked_bytes", 0)),
+            parked={int(r["pid"]): int(r["kept"]) for r in data.get("kept", [])},
         )
 
 
@@ -167,6 +171,10 @@ def _validate(data: Any) -> tuple[dict[str, Job], TenantRecord | None]:
         _need(isinstance(entry.get("holding", False), bool), f"job {entry['name']}: holding is not true/false")
         _need(entry.get("swap", SwapMode.checkpoint) in SWAP_MODES, f"job {entry['name']}: unknown swap {entry.get('swap')!r}")
         _need(_int(entry.get("parked_bytes", 0)) and entry.get("parked_bytes", 0) >= 0, f"job {entry['name']}: parked_bytes is not a byte count")
+        kept = entry.get("kept", [])
+        _need(isinstance(kept, list) and all(isinstance(r, dict) and _int(r.get("pid")) and r["pid"] > 1
+                                             and _int(r.get("kept")) and r["kept"] >= 0 for r in kept),
+              f"job {entry['name']}: kept is not a list of (pid, bytes kept)")
         jobs[entry["name"]] = Job.from_dict(entry)
     tenant_data = data.get("tenant")
     tenant = None
