@@ -60,6 +60,9 @@ def test_the_valley_benchmark_compares_solo_and_interleave_on_one_schedule(tmp_p
     total = sum(s["step_s"] for s in shared["steps_detail"]) / sum(s["step_s"] for s in solo["steps_detail"])
     assert row["step_ratio"] == pytest.approx(total, abs=1e-3), "the summed steps of one seeded schedule, paired"
     assert row["step_ratio_median"] == pytest.approx(shared["step_s_median"] / solo["step_s_median"], abs=1e-3)
-    assert row["skipped"] == shared["handoffs"]["skip"] >= 1 and row["below_break_even"] == 0
+    assert row["skipped"] == shared["handoffs"]["skip"] >= 1
+    # how many lent valleys came out shorter than their round trip depends on the machine's load: the row says what
+    # the time-sliced run's summary says, and never more than it lent
+    assert row["below_break_even"] == shared["valleys"]["below_break_even"] <= shared["valleys"]["lent"]
     assert row["intact"] is True and row["batch_failed"] == 0
     assert "| steps | step s solo |" in proc.stdout and "DRY RUN" in proc.stdout
