@@ -19,6 +19,7 @@ from verl.experimental.fully_async_policy import fully_async_trainer as verl_tra
 
 from timeslice_verl.adapters import hooked, stock  # noqa: E402
 from timeslice_verl.adapters.common import choose_adapter  # noqa: E402
+from timeslice_verl.adapters.transfer import Transfer, captured_transfer, transfer_of  # noqa: E402
 from timeslice_verl.config.schema import ConfigError  # noqa: E402
 from timeslice_verl.testing import fake_event_sequence  # noqa: E402
 
@@ -277,3 +278,45 @@ def test_events_fire_inside_a_real_ray_actor(ray_local, tmp_path):
     assert hooks[:5] == ["timeslice_start", "init_workers_begin", "init_workers_end", "weight_sync_begin", "weight_sync_end"]
     assert hooks.count("pre_train_step") == 3 and hooks[-1] == "timeslice_stop"
     ray.kill(trainer)
+
+
+def test_the_end_of_each_weight_sync_says_what_the_engine_pushed(ray_local, tmp_path):
+    """Fully-async verl drops the metrics its checkpoint manager returns; the end of the sync carries the engine's
+    bytes and seconds, and the manager is unwrapped again after each sync."""
+    cfg = h.trainer_config(tmp_path, trigger=1)
+    trainer = h.build_trainer(verl_trainer_module.FullyAsyncTrainer, cfg, steps=3)
+    run(trainer)
+    ends = [r for r in events(tmp_path / "events.jsonl") if r["hook"] == "weight_sync_end"]
+    assert [(r["param_version"], r["pushed_bytes"], r["push_s"]) for r in ends] == [
+        (v, (v + 1) * 10**6, (v + 1) / 1000) for v in range(4)]
+    assert "update_weights" not in vars(trainer.checkpoint_manager)
+
+
+@pytest.mark.parametrize("metrics, expected", [
+    ({"timeslice_ipc/bytes": 2.0e9, "timeslice_ipc/seconds": 0.25, "timeslice_ipc/buckets": 4.0},
+     Transfer(pushed_bytes=2_000_000_000, push_s=0.25)),
+    ({}, None),  # verl's built-in engines report nothing
+    (None, None),  # verl's manager returns None for its naive backend's early return
+    ({"timeslice_ipc/bytes": 1.0}, None),  # half a report is none
+    ({"timeslice_ipc/bytes": "1", "timeslice_ipc/seconds": 0.1}, None),
+])
+def test_transfer_is_read_from_the_engines_metrics_only(metrics, expected):
+    assert transfer_of(metrics) == expected
+
+
+def test_a_manager_already_wrapped_or_absent_is_left_alone():
+    class Manager:
+        async def update_weights(self):
+            return {}
+
+    class Trainer:
+        checkpoint_manager = None
+
+    with captured_transfer(Trainer()) as seen:
+        assert seen == []
+    trainer = Trainer()
+    trainer.checkpoint_manager = Manager()
+    mine = trainer.checkpoint_manager.update_weights = lambda: {}
+    with captured_transfer(trainer):
+        assert trainer.checkpoint_manager.update_weights is mine
+    assert trainer.checkpoint_manager.update_weights is mine

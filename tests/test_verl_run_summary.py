@@ -66,6 +66,8 @@ def test_a_time_sliced_one_gpu_run_reads_with_the_rollouts_rate_beside_and_witho
         "(FullyAsyncTrainer pid=200) step:2 - actor/pg_loss:0.2 - timing_s/step:14.0 - critic/score/mean:0.3",
         "(FullyAsyncTrainer pid=200) global_steps: 2 local_trigger_step: 1 trigger_parameter_sync_step: 1",
         "(FullyAsyncTrainer pid=200) step:2 - val-core/openai/gsm8k/reward/mean@1:0.25 - val-aux/openai/gsm8k/score/std@1:0.1",
+        *(f"(DetachActorWorker pid=210) INFO:2026-12-05 10:00:{9 + v}:timeslice_ipc: version {v}, 340 tensors, "
+          f"2717908992 bytes in {s} s (6 buckets) to 1 receiver(s)" for v, s in ((1, "0.5436"), (2, "0.2718"))),
     ]
     timeline = [
         {"hook": "timeslice_start", "kind": "run", "job": "timeslice", "step": 0, "time": T0 - 10, "adapter": "stock"},
@@ -82,6 +84,7 @@ def test_a_time_sliced_one_gpu_run_reads_with_the_rollouts_rate_beside_and_witho
     out = write_run(tmp_path / "validate", log=log, timeline=timeline, gpumem_samples=samples,
                     run={"mode": "validate", "gpus": 1, "rc": 0, "start": T0 - 30, "utc_offset": "+0000",
                          "stats_interval_s": 2}, load={"completed": 100, "tokens": 6400, "failed": 0, "lost": 0})
+    (out / "copy_rate.json").write_text(json.dumps({"bytes_per_s": 1.5e12}))
     row = summarize.row(out)
     assert (row["gpus"], row["steps"], row["step_s_mean"]) == (1, 2, 12.0)
     assert row["rollout_tok_s_tenant_asleep"] == pytest.approx(966.7) and row["rollout_tok_s_tenant_awake"] == 600.0
@@ -94,6 +97,9 @@ def test_a_time_sliced_one_gpu_run_reads_with_the_rollouts_rate_beside_and_witho
     table = summarize.brief([row])
     assert "| rollout tokens/s, tenant awake | 600.0 |" in table and "| validation (step: score) | 2: 0.25 |" in table
     assert "trainer 30.0, rollout vLLM 9.0" in table
+    assert row["pushes"] == [[1, 2717908992, 0.5436], [2, 2717908992, 0.2718]]
+    assert (row["pushed_gb"], row["push_gb_s_median"], row["copy_gb_s"]) == (2.718, 7.5, 1500.0)
+    assert row["push_of_copy"] == 0.005 and "| push / copy_ | 0.005 |" in table
 
 
 def test_a_two_gpu_run_without_the_newer_files_reads_as_before(tmp_path):

@@ -146,14 +146,21 @@ class FakeWorkerGroup:
 
 
 class FakeCheckpointManager:
+    """verl's manager returns the sending engine's metrics: these, as ``timeslice_ipc`` reports them (version N
+    pushes N+1 MB in N+1 ms)."""
+
     def __init__(self, log: list, fail_at: int | None = None) -> None:
         self.log = log
         self.fail_at = fail_at
 
-    async def update_weights(self, global_steps: int) -> None:
+    async def update_weights(self, global_steps: int) -> dict:
+        from timeslice_verl.weights_ipc import METRIC_BUCKETS, METRIC_BYTES, METRIC_SECONDS
+
         if self.fail_at is not None and global_steps >= self.fail_at:
             raise RuntimeError(f"NCCL broadcast failed at version {global_steps}")
         self.log.append(("update_weights", global_steps))
+        return {METRIC_BYTES: float((global_steps + 1) * 10**6), METRIC_SECONDS: (global_steps + 1) / 1000,
+                METRIC_BUCKETS: 1.0}
 
 
 @ray.remote(num_cpus=0)

@@ -10,6 +10,7 @@
 #   bash benchmarks/verl_run/one_gpu.sh 3   the TIME-SLICED run (MODE, default validate: +timeslice=[one_gpu,interleave],
 #                                           batch tenant under load, validation in the valleys, FAULTS=1 of run.sh:
 #                                           the tenant supervised and stopped once, the agent killed once), both runs' table
+# After each run this GPU's own copy_ rate goes beside it (copy_rate.json: the engine's push is read against it).
 # Each call prints a short table last and leaves at most 4 files in $OUT. Both runs: RESPONSE_LEN=512, TEST_FREQ=2,
 # version 0 validated before training (VAL_BEFORE_TRAIN=True),
 # ROLLOUT_STEPS (48: 12 trainer steps), the reward of reward.py, seed 1; verl killed at what the call has left.
@@ -69,6 +70,8 @@ run_one() {  # MODE [overrides]: one run.sh run, killed at what this call has le
   echo "run.sh rc=$? $(cat "$run/run.json" 2>/dev/null)"
   grep -aE "Traceback|Error|error:|refused" "$run/verl.log" 2>/dev/null | grep -v "^\s*'" | head -15 | cut -c1-300
   leftovers
+  python3 -c "import json; from timeslice_verl.weights_ipc.pushcheck import copy_rate
+print(json.dumps({'bytes_per_s': copy_rate(1 << 30)}))" > "$run/copy_rate.json" || rm -f "$run/copy_rate.json"
   tar -C $BASE/runs --exclude='*.sqlite*' --exclude='*input.jsonl' -cf - "$mode" | xz -6 -T8 > "$OUT/$mode.tar.xz"
   tar -C /tmp/ray/session_latest -cf - logs 2>/dev/null | xz -3 -T8 > "$OUT/$mode-raylogs.tar.xz"
   [ "$(stat -c %s "$OUT/$mode-raylogs.tar.xz")" -gt 16000000 ] && { echo "Ray's logs over 16 MB: left out"; rm -f "$OUT/$mode-raylogs.tar.xz"; }

@@ -2,7 +2,8 @@
 
 usage: python summarize.py OUT [OUT...] [--write] [--brief]
 Reads verl.log (verl's console logger, and the rollout vLLM's throughput lines Ray forwards into it), timeline.jsonl
-(the timeline plugin), load.json (the batch client), gpumem.jsonl (gpumem.py: GPU memory by process), run.json;
+(the timeline plugin), load.json (the batch client), gpumem.jsonl (gpumem.py: GPU memory by process), run.json,
+copy_rate.json (this GPU's own ``copy_`` rate, measured in the run's call once verl had exited);
 ``--write`` also saves each row as OUT/row.json. Prints a Markdown table: every column, or with ``--brief`` the
 one-GPU run's figures, one row per figure and one column per run. Runs without the newer files read as before.
 """
@@ -24,6 +25,7 @@ from timeslice_verl.analysis import summary, trainer_waits
 
 STEP_RE = re.compile(r"step:(\d+) - (.*)")
 GLOBAL_STEP_RE = re.compile(r"global_steps: (\d+) local_trigger_step")
+PUSH_RE = re.compile(r"timeslice_ipc: version (\d+), (\d+) tensors, (\d+) bytes in ([0-9.]+) s")
 SYNC_RE = re.compile(r"timing_s/param_sync: ([0-9.]+) seconds self.current_param_version: (\d+)")
 VAL_PREFIX = "val-core/"
 FINAL_KEYS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "response_length/mean", "critic/score/mean")
@@ -104,6 +106,22 @@ def validation(steps: dict[int, dict[str, float]]) -> list[list[float]]:
     return seen
 
 
+def pushes(out: Path, log: str) -> dict[str, Any]:
+    """The engine's push per version (its line in verl's log) against the GPU's ``copy_`` rate of the same call."""
+    seen = {int(v): (int(b), float(t)) for v, _, b, t in PUSH_RE.findall(log)}
+    copy = json.loads((out / "copy_rate.json").read_text()) if (out / "copy_rate.json").exists() else {}
+    rate = _med([b / t for b, t in seen.values() if t > 0])
+    copy_rate = copy.get("bytes_per_s")
+    return {
+        "pushes": [[v, b, t] for v, (b, t) in sorted(seen.items())] or None,
+        "push_s_median": _med([t for _, t in seen.values()]),
+        "pushed_gb": round(statistics.median(b for b, _ in seen.values()) / 1e9, 3) if seen else None,
+        "push_gb_s_median": round(rate / 1e9, 1) if rate else None,
+        "copy_gb_s": round(copy_rate / 1e9, 1) if copy_rate else None,
+        "push_of_copy": round(rate / copy_rate, 3) if rate and copy_rate else None,
+    }
+
+
 def one_gpu_figures(out: Path, run: dict[str, Any], log: str, records: list[dict[str, Any]]) -> dict[str, Any]:
     """What the one-GPU reading adds (any run): memory by role, the rollout's rate beside and without the tenant."""
     start = float(run.get("start") or next((r["time"] for r in records if "time" in r), 0.0))
@@ -147,6 +165,7 @@ def row(out: Path) -> dict[str, Any]:
         "validation": validation(steps) or None,
         "validation_runs": _validation_runs(records),
         **one_gpu_figures(out, run, log, records),
+        **pushes(out, log),
         "final": {k: last[k] for k in FINAL_KEYS if k in last},
         **faults(out),
     }
@@ -204,7 +223,9 @@ BRIEF = [
 ("validation_runs", "validations in the valleys (answered / failed)"), ("validation", "validation (step: score)"), ("memory_gib", "GPU GiB by process (peak)"), ("gpu_peak_gib", "GPU GiB used (peak)"),
     ("tenant_wakes", "tenant wakes"), ("tenant_awake_s", "tenant awake s"), ("freezes", "trainer freezes"),
     ("trainer_wait_s_median", "trainer wait s (median)"), ("trainer_wait_s_max", "trainer wait s (max)"),
-    ("param_sync_s_median", "weight sync s (median)"), ("failed_transitions", "failed transitions"), ("final", "final metrics"),
+    ("param_sync_s_median", "weight sync s (median)"), ("push_s_median", "engine push s (median)"),
+    ("pushed_gb", "pushed GB per version"), ("push_gb_s_median", "push GB/s (median)"),
+    ("copy_gb_s", "GPU copy_ GB/s (same call)"), ("push_of_copy", "push / copy_"), ("failed_transitions", "failed transitions"), ("final", "final metrics"),
     ("faults", "faults made"), ("tenant_restarts", "tenant restarts (supervisor)"), ("agent_restarts", "agent restarts"),
 ]
 

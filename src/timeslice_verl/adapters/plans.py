@@ -175,10 +175,11 @@ def sample_plan(rollout: RolloutEvent, step: TrainStepEvent) -> Plan:
 
 def sync_plan(lc: Lifecycle, *, initial: bool, synced: Callable[[Any], bool] = lambda result: True,
               save_follows: Callable[[], bool] = lambda: False,
-              before_end: Callable[[bool], None] = lambda synced: None) -> Plan:
+              before_end: Callable[[bool], None] = lambda synced: None,
+              pushed: Callable[[], Any] = lambda: None) -> Plan:
     """A weight sync: begin, verl's call (an error is reported), end with ``synced`` read off its result.
     ``before_end``: what must still use the trainer's GPUs once the weights are synced and before the end is told
-    (its plugins may lend the GPUs then)."""
+    (its plugins may lend the GPUs then). ``pushed``: what the engine moved (a ``Transfer``, or None)."""
     t0 = time.monotonic()
     try:
         yield Fire(Lifecycle.weight_sync_begin, lc.event(WeightSyncEvent, initial=initial))
@@ -188,9 +189,12 @@ def sync_plan(lc: Lifecycle, *, initial: bool, synced: Callable[[Any], bool] = l
         raise
     done = bool(synced(result))
     before_end(done)
+    transfer = pushed()
     yield Fire(Lifecycle.weight_sync_end, lc.event(WeightSyncEvent, initial=initial, synced=done,
                                                    elapsed_s=round(time.monotonic() - t0, 6),
-                                                   save_follows=done and not initial and save_follows()))
+                                                   save_follows=done and not initial and save_follows(),
+                                                   pushed_bytes=getattr(transfer, "pushed_bytes", None),
+                                                   push_s=getattr(transfer, "push_s", None)))
     return result
 
 

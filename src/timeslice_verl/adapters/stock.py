@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from timeslice_verl.adapters.common import in_fit, lifecycle_for, rollout_event, save_due, set_in_fit, train_step_event
 from timeslice_verl.adapters.plans import CALL, Fire, Plan, arun, fit_plan, init_plan, run, save_plan, sync_plan
+from timeslice_verl.adapters.transfer import captured_transfer
 from timeslice_verl.hooks.lifecycle import Lifecycle
 from timeslice_verl.log import get_logger
 
@@ -72,9 +73,11 @@ def _plan_fit_generate(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> P
 
 
 def _plan_update_weights(self: Any, lc: Lifecycle, args: tuple, kwargs: dict) -> Plan:
-    return (yield from sync_plan(lc, initial=not in_fit(self), synced=lambda result: result is not None,
-                                 save_follows=lambda: save_due(self),
-                                 before_end=lambda synced: _validate_before_release(self, lc, synced)))
+    with captured_transfer(self) as pushed:
+        return (yield from sync_plan(lc, initial=not in_fit(self), synced=lambda result: result is not None,
+                                     save_follows=lambda: save_due(self),
+                                     before_end=lambda synced: _validate_before_release(self, lc, synced),
+                                     pushed=lambda: pushed[-1] if pushed else None))
 
 
 def _validate_before_release(self: Any, lc: Lifecycle, synced: bool) -> None:

@@ -95,6 +95,10 @@ class WeightSyncEvent(Event):
     elapsed_s: float | None = None
     save_follows: bool = False
     """At the end: a model save is due later in this step, so the trainer still needs its GPU."""
+    pushed_bytes: int | None = None
+    """At the end: the bytes the checkpoint engine pushed, where it reports them (``timeslice_ipc`` does)."""
+    push_s: float | None = None
+    """At the end: the engine's seconds from its first tensor to the receivers' last acknowledgement."""
 
     kind: ClassVar[str] = "weight_sync"
 

@@ -30,4 +30,10 @@ BACKEND = "timeslice_ipc"
 ENGINE_MODULE = "timeslice_verl.weights_ipc.engine"
 """What ``checkpoint_engine.custom_backend_module`` names: verl imports it, which registers the engine."""
 
-__all__ = ["BACKEND", "ENGINE_MODULE"]
+METRIC_BYTES = f"{BACKEND}/bytes"
+METRIC_SECONDS = f"{BACKEND}/seconds"
+METRIC_BUCKETS = f"{BACKEND}/buckets"
+"""The engine's per-sync metrics, as ``send_weights`` returns them to verl's manager (bytes pushed; seconds from the
+first tensor to the receivers' last acknowledgement; buckets sent)."""
+
+__all__ = ["BACKEND", "ENGINE_MODULE", "METRIC_BUCKETS", "METRIC_BYTES", "METRIC_SECONDS"]

@@ -19,18 +19,21 @@ How verl drives it (``CheckpointEngineManager.update_weights``, per weight sync,
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass
 from typing import Any, AsyncGenerator
 
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 
 from timeslice_verl.log import get_logger
-from timeslice_verl.weights_ipc import BACKEND
+from timeslice_verl.weights_ipc import BACKEND, METRIC_BUCKETS, METRIC_BYTES, METRIC_SECONDS
 from timeslice_verl.weights_ipc.channel import Address
 from timeslice_verl.weights_ipc.devices import DeviceIdentity, check_same_device, local_device
 from timeslice_verl.weights_ipc.transport import TIMEOUT_S, Receiver, Sender
 
 log = get_logger("weights_ipc")
+if log.level == logging.NOTSET:  # verl's processes log WARNING and up; the line per push belongs in verl's log
+    log.setLevel(logging.INFO)
 
 
 class Role(str, enum.Enum):
@@ -105,10 +108,9 @@ class TimesliceIPCCheckpointEngine(CheckpointEngine):
         async for name, tensor in _each(weights):
             sender.add(name, tensor)
         stats = sender.finish()
-        log.info("timeslice_ipc: %d tensors, %.2f GB in %.2f s to %d receiver(s), step %s", stats.tensors,
-                 stats.bytes / 1e9, stats.seconds, stats.receivers, global_steps)
-        return {"timeslice_ipc/bytes": float(stats.bytes), "timeslice_ipc/seconds": stats.seconds,
-                "timeslice_ipc/buckets": float(stats.buckets)}
+        log.info("%s: version %s, %d tensors, %d bytes in %.4f s (%d buckets) to %d receiver(s)", BACKEND, global_steps,
+                 stats.tensors, stats.bytes, stats.seconds, stats.buckets, stats.receivers)
+        return {METRIC_BYTES: float(stats.bytes), METRIC_SECONDS: stats.seconds, METRIC_BUCKETS: float(stats.buckets)}
 
     async def receive_weights(self, global_steps: int | None = None) -> AsyncGenerator[tuple[str, Any], None]:
         if self.role is not Role.RECEIVER or self.address is None:
