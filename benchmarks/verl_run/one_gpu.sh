@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# verl's fully-async trainer and its rollout on ONE GPU, solo and time-sliced, in four device calls made back to back
+# verl's fully-async trainer and its rollout on ONE GPU, solo and time-sliced, in device calls made back to back
 # (the machine keeps /root and /tmp only while the next call starts within ~30 s). Run from the repo root there:
 #   bash benchmarks/verl_run/one_gpu.sh 0   verl's payload part (.verlparts/) → /tmp/site; timeslice-verl and the small
 #                                           dependencies the image lacks from .whl/ → /tmp/tsv; the recipes (.gpu/) kept
 #                                           in /root/recipes; the 1.36 B model and the data built in the background
-#   bash benchmarks/verl_run/one_gpu.sh 1   vLLM's part0 (.parts/) stashed
-#   bash benchmarks/verl_run/one_gpu.sh 2   vLLM's part1: unpack, import check, the GPU tests of the IPC engine beside
+#   bash benchmarks/verl_run/one_gpu.sh 1   the vLLM payload's parts the call carries (.parts/) stashed; once per call
+#                                           while a part and the repo together exceed what one call carries
+#   bash benchmarks/verl_run/one_gpu.sh 2   the last part: unpack, import check, the GPU tests of the IPC engine beside
 #                                           the SOLO run (+timeslice=one_gpu)
 #   bash benchmarks/verl_run/one_gpu.sh 3   the TIME-SLICED run (MODE, default validate: +timeslice=[one_gpu,interleave],
 #                                           batch tenant under load, validation in the valleys, FAULTS=1 of run.sh:
@@ -77,6 +78,13 @@ print(json.dumps({'bytes_per_s': copy_rate(1 << 30)}))" > "$run/copy_rate.json" 
   [ "$(stat -c %s "$OUT/$mode-raylogs.tar.xz")" -gt 16000000 ] && { echo "Ray's logs over 16 MB: left out"; rm -f "$OUT/$mode-raylogs.tar.xz"; }
 }
 
+stash_parts() {  # the vLLM payload's parts this call carries (.parts/site.tar.xz.partN), kept for step 2
+  local part found=
+  for part in .parts/site.tar.xz.part*; do [ -f "$part" ] && cp "$part" $BASE/parts/ && found=1; done
+  [ -f .parts/SHA256SUMS ] && cp .parts/SHA256SUMS $BASE/parts/vllm.SHA256SUMS
+  [ -n "$found" ] || [ "$STEP" = 2 ]
+}
+
 sliced() {  # the time-sliced run
   # resident: everything fits the GPU side by side (run.sh's sizes), so the trainer's tensors stay and it is only locked
   export FAULTS=${FAULTS:-1}   # the tenant stopped in a valley, the agent killed (faults.sh), each once
@@ -108,12 +116,12 @@ print(f"| {sys.version.split()[0]} | {torch.__version__} | {md.version('verl')} 
 EOF
     ;;
   1)
-    cp .parts/site.tar.xz.part0 $BASE/parts/ && cp .parts/SHA256SUMS $BASE/parts/vllm.SHA256SUMS || exit 3
+    stash_parts || exit 3
     ls -la $BASE/parts; tail -n 1 $BASE/make_model.log $BASE/make_data.log
     ;;
   2)
-    cp .parts/site.tar.xz.part1 $BASE/parts/ || exit 3
-    cat $BASE/parts/site.tar.xz.part0 $BASE/parts/site.tar.xz.part1 > $BASE/site.tar.xz \
+    stash_parts || exit 3
+    cat $(ls $BASE/parts/site.tar.xz.part* | sort -V) > $BASE/site.tar.xz \
       || { echo "a part is missing: was the machine released between the calls? start again at 0"; exit 3; }
     (cd "$BASE" && sed "s#  site.tar.xz#  $BASE/site.tar.xz#" parts/vllm.SHA256SUMS | sha256sum -c -) || exit 4
     tar -xJf $BASE/site.tar.xz -C "$SITE" && rm -f $BASE/site.tar.xz || exit 5
