@@ -100,6 +100,9 @@ def test_a_time_sliced_one_gpu_run_reads_with_the_rollouts_rate_beside_and_witho
     assert row["pushes"] == [[1, 2717908992, 0.5436], [2, 2717908992, 0.2718]]
     assert (row["pushed_gb"], row["push_gb_s_median"], row["copy_gb_s"]) == (2.718, 7.5, 1500.0)
     assert row["push_of_copy"] == 0.005 and "| push / copy_ | 0.005 |" in table
+    before = {k: v for k, v in row.items() if k not in summarize.MEASURED_LATER}  # a run recorded before pushes were
+    assert "push / copy_" not in summarize.brief([before])
+    assert "| push / copy_ | – | 0.005 |" in summarize.brief([before, row])
 
 
 def test_a_two_gpu_run_without_the_newer_files_reads_as_before(tmp_path):

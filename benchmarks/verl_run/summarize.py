@@ -220,20 +220,27 @@ BRIEF = [
     ("update_s_median", "update_actor s (median)"), ("rollout_tok_s_tenant_asleep", "rollout tokens/s, tenant asleep"), ("rollout_tok_s_tenant_awake", "rollout tokens/s, tenant awake"),
     ("rollout_windows", "rollout windows asleep, awake"), ("tenant_tokens", "tenant tokens served"),
     ("batch_completed", "tenant lines completed"), ("batch_failed", "tenant lines failed/lost"),
-("validation_runs", "validations in the valleys (answered / failed)"), ("validation", "validation (step: score)"), ("memory_gib", "GPU GiB by process (peak)"), ("gpu_peak_gib", "GPU GiB used (peak)"),
+    ("validation_runs", "validations in the valleys (answered / failed)"), ("validation", "validation (step: score)"), ("memory_gib", "GPU GiB by process (peak)"), ("gpu_peak_gib", "GPU GiB used (peak)"),
     ("tenant_wakes", "tenant wakes"), ("tenant_awake_s", "tenant awake s"), ("freezes", "trainer freezes"),
     ("trainer_wait_s_median", "trainer wait s (median)"), ("trainer_wait_s_max", "trainer wait s (max)"),
     ("param_sync_s_median", "weight sync s (median)"), ("push_s_median", "engine push s (median)"),
     ("pushed_gb", "pushed GB per version"), ("push_gb_s_median", "push GB/s (median)"),
-    ("copy_gb_s", "GPU copy_ GB/s (same call)"), ("push_of_copy", "push / copy_"), ("failed_transitions", "failed transitions"), ("final", "final metrics"),
+    ("copy_gb_s", "GPU copy_ GB/s (same call)"), ("push_of_copy", "push / copy_"),
+    ("failed_transitions", "failed transitions"), ("final", "final metrics"),
     ("faults", "faults made"), ("tenant_restarts", "tenant restarts (supervisor)"), ("agent_restarts", "agent restarts"),
 ]
 
 
+MEASURED_LATER = {"push_s_median", "pushed_gb", "push_gb_s_median", "copy_gb_s", "push_of_copy"}
+"""Figures a run recorded before the engine reported its pushes does not have: their rows are left out there."""
+
+
 def brief(rows: list[dict[str, Any]]) -> str:
     """One line per figure, one column per run: the table a one-GPU call prints last."""
+    shown = [(key, label) for key, label in BRIEF
+             if key not in MEASURED_LATER or any(r.get(key) is not None for r in rows)]
     lines = ["| figure | " + " | ".join(str(r.get("mode")) for r in rows) + " |", "|---|" + "---|" * len(rows)]
-    lines += ["| " + label + " | " + " | ".join(_cell(r.get(key)) for r in rows) + " |" for key, label in BRIEF]
+    lines += ["| " + label + " | " + " | ".join(_cell(r.get(key)) for r in rows) + " |" for key, label in shown]
     return "\n".join(lines)
 
 
