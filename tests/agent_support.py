@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -212,3 +213,18 @@ def agent_with_a_tenant_per_gpu(tmp: Path, procs: list, gpus: int = 2, extra: tu
     agent = AgentProc(tmp, extra=(f"timeslice.tenant.urls=[{urls}]", *extra)).start()
     procs.append(agent)
     return agent, tenants
+
+
+@contextlib.contextmanager
+def node(tmp_path: Path, job: str, *vllm_args: str, extra: tuple[str, ...] = ()):
+    """A stand-in vLLM (with ``vllm_args``), a worker tagged ``job`` and an agent serving both; all stopped after."""
+    vllm = FakeVllmProc(*vllm_args)
+    worker = spawn_worker(job)
+    agent = AgentProc(tmp_path, tenant_url=vllm.url, extra=extra).start()
+    try:
+        yield agent, vllm, worker
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+        worker.kill()
+        agent.stop()
+        vllm.stop()
