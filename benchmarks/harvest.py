@@ -388,11 +388,9 @@ def _head(path: Path, n: int) -> Path:
 
 def _wait(url: str) -> None:
     for _ in range(300):
-        try:
+        with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}/health", timeout=1).is_success:
                 return
-        except httpx.HTTPError:
-            pass
         time.sleep(0.1)
     raise SystemExit(f"no tenant answers at {url}")
 

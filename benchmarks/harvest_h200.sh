@@ -29,6 +29,9 @@
 #                                               two passes of ~1.5 min per completion length) is ~84 min: 14 calls on an
 #                                               H200 (python benchmarks/harvest_matrix.py --design --capacity-s 10
 #                                               prints the design and the count). --matrix-rows N: N rows of it.
+#   bash benchmarks/harvest_h200.sh resume ARGS… benchmarks/resume_vllm.py ARGS (start first where vLLM is not up;
+#                                               VLLM_ARGS="--max-model-len 4096" for 2 048-token answers): lines
+#                                               cut by aborts and resumed, against lines never cut ($OUT/resume.tgz)
 #   bash benchmarks/harvest_h200.sh drift ARGS… PASSES (4) passes of harvest.py --parts a ARGS back to back, vLLM put
 #                                               to sleep and woken before pass SLEEP_AT (3): its pace pass to pass
 #   bash benchmarks/harvest_h200.sh pinab ARGS… the same server not pinned and pinned, side by side: PASSES (3) times
@@ -186,6 +189,19 @@ case "$1" in
       echo "matrix started in the background: $WORK, $(( left - 30 )) s for rows"
     fi
     WAIT_S=$(( ${CALL_S:-590} - SECONDS - 10 )) bash "$0" wait ;;
+  resume)  # resume_vllm.py ARGS, packed with vLLM's log; a limit inside the call (LIMIT_S, default what is left)
+    shift
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null \
+      || bash "$0" start || exit
+    bench_env
+    nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+    WORK=/root/harvest/resume; mkdir -p "$WORK"
+    timeout "${LIMIT_S:-$(( ${CALL_S:-590} - SECONDS - 20 ))}" python3 benchmarks/resume_vllm.py \
+      --vllm-url http://127.0.0.1:8000 --out "$WORK" "$@" > "$WORK/harvest.log" 2>&1
+    echo $? > "$WORK/rc"; tail -8 "$WORK/harvest.log"
+    tail -c 20000 /root/vllm.log > "$WORK/vllm-tail.log"; head -c 20000 /root/vllm.log > "$WORK/vllm-head.log"
+    tar -czf "$OUT/resume.tgz" -C "$WORK" .
+    exit "$(cat "$WORK/rc")" ;;
   wait)
     WORK=$(cat /root/harvest/current) || exit 2
     for _ in $(seq 1 "${WAIT_S:-570}"); do [ -f "$WORK/rc" ] && break; sleep 1; done
