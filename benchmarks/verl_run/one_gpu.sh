@@ -11,16 +11,20 @@
 #   bash benchmarks/verl_run/one_gpu.sh 3   the TIME-SLICED run (MODE, default validate: +timeslice=[one_gpu,interleave],
 #                                           batch tenant under load, validation in the valleys, FAULTS=1 of run.sh:
 #                                           the tenant supervised and stopped once, the agent killed once), both runs' table
+#   bash benchmarks/verl_run/one_gpu.sh 4   waits for a run longer than its call (RUN_S: verl's deadline; the run goes on
+#                                           in the background between calls made back to back), then as 3 after its run
 # After each run this GPU's own copy_ rate goes beside it (copy_rate.json: the engine's push is read against it).
 # Each call prints a short table last and leaves at most 4 files in $OUT. Both runs: RESPONSE_LEN=512, TEST_FREQ=2,
 # version 0 validated before training (VAL_BEFORE_TRAIN=True),
-# ROLLOUT_STEPS (48: 12 trainer steps), the reward of reward.py, seed 1; verl killed at what the call has left.
+# ROLLOUT_STEPS (48: 12 trainer steps), the reward of reward.py, seed 1; verl killed at what the call has left, or at
+# RUN_S (the time-sliced run's 12 steps, its validations and its end take ~10 min on an H100: RUN_S=720, then step 4).
 # ORDER=sliced: the time-sliced run in step 2 and the solo run in step 3 (the one that matters first when device time
 # is short). env: CALL_BUDGET_S (560), ROLLOUT_STEPS, MODE and SWAP (validate, resident), plus run.sh's (ROLLOUT_KV_GB, TENANT_KV_GB, POLICY_KV_GB...)
 set -uo pipefail
-STEP=${1:?step 0, 1, 2 or 3}; shift
+STEP=${1:?step 0, 1, 2, 3 or 4}; shift
 START=$(date +%s); BUDGET=${CALL_BUDGET_S:-560}; TAIL_S=75
-# BASE and SITE move what the device keeps in /root and /tmp (a dry run elsewhere)
+# BASE and SITE move what the device keeps in /root and /tmp, RUN_SH the run script (a dry run elsewhere:
+# tests/test_one_gpu_script.py)
 BASE=${BASE:-/root}; SITE=${SITE:-/tmp}; TSV=$SITE/tsv
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" "$BASE/parts" "$BASE/runs"
 RECIPES=$BASE/recipes; MODEL=$BASE/model; DATA=$BASE/data
@@ -28,7 +32,7 @@ export PYTHONUNBUFFERED=1
 
 environment() {  # the recipe's offline settings; timeslice-verl from its wheel (verl finds its entry point there)
   source "$RECIPES/verl/verl_env.sh"
-  export PYTHONPATH=$TSV:$SITE/site:$PYTHONPATH
+  export PYTHONPATH=$TSV:$SITE/site${PYTHONPATH:+:$PYTHONPATH}
 }
 
 install_wheels() {  # timeslice-verl always; a dependency only where the image lacks it
@@ -53,6 +57,7 @@ EOF
 }
 
 leftovers() {  # GPU processes a run left behind (a tenant's engine, Ray's workers): the next call needs the GPU empty
+  command -v nvidia-smi > /dev/null || return 0  # no GPU here (a dry run): nothing of ours to stop, Ray's least of all
   timeout 60 python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1
   local p
   for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do kill -TERM "$p" 2>/dev/null; done
@@ -61,14 +66,29 @@ leftovers() {  # GPU processes a run left behind (a tenant's engine, Ray's worke
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader
 }
 
-run_one() {  # MODE [overrides]: one run.sh run, killed at what this call has left; its folder and Ray's logs packed
-  local mode=$1 run=$BASE/runs/$1 left; shift
-  left=$(( BUDGET - ($(date +%s) - START) - TAIL_S ))
-  rm -rf "$run"; mkdir -p "$run"
-  echo "== $mode: verl's deadline ${left} s, ROLLOUT_STEPS=${ROLLOUT_STEPS:-48}"
-  GPUS=1 MODEL=$MODEL DATA=$DATA OUT=$run DEADLINE_S=$left RESPONSE_LEN=512 TEST_FREQ=2 VAL_BEFORE_TRAIN=True ROLLOUT_STEPS=${ROLLOUT_STEPS:-48} \
-    REWARD=benchmarks/verl_run/reward.py bash benchmarks/verl_run/run.sh "$mode" "$@" > "$run/run-sh.log" 2>&1
-  echo "run.sh rc=$? $(cat "$run/run.json" 2>/dev/null)"
+run_one() {  # MODE [overrides]: one run.sh run; RUN_S longer than this call has left runs it on in the background
+  local mode=$1 run=$BASE/runs/$1 left deadline; shift
+  left=$(( BUDGET - ($(date +%s) - START) - TAIL_S )); deadline=${RUN_S:-$left}
+  rm -rf "$run"; mkdir -p "$run"; echo "$mode" > $BASE/runs/current
+  echo "== $mode: verl's deadline ${deadline} s (this call has ${left} s), ROLLOUT_STEPS=${ROLLOUT_STEPS:-48}"
+  # its own session, so that the end of this call does not end it; the next call (step 4) waits for it
+  GPUS=1 MODEL=$MODEL DATA=$DATA OUT=$run DEADLINE_S=$deadline RESPONSE_LEN=512 TEST_FREQ=2 VAL_BEFORE_TRAIN=True \
+    ROLLOUT_STEPS=${ROLLOUT_STEPS:-48} REWARD=benchmarks/verl_run/reward.py setsid nohup bash -c \
+    'bash "${RUN_SH:-benchmarks/verl_run/run.sh}" "$@" > "$0/run-sh.log" 2>&1; echo $? > "$0/rc"' "$run" "$mode" "$@" \
+    < /dev/null > /dev/null 2>&1 &
+  finish_run
+}
+
+finish_run() {  # waits for the current run while this call has time; then its folder and Ray's logs packed
+  local mode run
+  mode=$(cat $BASE/runs/current) || { echo "no run started: step 2 or 3 first"; exit 3; }; run=$BASE/runs/$mode
+  while [ ! -f "$run/rc" ] && [ $(( BUDGET - ($(date +%s) - START) )) -gt "$TAIL_S" ]; do sleep 2; done
+  if [ ! -f "$run/rc" ]; then
+    grep -a "step:" "$run/verl.log" 2>/dev/null | tail -n 1 | cut -c1-160
+    echo "$mode still runs: call step 4 at once (the machine keeps it only while the next call comes within ~30 s)"
+    exit 9
+  fi
+  echo "run.sh rc=$(cat "$run/rc") $(cat "$run/run.json" 2>/dev/null)"
   grep -aE "Traceback|Error|error:|refused" "$run/verl.log" 2>/dev/null | grep -v "^\s*'" | head -15 | cut -c1-300
   leftovers
   python3 -c "import json; from timeslice_verl.weights_ipc.pushcheck import copy_rate
@@ -143,14 +163,18 @@ print('import ok: verl', verl.__version__, 'vllm', vllm.__version__)" 2>&1 | gre
     wait "$gputest"; tail -n 6 $BASE/gputest.txt; cp $BASE/gputest.txt "$OUT/"
     python3 benchmarks/verl_run/summarize.py $BASE/runs/* --brief
     ;;
-  3)
+  3|4)
     environment
-    leftovers
-    if [ "${ORDER:-solo}" = sliced ]; then run_one solo "$@"; else sliced "$@"; fi
+    if [ "$STEP" = 3 ]; then
+      leftovers
+      if [ "${ORDER:-solo}" = sliced ]; then run_one solo "$@"; else sliced "$@"; fi
+    else
+      finish_run
+    fi
     runs=(); for r in solo "${MODE:-validate}"; do [ -f "$BASE/runs/$r/run.json" ] && runs+=("$BASE/runs/$r"); done
     python3 benchmarks/verl_run/summarize.py "${runs[@]}" --brief | tee "$OUT/table.md"
     [ -n "${RECORD:-}" ] && python3 benchmarks/readers/common.py record "$RECORD" "${runs[@]}" --experiment verl-run --exclude '*.sqlite*' --exclude '*input.jsonl' --command "MODE=${MODE:-validate} SWAP=${SWAP:-resident} bash benchmarks/verl_run/one_gpu.sh 3 $*" --summary "$(tail -n 1 "$OUT/table.md")" --extra gpus=1 --extra "parts=[$(for r in "${runs[@]}"; do printf '["%s", "%s"],' "${r##*/}" "${r##*/}"; done | sed 's/,$//')]"  # RECORD=$OUT/verl-run/DATE-MACHINE: the run's folder
     ;;
-  *) echo "step 0, 1, 2 or 3" >&2; exit 2 ;;
+  *) echo "step 0, 1, 2, 3 or 4" >&2; exit 2 ;;
 esac
 echo "call took $(( $(date +%s) - START )) s"
