@@ -39,13 +39,16 @@ def test_a_run_longer_than_its_call_goes_on_and_the_next_call_packs_it(tmp_path)
     recipes = tmp_path / "base" / "recipes" / "verl"
     recipes.mkdir(parents=True)
     (recipes / "verl_env.sh").write_text("# the recipe's offline settings: none here\n")
-    first = _call("3", tmp_path, 76, RUN_S="720")  # 1 s of this call left past the packing's share: the run outlives it
-    assert first.returncode == 9, first.stdout + first.stderr
-    assert "still runs: call step 4" in first.stdout
-    run = tmp_path / "base" / "runs" / "solo"
-    assert "deadline=720 steps=48 args=solo" in (run / "args.txt").read_text()
-    assert not (run / "rc").exists(), "the run went on after its call"
-    (tmp_path / "base" / "runs" / "release").touch()
+    release = tmp_path / "base" / "runs" / "release"
+    try:
+        first = _call("3", tmp_path, 76, RUN_S="720")  # 1 s of this call left past the packing's share: the run outlives it
+        assert first.returncode == 9, first.stdout + first.stderr
+        assert "still runs: call step 4" in first.stdout
+        run = tmp_path / "base" / "runs" / "solo"
+        assert "deadline=720 steps=48 args=solo" in (run / "args.txt").read_text()
+        assert not (run / "rc").exists(), "the run went on after its call"
+    finally:
+        release.touch()  # the stand-in ends whatever happened
     eventually(lambda: (run / "rc").exists(), what="the run ended")
     second = _call("4", tmp_path, 3600)
     assert second.returncode == 0, second.stdout + second.stderr
