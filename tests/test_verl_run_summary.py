@@ -163,3 +163,14 @@ def test_a_gpu_process_gets_its_role_from_an_ancestors_title_or_its_tag(title, e
     finally:
         proc.stdin.close()
         proc.wait(timeout=60)
+
+
+def test_verls_own_validation_metrics_read_through_their_numpy_wrapping():
+    """verl's rollouter logs its validation as ``np.float64(…)`` (the solo run's curve); our plugin's as plain floats."""
+    log = ("(FullyAsyncTrainer pid=1) step:2 - rollouter/validate_time:9.47 - "
+           "val-aux/openai/gsm8k/reward/mean@1:np.float64(0.02459624281618744) - "
+           "val-core/openai/gsm8k/acc/mean@1:np.float64(0.024596242604191992) - val-aux/num_turns/min:np.int32(2)\n"
+           "(FullyAsyncTrainer pid=1) step:4 - val-core/openai/gsm8k/reward/mean@1:0.0259 - timeslice/validate/version:4")
+    steps = summarize.verl_steps(log)
+    assert steps[2]["val-aux/num_turns/min"] == 2.0 and steps[2]["rollouter/validate_time"] == 9.47
+    assert summarize.validation(steps) == [[2, 0.0246], [4, 0.0259]]

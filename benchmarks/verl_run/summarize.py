@@ -27,6 +27,7 @@ STEP_RE = re.compile(r"step:(\d+) - (.*)")
 GLOBAL_STEP_RE = re.compile(r"global_steps: (\d+) local_trigger_step")
 PUSH_RE = re.compile(r"timeslice_ipc: version (\d+), (\d+) tensors, (\d+) bytes in ([0-9.]+) s")
 SYNC_RE = re.compile(r"timing_s/param_sync: ([0-9.]+) seconds self.current_param_version: (\d+)")
+NUMPY_RE = re.compile(r"np\.(?:float|int)\d+\(([^()]*)\)")
 VAL_PREFIX = "val-core/"
 FINAL_KEYS = ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "response_length/mean", "critic/score/mean")
 
@@ -38,8 +39,9 @@ def verl_steps(log: str) -> dict[int, dict[str, float]]:
         fields = steps.setdefault(int(match.group(1)), {})
         for part in match.group(2).split(" - "):
             key, _, value = part.rpartition(":")
+            wrapped = NUMPY_RE.fullmatch(value.strip())  # verl's validation metrics print as np.float64(…)
             try:
-                fields[key.strip()] = float(value)
+                fields[key.strip()] = float(wrapped.group(1) if wrapped else value)
             except ValueError:
                 continue
     return steps
