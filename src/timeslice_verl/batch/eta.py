@@ -4,15 +4,16 @@ The service sends lines only while its gate is open (the trainer's idle valleys)
 figures the service measures itself over a recent window (:class:`Meter`): how fast it answers while the gate is
 open and work waits (tokens, else lines, per open second) and how much of the wall time the gate is open (the
 valley share). Their product is the service's speed in wall time. A batch's remaining work is its lines left times
-its tokens per line (:func:`per_line`), and the work ahead of it counts as the claim orders it (:mod:`~timeslice_verl.batch.share`): a higher priority all first; within a priority
-the owners share the speed by weight, each owner's batches earliest deadline first, then in creation order.
+its tokens per line (:func:`per_line`), and the work ahead of it counts as the claim orders it
+(:mod:`~timeslice_verl.batch.share`): a higher priority all first; within a priority the owners share the speed by
+weight, each owner's batches earliest deadline first, then in creation order.
 
-A batch's tokens per line start from what its lines ask for: their ``max_tokens`` (``asked``) times the share of the
-tokens asked that answers of recent lines generated (``fill``; 1 with a model that writes to the limit, less with
-one that stops early), and move to its own answers' mean as they come, weighed as :data:`PRIOR_LINES` lines against
-them. The service's recent mean over every batch, which the batches asking for 16 tokens and those asking for 1024
-both make, would be wrong for either one; it stands in only where a batch's lines name no limit (then a batch's
-first answers, often its shortest, are all it has).
+A batch's tokens per line start from what its lines ask for (``max_tokens``: :attr:`Work.asked`) times the share of
+the tokens asked that recent answers generated (:attr:`Rate.fill`: 1 with a model that writes to the limit, less
+with one that stops early; not measured yet: what they ask, at most the service's recent mean), and move to its own
+answers' mean as they come, weighed as :data:`PRIOR_LINES` lines against them. The service's recent mean over every
+batch, which batches asking for 16 tokens and batches asking for 1024 make together, would be wrong for either: it
+stands in only for a batch whose lines name no limit, until its first answer.
 
 No measurement yet (a cold service, or the gate shut for the whole window): no ETA, and nothing is called late.
 A forecast of the valley share (the trainer's valley forecast) would take the measured share's place through
@@ -111,7 +112,7 @@ class Meter:
         """One more sample (an older one than the last, or counters that went back — a restart — start over)."""
         last = self.samples[-1] if self.samples else None
         if last is not None and (sample.at < last.at or sample.open_s < last.open_s or sample.tokens < last.tokens
-                                 or sample.lines < last.lines or sample.asked < last.asked):
+                                 or sample.lines < last.lines):
             self.samples.clear()
         self.samples.append(sample)
         while len(self.samples) > 2 and self.samples[1].at <= sample.at - self.window_s:
