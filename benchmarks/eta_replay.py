@@ -10,7 +10,8 @@ of this benchmark asks the same), its answered lines and tokens at each reading 
 were: the stand-in writes every answer to its limit, so answered lines times ``max_tokens``), the speed of the
 service's ``/timeslice/summary`` read right after (before its generated-per-asked share was recorded: 1, the
 stand-in's). ``--share-window S``: the valley share from the run's own gate log over the last S seconds instead of
-the service's. The replayed readings go to ``--out`` beside the run's batches; the tables are the reader's.
+the service's; ``--known-valleys``: the gate's real future (what no estimate knows), the error that is left without the
+valleys' chance. The replayed readings go to ``--out`` beside the run's batches; the tables are the reader's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,18 @@ def open_share(gate: list[dict[str, Any]], at: float, window_s: float) -> float 
     return opened / (at - start)
 
 
+def wall_s(gate: list[dict[str, Any]], at: float, open_s: float) -> float:
+    """Wall seconds from ``at`` until the run's gate has been open ``open_s`` seconds more (its log's real future)."""
+    done = 0.0
+    for this, following in zip(gate, gate[1:] + [{"at": float("inf")}]):
+        start = max(at, this["at"])
+        if this["open"] and following["at"] > start:
+            if done + following["at"] - start >= open_s:
+                return start + open_s - done - at
+            done += following["at"] - start
+    return float("inf")
+
+
 def rate_of(speed: dict[str, Any], gate: list[dict[str, Any]], share_window: float | None) -> Rate | None:
     """The speed the service measured at this poll (None: it had none), its valley share from the gate log if asked."""
     got = speed.get("speed")
@@ -74,8 +88,10 @@ def work_of(reading: dict[str, Any], batch: dict[str, Any], seq: int, prior: boo
                 float(batch["max_tokens"]) if prior else None)
 
 
-def replay(data: Path, out: Path, share_window: float | None = None, prior: bool = True) -> Path:
-    """The run's readings with the replayed ETAs, written to ``out`` beside its batches (the reader's input)."""
+def replay(data: Path, out: Path, share_window: float | None = None, prior: bool = True,
+           known_valleys: bool = False) -> Path:
+    """The run's readings with the replayed ETAs, written to ``out`` beside its batches (the reader's input);
+    ``known_valleys``: each batch's open seconds left turned into wall seconds by the gate's real future."""
     batches = {b["id"]: b for b in jsonl(data / "batches.jsonl")}
     gate, seqs, rows = jsonl(data / "gate.jsonl"), {}, []
     for speed, readings in rounds(data):
@@ -83,7 +99,11 @@ def replay(data: Path, out: Path, share_window: float | None = None, prior: bool
             seqs.setdefault(r["id"], len(seqs))
         live = [r for r in readings if r["status"] == "in_progress" and r["id"] in batches]
         rate = rate_of(speed, gate, share_window)
+        if known_valleys and rate is not None:
+            rate = replace(rate, open_share=1.0)
         etas = estimate([work_of(r, batches[r["id"]], seqs[r["id"]], prior) for r in live], rate)
+        if known_valleys:
+            etas = {k: wall_s(gate, speed["at"], v) for k, v in etas.items()}
         for r in readings:
             eta = etas.get(r["id"]) if r["status"] == "in_progress" else None
             rows.append({**r, "eta_s": eta, "eta_at": None if eta is None else r["at"] + eta})
@@ -100,10 +120,12 @@ def main() -> None:
     ap.add_argument("--share-window", type=float, default=None, metavar="S",
                     help="the valley share over the last S seconds of the run's gate log (default: the service's)")
     ap.add_argument("--no-prior", action="store_true", help="leave out what the lines ask for (max_tokens)")
+    ap.add_argument("--known-valleys", action="store_true",
+                    help="the gate's real future instead of its share: the error left without the valleys' chance")
     args = ap.parse_args()
     raw = Path(args.run)
     data = raw if (raw / "observations.jsonl").exists() else open_run(args.run).data
-    out = replay(data, args.out, args.share_window, not args.no_prior)
+    out = replay(data, args.out, args.share_window, not args.no_prior, args.known_valleys)
     print(summary_line(out))
     print(points(Run(out, {}, out)))
 
