@@ -3,7 +3,7 @@ the run read them, at the speed the service measured then, through :func:`timesl
 checkout has it — a variant of the estimator judged on the same valleys and batches in seconds, not in a new run of
 30 minutes (whose valleys and batches come out the same only up to the machine's timing).
 
-    python benchmarks/eta_replay.py eta/2026-12-06-cpu-b --out /tmp/replay [--share-window 120] [--no-prior]
+    python benchmarks/eta_replay.py eta/2026-12-06-cpu-b --out build/replay [--share-window 120] [--no-prior]
 
 What a run recorded stands in for what the service knew: a batch's lines and ``max_tokens`` (every line of a batch
 of this benchmark asks the same), its answered lines and tokens at each reading (runs recorded before the tokens
