@@ -10,9 +10,11 @@ the first ``--submit-min`` minutes; every open batch is read every ``--poll-s``.
 
     nice -n 10 python benchmarks/eta.py --out runs/eta --record benchmarks/results/eta/DATE-cpu
 
-Writes ``observations.jsonl`` (each reading of each batch), ``batches.jsonl`` (each batch: what it was, when it
-ended and how), ``gate.jsonl`` (the valleys), ``speed.jsonl`` (the service's measured speed) and ``meta.json``; the
-table: ``python benchmarks/figures.py benchmarks/results/eta/DATE-cpu`` (:mod:`readers.eta`).
+Writes ``observations.jsonl`` (each reading of each batch, its tokens so far beside its ETA), ``batches.jsonl`` (each
+batch: what it was, when it ended and how), ``gate.jsonl`` (the valleys), ``speed.jsonl`` (the service's measured
+speed, its gate's open seconds and its line counters) and ``meta.json``; the table: ``python benchmarks/figures.py
+benchmarks/results/eta/DATE-cpu`` (:mod:`readers.eta`). ``benchmarks/eta_replay.py`` puts a recorded run's readings
+through the estimate again, offline (an estimator's variant judged in seconds, not in a run of 30 minutes).
 """
 
 from __future__ import annotations
@@ -146,14 +148,17 @@ def drive(args: argparse.Namespace, url: str, out: Path, t0: float) -> list[dict
             got = http[0].get(f"/v1/batches/{bid}").json()
             c = got["request_counts"]
             obs.write(json.dumps({"id": bid, "at": time.time(), "status": got["status"], "completed": c["completed"],
-                                  "failed": c["failed"], "total": c["total"], **got.get("timeslice_eta", {})}) + "\n")
+                                  "failed": c["failed"], "total": c["total"],
+                                  "tokens": (got.get("usage") or {}).get("output_tokens"),
+                                  **got.get("timeslice_eta", {})}) + "\n")
             if got["status"] in ENDED:
                 done.append({**open_.pop(bid), "status": got["status"], "created_at": got["created_at"],
                              "expires_at": got["expires_at"], "ended_at": next(got[k] for k in (
                                  "completed_at", "expired_at", "cancelled_at", "failed_at") if got[k]),
                              "completed": c["completed"]})
         summary = http[0].get("/timeslice/summary").json()
-        speed.write(json.dumps({"at": time.time(), "speed": summary.get("speed"), "gate": summary["gate"]["open"]}) + "\n")
+        speed.write(json.dumps({"at": time.time(), "speed": summary.get("speed"), "gate": summary["gate"]["open"],
+                                "open_s": summary["gate"]["open_s"], "lines": summary["lines"]}) + "\n")
         obs.flush()
         speed.flush()
         time.sleep(args.poll_s)

@@ -17,7 +17,9 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from timeslice_verl.batch.auth import RequireKey  # noqa: E402
 from timeslice_verl.batch.estimates import COLD  # noqa: E402
-from timeslice_verl.batch.eta import Basis, Meter, Rate, Sample, Work, estimate, late  # noqa: E402
+from timeslice_verl.batch.eta import (  # noqa: E402
+    PRIOR_LINES, Basis, Meter, Rate, Sample, Work, asked_per_line, estimate, late, per_line)
+from timeslice_verl.batch.lines import asked_tokens  # noqa: E402
 from timeslice_verl.batch.keys import parse_keys  # noqa: E402
 from timeslice_verl.batch.policy import PolicyError, parse_field  # noqa: E402
 
@@ -79,6 +81,16 @@ def test_an_interval_with_nothing_waiting_counts_for_the_share_alone():
     assert rate.tokens_per_open_s == pytest.approx(100.0) and rate.open_share == pytest.approx(0.75)
 
 
+def test_the_meter_measures_the_tokens_generated_per_token_asked_over_its_window():
+    meter = Meter()
+    for t in range(0, 121, 2):  # lines asking 64 tokens each, answered with 16: a quarter of what they ask
+        meter.add(Sample(float(t), t * 0.5, t * 40, t * 2, 10, asked=t * 2 * 64.0, asked_out=t * 2 * 16))
+    assert meter.rate().fill == pytest.approx(0.25)
+    plain = Meter()
+    _steady(plain, 120)  # no line names a limit: nothing to measure
+    assert plain.rate().fill is None
+
+
 # --------------------------------------------------------------------------- the estimate
 
 RATE = Rate(tokens_per_open_s=200.0, lines_per_open_s=10.0, open_share=0.5, tokens_per_line=20.0, window_s=300.0)
@@ -105,6 +117,61 @@ RATE = Rate(tokens_per_open_s=200.0, lines_per_open_s=10.0, open_share=0.5, toke
 def test_the_estimate_counts_the_work_ahead_as_the_claim_orders_it(batches, expected):
     got = estimate(batches, RATE)
     assert got == pytest.approx(expected)
+
+
+FILLED = Rate(tokens_per_open_s=200.0, lines_per_open_s=10.0, open_share=0.5, tokens_per_line=20.0, window_s=300.0,
+              fill=0.5)
+"""As :data:`RATE`, and answers recently generated half the tokens their lines asked for."""
+
+
+@pytest.mark.parametrize("work, rate, expected", [
+    # no limit named: its own mean once it has answers, the service's before
+    (Work("a", 0, "x", 1, 1e9, 50), RATE, 20.0),
+    (Work("a", 0, "x", 1, 1e9, 50, answered=10, tokens=400), RATE, 40.0),
+    # what its lines ask for, times the share answers generate of it: the service's mean has no say
+    (Work("a", 0, "x", 1, 1e9, 50, asked=64.0), FILLED, 32.0),
+    (Work("a", 0, "x", 1, 1e9, 50, asked=16.0), FILLED, 8.0),
+    # that share not measured yet: what they ask for, at most the service's mean
+    (Work("a", 0, "x", 1, 1e9, 50, asked=64.0), RATE, 20.0),
+    (Work("a", 0, "x", 1, 1e9, 50, asked=16.0), RATE, 16.0),
+    # its own answers weigh in as they come: PRIOR_LINES of them as much as the prior, ten times as many decide it
+    (Work("a", 0, "x", 1, 1e9, 50, answered=int(PRIOR_LINES), tokens=int(PRIOR_LINES) * 10, asked=64.0), FILLED, 21.0),
+    (Work("a", 0, "x", 1, 1e9, 50, answered=int(PRIOR_LINES) * 9, tokens=int(PRIOR_LINES) * 90, asked=64.0), FILLED,
+     12.2),
+    # answers without usage say nothing of tokens: the prior alone
+    (Work("a", 0, "x", 1, 1e9, 50, answered=10, tokens=0, asked=64.0), FILLED, 32.0),
+])
+def test_a_lines_tokens_start_from_what_it_asks_for_and_move_to_its_own_answers(work, rate, expected):
+    assert per_line(work, rate) == pytest.approx(expected)
+
+
+def test_the_work_ahead_counts_what_its_lines_ask_for():
+    """A batch asking for 16 tokens a line ahead of one asking for 64: each at its own size, not the service's mean."""
+    got = estimate([Work("a", 0, "x", 1, 1e9, 100, asked=16.0), Work("b", 0, "x", 2, 1e9, 100, asked=64.0)], FILLED)
+    assert got == pytest.approx({"a": 8.0, "b": 40.0})  # 800 tokens, then 3200, at 100 tokens/s
+
+
+@pytest.mark.parametrize("endpoint, body, expected", [
+    (CHAT, {"max_completion_tokens": 300}, 300),
+    (CHAT, {"max_tokens": 200}, 200),
+    (CHAT, {"max_completion_tokens": 300, "max_tokens": 200}, 300),  # the newer field counts
+    (CHAT, {"max_completion_tokens": None, "max_tokens": 200}, 200),
+    ("/v1/completions", {"max_tokens": 64, "n": 3}, 192),  # every choice is generated
+    ("/v1/completions", {"max_tokens": 64, "n": None}, 64),
+    ("/v1/completions", {"max_completion_tokens": 64}, None),  # not a field of completions
+    (CHAT, {}, None),  # no limit: the model's own, unknown here
+    (CHAT, {"max_tokens": 0}, None),
+    (CHAT, {"max_tokens": True}, None),
+    (CHAT, {"max_tokens": "64"}, None),
+    (CHAT, {"max_tokens": 64, "n": 0}, None),
+])
+def test_what_a_line_asks_for_is_its_limit_times_its_choices(endpoint, body, expected):
+    assert asked_tokens({"model": "m", **body}, endpoint) == expected
+
+
+@pytest.mark.parametrize("asked_tokens_, asked_lines, expected", [(640, 10, 64.0), (0, 0, None), (100, 3, 100 / 3)])
+def test_a_batchs_tokens_asked_a_line_come_from_its_counters(asked_tokens_, asked_lines, expected):
+    assert asked_per_line(asked_tokens_, asked_lines) == (pytest.approx(expected) if expected else None)
 
 
 def test_without_usage_the_estimate_counts_lines_and_without_a_measurement_there_is_none():
@@ -137,9 +204,10 @@ def _as(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-def _create(client: TestClient, key: str, lines: int, window: str = "24h"):
-    content = "".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": CHAT,
-                                  "body": {"model": "m", "messages": []}}) + "\n" for i in range(lines)).encode()
+def _create(client: TestClient, key: str, lines: int, window: str = "24h", **limits: int):
+    body = {"model": "m", "messages": [], **limits}
+    content = "".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": CHAT, "body": body}) + "\n"
+                      for i in range(lines)).encode()
     fid = client.post("/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": "batch"},
                       headers=_as(key)).json()["id"]
     return client.post("/v1/batches", json={"input_file_id": fid, "endpoint": CHAT, "completion_window": window},
@@ -193,6 +261,18 @@ def test_refuse_late_answers_4xx_naming_the_window_and_the_eta_and_makes_nothing
         assert store.totals()["queued"] == 0 and store.query(store.dialect.sql("eta_open"), ("batch",)) == []
         assert _create(api, STRICT, 10, "5m").status_code == 200  # one that fits is made
         assert _create(api, ADMIN, 20, "5m").json()["timeslice_eta"]["late"] is True  # another owner's: flagged only
+
+
+def test_a_batchs_eta_at_creation_rests_on_what_its_lines_ask_for_and_refuse_late_reads_it(store):
+    with _client(store, FILLED) as api:  # 40 lines asking 50 tokens, half generated: 1000 tokens at 100 tokens/s
+        made = _create(api, ADMIN, 40, max_tokens=50).json()
+        assert made["timeslice_eta"]["eta_s"] == pytest.approx(10.0)
+        row = store.batch(made["id"])
+        assert (row["asked_tokens"], row["asked_lines"]) == (2000, 40)
+        # 200 lines asking 500: 50 000 tokens, 500 s, past a 5-minute window (the service's mean would make it 40 s)
+        refused = _create(api, STRICT, 200, "5m", max_completion_tokens=500)
+        assert refused.status_code == 400 and "should end in 510 s" in refused.json()["error"]["message"]
+        assert _create(api, STRICT, 200, "5m", max_completion_tokens=50).status_code == 200
 
 
 def test_a_cold_service_flags_nothing_and_says_so(store):

@@ -95,12 +95,17 @@ def test_a_development_database_is_refused_with_what_to_do_and_left_as_it_was(re
 
 V9_BATCHES = (",\n  prompt_tokens INTEGER NOT NULL DEFAULT 0, gpu_s REAL NOT NULL DEFAULT 0, cuts INTEGER NOT NULL "
               "DEFAULT 0,\n  first_sent_at REAL, wait_s REAL NOT NULL DEFAULT 0, sent_lines INTEGER NOT NULL DEFAULT 0")
+V10_BATCHES = ",\n  asked_tokens INTEGER NOT NULL DEFAULT 0, asked_lines INTEGER NOT NULL DEFAULT 0"
 
 
 def older(version: int) -> list[str]:
-    """The schema's statements as ``version`` (7: the first release, 8) made them: 9 added the attribution's columns
-    and ``gpu_usage``, 8 ``lines.partial``."""
-    out = [s.replace(V9_BATCHES, "").replace("  sends INTEGER NOT NULL DEFAULT 0,\n", "") for s in statements()
+    """The schema's statements as ``version`` (7: the first release, 8, 9) made them: 10 added what a batch's lines
+    ask for, 9 the attribution's columns and ``gpu_usage``, 8 ``lines.partial``."""
+    out = [s.replace(V10_BATCHES, "") for s in statements()]
+    assert all("asked" not in s for s in out)
+    if version >= 9:
+        return out
+    out = [s.replace(V9_BATCHES, "").replace("  sends INTEGER NOT NULL DEFAULT 0,\n", "") for s in out
            if "gpu_usage" not in s]
     assert all("gpu_s" not in s and "sends" not in s for s in out)
     return [s.replace("  partial TEXT,\n", "") for s in out] if version < 8 else out
@@ -130,6 +135,44 @@ def test_an_older_releases_database_gains_the_attribution_in_place(request, tmp_
         assert (row["prompt_tokens"], row["tokens"], row["gpu_s"], row["sent_lines"]) == (7, 3, 1.5, 1)
         assert row["first_sent_at"] > 1 and row["wait_s"] > 0
         assert store.queue.quotas.gpu_day("team-a") == 1.5
+    finally:
+        store.close()
+    db.store().close()  # opened again: nothing more to do
+    assert db.version() == SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("version", [FIRST_RELEASE, 8, 9])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_older_releases_database_gains_what_lines_ask_for_in_place(request, tmp_path, engine, version):
+    """Schemas 7 to 9 kept no tokens asked: a batch made before reads as one whose lines name no limit (its ETA rests
+    on the measured tokens per line, as it did), a batch made after keeps what its lines ask for, and the meter's
+    counters read both."""
+    from timeslice_verl.batch.claims import Outcome
+    from timeslice_verl.batch.eta import Rate, Work, asked_per_line, per_line
+    from timeslice_verl.batch.lines import RequestLine
+
+    db = Database(engine, request, tmp_path)
+    marker = [] if engine == "sqlite" else ["CREATE TABLE timeslice_schema (version INTEGER NOT NULL)"]
+    db.execute(*older(version), *marker, "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, "
+               "created_at, expires_at, total, queued) VALUES ('batch_1', '/v1/completions', 'f', '24h', "
+               "'in_progress', 1, 4000000000, 1, 1)", "INSERT INTO lines (batch_id, idx, custom_id, body, state) "
+               "VALUES ('batch_1', 0, 'a', '{\"max_tokens\": 64}', 'queued')", db.mark(version))
+    store = db.store()
+    try:
+        assert db.version() == SCHEMA_VERSION
+        old = store.batch("batch_1")
+        assert (old["asked_tokens"], old["asked_lines"]) == (0, 0)
+        assert asked_per_line(old["asked_tokens"], old["asked_lines"]) is None
+        rate = Rate(100.0, 5.0, 0.5, 20.0, 300.0, fill=0.5)
+        assert per_line(Work("batch_1", 0, "", 1, 4e9, 1), rate) == 20.0  # the measured mean, as before
+        lines = [RequestLine(1, "x", "{}", 64), RequestLine(2, "y", "{}", 32), RequestLine(3, "z", "{}")]
+        new = store.create_batch("/v1/completions", "f", 3600, "1h", None, lines)
+        row = store.batch(new)
+        assert (row["asked_tokens"], row["asked_lines"]) == (96, 2)
+        assert per_line(Work(new, 0, "", 2, 4e9, 3, asked=asked_per_line(96, 2)), rate) == 24.0  # 48 asked, half
+        for line in store.claim(5):
+            store.record([Outcome(line, "done", response="{}", tokens=40 if line.batch_id == new else 9)])
+        assert store.counters() == {"backlog": 0.0, "done": 4.0, "tokens": 129.0, "asked": 144.0, "asked_out": 120.0}
     finally:
         store.close()
     db.store().close()  # opened again: nothing more to do

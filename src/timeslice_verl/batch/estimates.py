@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from timeslice_verl.batch.eta import WINDOW_S, Basis, Rate, Work, estimate, late
+from timeslice_verl.batch.eta import WINDOW_S, Basis, Rate, Work, asked_per_line, estimate, late
 from timeslice_verl.batch.lines import BatchRefused
 from timeslice_verl.batch.status import OPEN
 from timeslice_verl.batch.store import Store
@@ -42,7 +42,8 @@ class Estimates:
         rows = self.store.query(self.store.dialect.sql("eta_open"), (role,))
         now = float(rows[0]["now"]) if rows else float(self.store.query(self.store.dialect.sql("clock"))[0]["now"])
         work = [Work(r["id"], r["priority"], r["owner"], r["seq"], float(r["expires_at"]), r["queued"] + r["inflight"],
-                     r["done"], r["tokens"], self.weight(r["owner"])) for r in rows]
+                     r["done"], r["tokens"], self.weight(r["owner"]), asked_per_line(r["asked_tokens"], r["asked_lines"]))
+                for r in rows]
         rate = self.rate()
         return now, estimate(work + ([extra] if extra else []), rate), rate
 
@@ -69,7 +70,7 @@ class Estimates:
                 return
             row = self.store.batch(bid) or {}
             new = Work(bid, row["priority"], row["owner"], row["seq"], float(row["expires_at"]), total,
-                       weight=self.weight(row["owner"]))
+                       weight=self.weight(row["owner"]), asked=asked_per_line(row["asked_tokens"], row["asked_lines"]))
             now, etas, rate = self.table(row["tenant_role"], new)
             got = shown(etas.get(bid), rate.basis if rate else Basis.cold, now, row)
             if got["late"]:

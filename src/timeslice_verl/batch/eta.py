@@ -4,9 +4,16 @@ The service sends lines only while its gate is open (the trainer's idle valleys)
 figures the service measures itself over a recent window (:class:`Meter`): how fast it answers while the gate is
 open and work waits (tokens, else lines, per open second) and how much of the wall time the gate is open (the
 valley share). Their product is the service's speed in wall time. A batch's remaining work is its lines left times
-its own tokens per line so far (a batch with none answered yet: the service's recent mean), and the work ahead of it
-counts as the claim orders it (:mod:`~timeslice_verl.batch.share`): a higher priority all first; within a priority
-the owners share the speed by weight, each owner's batches earliest deadline first, then in creation order.
+its tokens per line (:func:`per_line`), and the work ahead of it counts as the claim orders it
+(:mod:`~timeslice_verl.batch.share`): a higher priority all first; within a priority the owners share the speed by
+weight, each owner's batches earliest deadline first, then in creation order.
+
+A batch's tokens per line start from what its lines ask for (``max_tokens``: :attr:`Work.asked`) times the share of
+the tokens asked that recent answers generated (:attr:`Rate.fill`: 1 with a model that writes to the limit, less
+with one that stops early; not measured yet: what they ask, at most the service's recent mean), and move to its own
+answers' mean as they come, weighed as :data:`PRIOR_LINES` lines against them. The service's recent mean over every
+batch, which batches asking for 16 tokens and batches asking for 1024 make together, would be wrong for either: it
+stands in only for a batch whose lines name no limit, until its first answer.
 
 No measurement yet (a cold service, or the gate shut for the whole window): no ETA, and nothing is called late.
 A forecast of the valley share (the trainer's valley forecast) would take the measured share's place through
@@ -18,7 +25,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 WINDOW_S = 300.0
 """How far back the measurement reaches: valleys come and go within it, the speed may drift over longer."""
@@ -26,6 +33,9 @@ MIN_OPEN_S = 5.0
 """Open seconds with work waiting the speed must rest on before it is trusted."""
 MIN_SPAN_S = 30.0
 """Wall seconds the valley share must rest on before it is trusted (a few valleys and peaks)."""
+PRIOR_LINES = 10.0
+"""Answered lines that weigh as much as what a batch's lines ask for: a batch's first answers move its estimate
+little (the first to end are the shortest), a hundred decide it."""
 
 
 class Basis(str, enum.Enum):
@@ -54,6 +64,10 @@ class Sample:
     """Lines completed in all (failed ones are left out: a window's end fails many at once, without a request)."""
     backlog: int
     """Lines queued or in flight."""
+    asked: float = 0.0
+    """Tokens asked for at most (``max_tokens``) by the lines completed in all, of batches whose lines name one."""
+    asked_out: int = 0
+    """Tokens those lines generated."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,8 @@ class Rate:
     """The recent mean over every batch (None: no usage reported)."""
     window_s: float
     """Wall seconds the share rests on."""
+    fill: float | None = None
+    """Tokens generated per token asked, recently, over lines that named a limit (None: none answered)."""
 
     @property
     def basis(self) -> Basis:
@@ -81,7 +97,7 @@ class Rate:
         """This rate with another valley share (a forecast the service can see), if given."""
         if share is None or not 0.0 <= share <= 1.0:
             return self
-        return Rate(self.tokens_per_open_s, self.lines_per_open_s, share, self.tokens_per_line, self.window_s)
+        return replace(self, open_share=share)
 
 
 class Meter:
@@ -115,8 +131,11 @@ class Meter:
                 lines += b.lines - a.lines
         if span < self.min_span_s or busy_open < self.min_open_s or lines <= 0:
             return None
+        first, last = self.samples[0], self.samples[-1]
+        asked = last.asked - first.asked  # every answer counts here, whenever it came: the tokens asked are not a speed
+        fill = (last.asked_out - first.asked_out) / asked if asked > 0 else None
         return Rate(tokens / busy_open, lines / busy_open, min(1.0, opened / span),
-                    tokens / lines if tokens > 0 else None, span)
+                    tokens / lines if tokens > 0 else None, span, fill)
 
 
 @dataclass(frozen=True)
@@ -135,15 +154,33 @@ class Work:
     tokens: int = 0
     """Tokens its answers generated so far."""
     weight: float = 1.0
+    asked: float | None = None
+    """Tokens a line of it asks for at most, its lines' mean (None: they name no limit)."""
+
+
+def asked_per_line(asked_tokens: int, asked_lines: int) -> float | None:
+    """A batch's mean tokens asked for a line, from its counters (None: no line of it names a limit)."""
+    return asked_tokens / asked_lines if asked_lines > 0 else None
+
+
+def per_line(work: Work, rate: Rate) -> float:
+    """The tokens a line of ``work`` left should generate: what its lines ask for times the recent :attr:`Rate.fill`
+    (none measured: what they ask, at most the service's recent mean), weighed against its own answers' mean as
+    :data:`PRIOR_LINES` lines; with no limit named, its own mean, else the service's."""
+    own = work.tokens / work.answered if work.answered > 0 and work.tokens > 0 else None
+    if work.asked is None:
+        return own if own is not None else rate.tokens_per_line or 0.0
+    prior = work.asked * rate.fill if rate.fill else min(work.asked, rate.tokens_per_line or work.asked)
+    if own is None:
+        return prior
+    return (work.answered * own + PRIOR_LINES * prior) / (work.answered + PRIOR_LINES)
 
 
 def cost(work: Work, rate: Rate) -> float:
-    """``work``'s remaining work in :attr:`Rate.basis` units: its lines left times its own mean so far, else the
-    service's."""
+    """``work``'s remaining work in :attr:`Rate.basis` units: its lines left times :func:`per_line`."""
     if rate.basis is Basis.lines:
         return float(work.left)
-    mean = work.tokens / work.answered if work.answered > 0 and work.tokens > 0 else rate.tokens_per_line or 0.0
-    return work.left * mean
+    return work.left * per_line(work, rate)
 
 
 def estimate(batches: list[Work], rate: Rate | None) -> dict[str, float]:
@@ -182,5 +219,5 @@ def late(eta_s: float | None, now: float, deadline: float) -> bool | None:
     return now + eta_s > deadline
 
 
-__all__ = ["Basis", "MIN_OPEN_S", "MIN_SPAN_S", "Meter", "Rate", "Sample", "WINDOW_S", "Work", "cost", "estimate",
-           "late"]
+__all__ = ["Basis", "MIN_OPEN_S", "MIN_SPAN_S", "PRIOR_LINES", "Meter", "Rate", "Sample", "WINDOW_S", "Work",
+           "asked_per_line", "cost", "estimate", "late", "per_line"]

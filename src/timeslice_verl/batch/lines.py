@@ -22,12 +22,32 @@ MAX_CUSTOM_ID = 512
 
 @dataclass(frozen=True, slots=True)
 class RequestLine:
-    """One request line of an input file as the store takes it: its number, its ``custom_id`` and its body as JSON
-    text."""
+    """One request line of an input file as the store takes it: its number, its ``custom_id``, its body as JSON
+    text and the tokens it asks for at most (:func:`asked_tokens`)."""
 
     number: int
     custom_id: str
     body: str
+    asked: int | None = None
+
+
+LIMITS = {"/v1/chat/completions": ("max_completion_tokens", "max_tokens"), "/v1/completions": ("max_tokens",)}
+"""The body's fields that bound an answer's tokens, per endpoint, the first given counting (OpenAI's chat API took
+``max_tokens`` before ``max_completion_tokens``)."""
+
+
+def asked_tokens(body: dict[str, Any], endpoint: str) -> int | None:
+    """The completion tokens a request asks for at most — its limit times its ``n`` choices — or None when it names
+    no limit (the model's own then): what the ETA takes for a batch's work before its own answers say better."""
+    limit = next((body[k] for k in LIMITS.get(endpoint, ()) if body.get(k) is not None), None)
+    n = 1 if body.get("n") is None else body["n"]
+    if not _count(limit) or not _count(n):
+        return None
+    return int(limit) * int(n)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 class BatchRefused(ValueError):
@@ -94,7 +114,7 @@ def _one(n: int, raw: str, endpoint: str, models: set[str] | None) -> RequestLin
     text = _text(body)  # JSON text escapes every control character: a NUL in the body is stored as \u0000
     if text is None:
         raise _bad(n, "body holds a lone surrogate (\\ud800-\\udfff): not valid Unicode")
-    return RequestLine(n, cid, text)
+    return RequestLine(n, cid, text, asked_tokens(body, endpoint))
 
 
 def numbered_lines(chunks: Iterable[bytes]) -> Iterator[tuple[int, str]]:
@@ -174,5 +194,5 @@ def error_lines(batch_id: str, rows: Iterable[Any]) -> Iterator[bytes]:
                f'"response": {response}, "error": {r["error"].translate(LINE_BREAKS)}}}\n').encode()
 
 
-__all__ = ["ENDPOINTS", "MAX_LINES", "BatchRefused", "RequestLine", "error_lines", "numbered_lines", "output_lines", "parse",
-           "parse_stream"]
+__all__ = ["ENDPOINTS", "LIMITS", "MAX_LINES", "BatchRefused", "RequestLine", "asked_tokens", "error_lines", "numbered_lines",
+           "output_lines", "parse", "parse_stream"]

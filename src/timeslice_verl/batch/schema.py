@@ -11,7 +11,8 @@ The statements (``sql/schema.sql``) are written in the SQL both engines speak; :
 keeps the version in ``PRAGMA user_version``, PostgreSQL in the table ``timeslice_schema`` (its creation holds an
 advisory lock: replicas that start together create it once). The first release's schema (:data:`FIRST_RELEASE`) is
 brought to :data:`SCHEMA_VERSION` in place, in one transaction (8: ``lines.partial``, the output a yield cut; 9: what
-each batch's lines used of the valleys — tokens in, GPU-seconds, cuts, waits — and ``gpu_usage``). Versions
+each batch's lines used of the valleys — tokens in, GPU-seconds, cuts, waits — and ``gpu_usage``; 10: the tokens a
+batch's lines ask for at most, ``asked_tokens`` and ``asked_lines``, the ETA's prior for its work). Versions
 below it were made by development versions before the first release: there is no way from them, and such a database
 is refused with what to do (:data:`DEVELOPMENT_SCHEMA`).
 """
@@ -27,9 +28,10 @@ from timeslice_verl.log import get_logger
 
 log = get_logger("batch")
 
-SCHEMA_VERSION = 9
-"""This release's schema: the first release's, each line's output kept when a yield cut it (``lines.partial``, 8), and
-the attribution of the valleys (9: :mod:`~timeslice_verl.batch.usage`)."""
+SCHEMA_VERSION = 10
+"""This release's schema: the first release's, each line's output kept when a yield cut it (``lines.partial``, 8), the
+attribution of the valleys (9: :mod:`~timeslice_verl.batch.usage`), and what each batch's lines ask for (10: the
+ETA's prior, :mod:`~timeslice_verl.batch.eta`)."""
 FIRST_RELEASE = 7
 """The first release's schema, brought up in place (the numbers below it were development versions', refused)."""
 ADVISORY_LOCK = 7_351_038_438
@@ -96,10 +98,11 @@ def _steps(version: int, sql: Callable[[str], str]) -> list[str]:
     """The statements that make a database of ``version`` (0: new) this release's, in SQLite's type names."""
     if not version:
         return statements()
-    to_8 = [sql("lines_partial_column")] if version < 8 else []  # FIRST_RELEASE → 8, then 8 → 9
-    return to_8 + [sql("lines_sends_column"), sql("batches_prompt_tokens_column"), sql("batches_gpu_s_column"),
-                   sql("batches_cuts_column"), sql("batches_first_sent_at_column"), sql("batches_wait_s_column"),
-                   sql("batches_sent_lines_column"), sql("create_gpu_usage")]
+    to_8 = [sql("lines_partial_column")] if version < 8 else []  # FIRST_RELEASE → 8, then 8 → 9, then 9 → 10
+    to_9 = [sql("lines_sends_column"), sql("batches_prompt_tokens_column"), sql("batches_gpu_s_column"),
+            sql("batches_cuts_column"), sql("batches_first_sent_at_column"), sql("batches_wait_s_column"),
+            sql("batches_sent_lines_column"), sql("create_gpu_usage")] if version < 9 else []
+    return to_8 + to_9 + [sql("batches_asked_tokens_column"), sql("batches_asked_lines_column")]
 
 
 def migrate_postgresql(conn: Any, where: str, sql: Callable[[str], str]) -> None:

@@ -186,16 +186,17 @@ class Service:
 
     async def _sample(self) -> None:
         """Every :data:`SAMPLE_S`, the counters the speed is measured from: the gate's open seconds (the users'
-        tenants', each tenant's share averaged: their speeds add up), the tokens and lines answered, the backlog."""
+        tenants', each tenant's share averaged: their speeds add up), the tokens and lines answered, the backlog, the
+        tokens the answered lines asked for and generated."""
         gates = [g for g, f in zip(self.gates, self.feeders) if f.role is TenantRole.batch] or self.gates
         while True:
             await asyncio.sleep(SAMPLE_S)
             try:
-                t = await asyncio.to_thread(self.store.totals)
+                t = await asyncio.to_thread(self.store.counters)
             except StoreUnavailable:
                 continue
-            self.meter.add(Sample(time.monotonic(), sum(g.seconds_open() for g in gates) / len(gates), t["tokens"],
-                                  t["done"], t["queued"] + t["inflight"]))
+            self.meter.add(Sample(time.monotonic(), sum(g.seconds_open() for g in gates) / len(gates), int(t["tokens"]),
+                                  int(t["done"]), int(t["backlog"]), t["asked"], int(t["asked_out"])))
 
     def seconds_open(self) -> float:
         """Tenant-GPU seconds: each tenant's time with its GPU, summed."""
@@ -228,7 +229,7 @@ class Service:
                 "speed": None if rate is None else {
                     "basis": str(rate.basis), "tokens_per_open_s": round(rate.tokens_per_open_s, 3),
                     "lines_per_open_s": round(rate.lines_per_open_s, 3), "open_share": round(rate.open_share, 4),
-                    "window_s": round(rate.window_s, 1)}}
+                    "window_s": round(rate.window_s, 1), "fill": None if rate.fill is None else round(rate.fill, 4)}}
 
 
 async def sweep_uploads(files: Files, idle_s: float) -> None:

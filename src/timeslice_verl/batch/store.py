@@ -143,12 +143,16 @@ class Store:
         total = 0
         try:
             chunk: list[tuple] = []
+            asked = [0, 0]  # the chunk's tokens asked for at most, and its lines that name a limit
             for line in lines:
                 chunk.append((bid, total, line.custom_id, line.body, "queued", None))
                 total += 1
+                if line.asked is not None:
+                    asked[0] += line.asked
+                    asked[1] += 1
                 if len(chunk) >= INSERT_CHUNK:
-                    self._insert(bid, chunk)
-            self._insert(bid, chunk)
+                    self._insert(bid, chunk, asked)
+            self._insert(bid, chunk, asked)
             if admit is not None:
                 admit(bid, total)
         except BaseException:
@@ -163,11 +167,13 @@ class Store:
             wake(db, self.dialect)
         return bid
 
-    def _insert(self, bid: str, chunk: list[tuple]) -> None:
+    def _insert(self, bid: str, chunk: list[tuple], asked: list[int]) -> None:
+        """A chunk of a batch's lines, with what they ask for (``asked``: tokens, lines naming a limit; both reset)."""
         with self.transaction() as db:
             db.executemany(self.dialect.sql("lines_insert"), chunk)
-            db.execute(self.dialect.sql("batch_creating"), (CREATING_S, bid))
+            db.execute(self.dialect.sql("batch_creating"), (CREATING_S, asked[0], asked[1], bid))
         chunk.clear()
+        asked[:] = [0, 0]
 
     def batch(self, bid: str) -> dict[str, Any] | None:
         rows = self.query(self.dialect.sql("batch_get"), (bid,))
@@ -217,6 +223,13 @@ class Store:
         """Lines by state, over every batch; ``retried``: the tries beyond each line's first; ``tokens`` generated."""
         r = self.query(self.dialect.sql("totals"))[0]
         return {k: int(r[k]) for k in ("queued", "inflight", "done", "failed", "retried", "tokens")}
+
+    def counters(self) -> dict[str, float]:
+        """What the ETA's speed is measured from (:class:`~timeslice_verl.batch.eta.Sample`), in one read: lines
+        waiting or in flight (``backlog``), ``done``, their ``tokens``; ``asked``: the tokens the answered lines of
+        batches that name a limit asked for, ``asked_out``: the tokens those answers generated."""
+        r = self.query(self.dialect.sql("meter_counters"))[0]
+        return {k: float(r[k]) for k in ("backlog", "done", "tokens", "asked", "asked_out")}
 
 
 __all__ = ["ENDED", "LEASE_S", "OPEN", "SCHEMA_VERSION", "Line", "Outcome", "Store", "StoreError", "StoreUnavailable",

@@ -85,6 +85,14 @@ ALTER TABLE batches ADD COLUMN wait_s REAL NOT NULL DEFAULT 0;
 -- name: batches_sent_lines_column
 ALTER TABLE batches ADD COLUMN sent_lines INTEGER NOT NULL DEFAULT 0;
 
+-- name: batches_asked_tokens_column
+-- schema 9 brought to 10 in place (this and the next): the tokens a batch's lines ask for at most, the ETA's prior
+-- for its work (a batch made before has none: 0, and its ETA rests on the measured tokens per line alone)
+ALTER TABLE batches ADD COLUMN asked_tokens INTEGER NOT NULL DEFAULT 0;
+
+-- name: batches_asked_lines_column
+ALTER TABLE batches ADD COLUMN asked_lines INTEGER NOT NULL DEFAULT 0;
+
 -- ============================================================ files
 
 -- name: file_get
@@ -133,7 +141,9 @@ VALUES (?, ?, ?, ?, 'validating', ?, {now_s}, {now_s} + ?, 0, ?, ?,
   {greatest}({now_us}, COALESCE((SELECT MAX(seq) FROM batches), 0) + 1), {now} + ?, ?);
 
 -- name: batch_creating
-UPDATE batches SET creating_until = {now} + ? WHERE id = ?;
+-- a chunk of its lines in: its lease renewed, the tokens they ask for at most (and how many name a limit) added
+UPDATE batches SET creating_until = {now} + ?, asked_tokens = asked_tokens + ?, asked_lines = asked_lines + ?
+WHERE id = ?;
 
 -- name: batch_created
 -- its lines all in: in progress with its total (or, cancelled meanwhile, left to settle with it)
@@ -171,6 +181,16 @@ SELECT {json_code} AS code, COUNT(*) AS n FROM lines WHERE batch_id = ? AND stat
 -- name: totals
 SELECT COALESCE(SUM(queued), 0) AS queued, COALESCE(SUM(inflight), 0) AS inflight, COALESCE(SUM(done), 0) AS done,
   COALESCE(SUM(failed), 0) AS failed, COALESCE(SUM(retried), 0) AS retried, COALESCE(SUM(tokens), 0) AS tokens
+FROM batches;
+
+-- name: meter_counters
+-- what the ETA's speed is measured from, over every batch: lines waiting or in flight, answered, their tokens; and,
+-- of the batches whose lines name a limit, the tokens their answered lines asked for (each batch's mean a line)
+-- and the tokens they generated
+SELECT COALESCE(SUM(queued + inflight), 0) AS backlog, COALESCE(SUM(done), 0) AS done,
+  COALESCE(SUM(tokens), 0) AS tokens,
+  COALESCE(SUM(CASE WHEN asked_lines > 0 THEN done * 1.0 * asked_tokens / asked_lines ELSE 0 END), 0) AS asked,
+  COALESCE(SUM(CASE WHEN asked_lines > 0 THEN tokens ELSE 0 END), 0) AS asked_out
 FROM batches;
 
 -- ============================================================ a batch's end (timeslice_verl.batch.settle)
@@ -394,7 +414,8 @@ LISTEN timeslice_batch_lines;
 
 -- name: eta_open
 -- (tenant role) -> the batches its feeders send lines of, what each has left and has done, and the database's clock
-SELECT id, priority, owner, seq, expires_at, queued, inflight, done, failed, tokens, {now} AS now FROM batches
+SELECT id, priority, owner, seq, expires_at, queued, inflight, done, failed, tokens, asked_tokens, asked_lines,
+  {now} AS now FROM batches
 WHERE status = 'in_progress' AND tenant_role = ? ORDER BY seq;
 
 -- name: clock

@@ -22,7 +22,8 @@ CREATE TABLE batches (
   owner TEXT NOT NULL DEFAULT '', priority INTEGER NOT NULL DEFAULT 0, seq INTEGER NOT NULL DEFAULT 0,
   creating_until REAL NOT NULL DEFAULT 0, tenant_role TEXT NOT NULL DEFAULT 'batch',
   prompt_tokens INTEGER NOT NULL DEFAULT 0, gpu_s REAL NOT NULL DEFAULT 0, cuts INTEGER NOT NULL DEFAULT 0,
-  first_sent_at REAL, wait_s REAL NOT NULL DEFAULT 0, sent_lines INTEGER NOT NULL DEFAULT 0);
+  first_sent_at REAL, wait_s REAL NOT NULL DEFAULT 0, sent_lines INTEGER NOT NULL DEFAULT 0,
+  asked_tokens INTEGER NOT NULL DEFAULT 0, asked_lines INTEGER NOT NULL DEFAULT 0);
 
 -- name: create_batches_open
 CREATE INDEX batches_open ON batches (status, priority, seq);
