@@ -5,6 +5,7 @@ with what to do and left as it was, one from a newer release is refused too."""
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 import pytest
 
@@ -111,6 +112,19 @@ def older(version: int) -> list[str]:
     return [s.replace("  partial TEXT,\n", "") for s in out] if version < 8 else out
 
 
+def _older_with_a_batch(db: Any, engine: str, version: int, owner: str | None = None, body: str = "{}") -> Any:
+    """``db`` made by schema ``version``, holding one in-progress batch of one queued line (``owner``'s where given)."""
+    marker = [] if engine == "sqlite" else ["CREATE TABLE timeslice_schema (version INTEGER NOT NULL)"]
+    column, value = ("", "") if owner is None else (", owner", f", '{owner}'")
+    db.execute(*older(version), *marker,
+               "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
+               f"total, queued{column}) VALUES ('batch_1', '/v1/completions', 'f', '24h', 'in_progress', 1, 4000000000, "
+               f"1, 1{value})",
+               f"INSERT INTO lines (batch_id, idx, custom_id, body, state) VALUES ('batch_1', 0, 'a', '{body}', 'queued')",
+               db.mark(version))
+    return db
+
+
 @pytest.mark.parametrize("version", [FIRST_RELEASE, 8])
 @pytest.mark.parametrize("engine", ENGINES)
 def test_an_older_releases_database_gains_the_attribution_in_place(request, tmp_path, engine, version):
@@ -118,12 +132,7 @@ def test_an_older_releases_database_gains_the_attribution_in_place(request, tmp_
     claimed and answered as before and its tokens in, GPU-seconds and wait counted from there."""
     from timeslice_verl.batch.claims import Outcome
 
-    db = Database(engine, request, tmp_path)
-    marker = [] if engine == "sqlite" else ["CREATE TABLE timeslice_schema (version INTEGER NOT NULL)"]
-    db.execute(*older(version), *marker, "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, "
-               "created_at, expires_at, total, queued, owner) VALUES ('batch_1', '/v1/completions', 'f', '24h', "
-               "'in_progress', 1, 4000000000, 1, 1, 'team-a')", "INSERT INTO lines (batch_id, idx, custom_id, body, "
-               "state) VALUES ('batch_1', 0, 'a', '{}', 'queued')", db.mark(version))
+    db = _older_with_a_batch(Database(engine, request, tmp_path), engine, version, owner="team-a")
     store = db.store()
     try:
         assert db.version() == SCHEMA_VERSION
@@ -151,12 +160,7 @@ def test_an_older_releases_database_gains_what_lines_ask_for_in_place(request, t
     from timeslice_verl.batch.eta import Rate, Work, asked_per_line, per_line
     from timeslice_verl.batch.lines import RequestLine
 
-    db = Database(engine, request, tmp_path)
-    marker = [] if engine == "sqlite" else ["CREATE TABLE timeslice_schema (version INTEGER NOT NULL)"]
-    db.execute(*older(version), *marker, "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, "
-               "created_at, expires_at, total, queued) VALUES ('batch_1', '/v1/completions', 'f', '24h', "
-               "'in_progress', 1, 4000000000, 1, 1)", "INSERT INTO lines (batch_id, idx, custom_id, body, state) "
-               "VALUES ('batch_1', 0, 'a', '{\"max_tokens\": 64}', 'queued')", db.mark(version))
+    db = _older_with_a_batch(Database(engine, request, tmp_path), engine, version, body='{"max_tokens": 64}')
     store = db.store()
     try:
         assert db.version() == SCHEMA_VERSION
