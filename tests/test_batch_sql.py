@@ -84,7 +84,7 @@ STATEMENT = re.compile(r"SELECT |INSERT INTO|UPDATE .* SET|DELETE FROM|CREATE (T
 def test_no_module_of_the_batch_package_holds_a_statement_of_its_own():
     found = [f"{p.name}:{line}: {text[:60]!r}" for p in sorted(BATCH.glob("*.py")) for line, text in _strings(p)
              if STATEMENT.search(text)]
-    assert found == [], "SQL belongs in src/timeslice_verl/batch/sql/queries.sql"
+    assert found == [], "SQL belongs in the catalogue, src/timeslice_verl/batch/sql/"
 
 
 def test_every_name_the_code_asks_for_is_in_the_catalogue_and_every_statement_is_asked_for():

@@ -52,6 +52,7 @@ def test_the_wheel_builds_offline_and_its_command_runs(tmp_path):
         names = set(z.namelist())
     assert {"timeslice_verl/conf/timeslice/interleave.yaml", "timeslice_verl/testing/pytest_plugin.py",
             "timeslice_verl/batch/sql/queries.sql", "timeslice_verl/batch/sql/schema.sql",
+            "timeslice_verl/batch/sql/setup.sql",
             "timeslice_verl/standin/__main__.py"} <= names
     done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
                            str(wheel)], capture_output=True, text=True, env=offline, timeout=600)

@@ -1,6 +1,7 @@
-"""The batch package's SQL, every statement in one catalogue of named queries (``queries.sql``; the tables in
-``schema.sql``), loaded once and referenced by name: what the queue asks of its database is read in one place, and no
-module builds a statement out of strings.
+"""The batch package's SQL, every statement in one catalogue of named queries (``queries.sql``; ``setup.sql``: a
+connection's settings, the schema's version and its upgrades in place; the tables in ``schema.sql``), loaded once and
+referenced by name: what the queue asks of its database is read in one place, and no module builds a statement out
+of strings.
 
 A statement starts at its header, ``-- name: claim_lines``, and runs to the next one. Where the two engines need
 different text, the name carries the engine (``-- name: lock_batch.postgresql``); a name has either one text for both
@@ -17,7 +18,7 @@ from importlib import resources
 from typing import Mapping
 
 DIALECTS = ("sqlite", "postgresql")
-FILES = ("schema.sql", "queries.sql")
+FILES = ("schema.sql", "setup.sql", "queries.sql")
 """The catalogue's files, in the order they are read (the schema's statements are created in their file's order)."""
 _HEADER = re.compile(r"^--\s*name:(.*)$")
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
