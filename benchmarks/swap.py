@@ -155,7 +155,7 @@ def counts(clients: list[Any]) -> dict[str, int]:
     return total
 
 
-def main() -> int:
+def _arguments() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--socket", required=True)
     p.add_argument("--job", default="swap-bench")
@@ -175,7 +175,11 @@ def main() -> int:
     p.add_argument("--title", default="")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run (sigstop agent, gloo)")
     add_record_arguments(p)
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> int:
+    args = _arguments()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
