@@ -32,6 +32,8 @@
 #   bash benchmarks/harvest_h200.sh resume ARGS… benchmarks/resume_vllm.py ARGS (start first where vLLM is not up;
 #                                               VLLM_ARGS="--max-model-len 4096" for 2 048-token answers): lines
 #                                               cut by aborts and resumed, against lines never cut ($OUT/resume.tgz)
+#   bash benchmarks/harvest_h200.sh attribution ARGS… benchmarks/attribution.py ARGS: two owners' batches through the
+#                                               service, its attribution against vLLM's own counters ($OUT/attribution.tgz)
 #   bash benchmarks/harvest_h200.sh drift ARGS… PASSES (4) passes of harvest.py --parts a ARGS back to back, vLLM put
 #                                               to sleep and woken before pass SLEEP_AT (3): its pace pass to pass
 #   bash benchmarks/harvest_h200.sh pinab ARGS… the same server not pinned and pinned, side by side: PASSES (3) times
@@ -189,18 +191,19 @@ case "$1" in
       echo "matrix started in the background: $WORK, $(( left - 30 )) s for rows"
     fi
     WAIT_S=$(( ${CALL_S:-590} - SECONDS - 10 )) bash "$0" wait ;;
-  resume)  # resume_vllm.py ARGS, packed with vLLM's log; a limit inside the call (LIMIT_S, default what is left)
-    shift
+  resume|attribution)  # resume_vllm.py or attribution.py ARGS, packed with vLLM's log; a limit inside the call
+    bench=$1; shift     # (LIMIT_S, default what is left)
+    [ "$bench" = resume ] && script=benchmarks/resume_vllm.py || script=benchmarks/attribution.py
     python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null \
       || bash "$0" start || exit
     bench_env
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-    WORK=/root/harvest/resume; mkdir -p "$WORK"
-    timeout "${LIMIT_S:-$(( ${CALL_S:-590} - SECONDS - 20 ))}" python3 benchmarks/resume_vllm.py \
+    WORK=/root/harvest/$bench; mkdir -p "$WORK"
+    timeout "${LIMIT_S:-$(( ${CALL_S:-590} - SECONDS - 20 ))}" python3 "$script" \
       --vllm-url http://127.0.0.1:8000 --out "$WORK" "$@" > "$WORK/harvest.log" 2>&1
     echo $? > "$WORK/rc"; tail -8 "$WORK/harvest.log"
     tail -c 20000 /root/vllm.log > "$WORK/vllm-tail.log"; head -c 20000 /root/vllm.log > "$WORK/vllm-head.log"
-    tar -czf "$OUT/resume.tgz" -C "$WORK" .
+    tar -czf "$OUT/$bench.tgz" -C "$WORK" --exclude='*.sqlite*' --exclude='input-*.jsonl' .
     exit "$(cat "$WORK/rc")" ;;
   wait)
     WORK=$(cat /root/harvest/current) || exit 2

@@ -56,12 +56,16 @@ def lines(form: str, count: int, max_tokens: int, model: str) -> list[tuple[str,
     return out
 
 
-async def counters(client: httpx.AsyncClient) -> dict[str, float]:
-    """vLLM's token counters, summed over their label sets."""
+def token_counters(text: str) -> dict[str, float]:
+    """vLLM's token counters in its Prometheus text, summed over their label sets."""
     got: dict[str, float] = {}
-    for name, value in COUNTER.findall((await client.get("/metrics")).text):
+    for name, value in COUNTER.findall(text):
         got[name] = got.get(name, 0.0) + float(value)
     return got
+
+
+async def counters(client: httpx.AsyncClient) -> dict[str, float]:
+    return token_counters((await client.get("/metrics")).text)
 
 
 def _text(answer: dict[str, Any]) -> str:
