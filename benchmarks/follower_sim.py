@@ -86,7 +86,7 @@ class State:
         return len(self.running) + len(self.waiting)
 
 
-def advance(server: Server, s: State, dt: float, length: int) -> None:
+def advance(server: Server, s: State, dt: float) -> None:
     """``dt`` seconds of the server: admissions, then one slice of decoding for every running request."""
     s.admit_credit = min(s.admit_credit + server.admit_per_s * dt, server.admit_per_s)
     while s.waiting and len(s.running) < server.max_num_seqs and s.admit_credit >= 1:
@@ -108,7 +108,6 @@ def advance(server: Server, s: State, dt: float, length: int) -> None:
         else:
             s.answered += 1
     s.running = kept
-    del length
 
 
 def shed(s: State, keep: int) -> None:
@@ -138,7 +137,7 @@ def run(server: Server, length: int, valley_s: float, train_s: float, steps: int
                 if limit < before:
                     shed(s, shed_to(limit, follower.climb))
                 next_sample += SAMPLE_S
-            advance(server, s, dt, length)
+            advance(server, s, dt)
             t += dt
             open_s += dt
             limits.append(limit)
@@ -156,7 +155,7 @@ def capacity(server: Server, length: int, dt: float, seconds: float = 30.0) -> d
         while t < seconds:
             while s.inflight < level:
                 s.waiting.append(length)
-            advance(server, s, dt, length)
+            advance(server, s, dt)
             t += dt
             if half_tokens is None and t >= seconds / 2:
                 half_tokens = s.generated
@@ -183,7 +182,8 @@ def rows(args: argparse.Namespace) -> list[dict]:
     return out
 
 
-def table(got: list[dict]) -> str:
+def row_table(got: list[dict]) -> str:
+    """Every row: the shape, the answers, the valley, and both feeders over capacity."""
     lines = ["| shape | answer tokens | valley s | best level (tok/s) | controller / capacity | held at start / capacity "
              "| controller's mean limit (min–last) |", "|---|---|---|---|---|---|---|"]
     for r in got:
@@ -191,10 +191,13 @@ def table(got: list[dict]) -> str:
         lines.append(f"| {r['shape']} | {r['length']} | {r['valley_s']:g} | {level} ({r['best']:.0f}) | "
                      f"{r['follow_vs_capacity']} | {r['fixed_vs_capacity']} | {f['mean_limit']:.0f} "
                      f"({f['min_limit']}–{f['last_limit']}) |")
+    return "\n".join(lines)
+
+
+def summary_table(got: list[dict]) -> str:
+    """Per valley length: both feeders' mean over the rows, and the controller's worst row."""
     valleys = sorted({r["valley_s"] for r in got})
-    lines.append("")
-    lines.append("| valley s | " + " | ".join(f"{v:g}" for v in valleys) + " |")
-    lines.append("|---|" + "---|" * len(valleys))
+    lines = ["| valley s | " + " | ".join(f"{v:g}" for v in valleys) + " |", "|---|" + "---|" * len(valleys)]
     for key, label in (("follow_vs_capacity", "controller, mean"), ("fixed_vs_capacity", "held at start, mean")):
         means = [sum(r[key] for r in got if r["valley_s"] == v) / sum(1 for r in got if r["valley_s"] == v)
                  for v in valleys]
@@ -202,6 +205,10 @@ def table(got: list[dict]) -> str:
     worst = [min(r["follow_vs_capacity"] for r in got if r["valley_s"] == v) for v in valleys]
     lines.append("| controller, worst | " + " | ".join(f"{m:.3f}" for m in worst) + " |")
     return "\n".join(lines)
+
+
+def table(got: list[dict]) -> str:
+    return row_table(got) + "\n\n" + summary_table(got)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,15 +18,15 @@ def _rows(run: Run) -> list[dict]:
 
 
 def rows(run: Run) -> str:
-    from follower_sim import table
+    from follower_sim import row_table
 
-    return table(_rows(run)).split("\n\n")[0]
+    return row_table(_rows(run))
 
 
 def summary(run: Run) -> str:
-    from follower_sim import table
+    from follower_sim import summary_table
 
-    return table(_rows(run)).split("\n\n")[1]
+    return summary_table(_rows(run))
 
 
 def tables(run: Run) -> dict[str, Callable[[Run], str]]:
